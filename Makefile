@@ -1,0 +1,52 @@
+# coschedule: `make run` serves the webhook, `make test` runs every check.
+# Every dependency comes from pyproject.toml into .venv; nothing is installed by hand.
+
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-stamp
+PORT ?= 8443
+HEALTH_PORT ?= 8080
+
+.PHONY: help venv run test lint typecheck unit e2e bench certs clean
+
+help:
+	@echo "make run    serve the webhook on https://localhost:$(PORT) (probes on :$(HEALTH_PORT))"
+	@echo "make test   lint, type-check and run the tests (e2e too when KUBEBUILDER_ASSETS is set)"
+	@echo "make e2e    the end-to-end suite against a real control plane"
+	@echo "make bench  the benchmarks (not part of make test)"
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+run: $(STAMP)
+	$(BIN)/coschedule serve --port $(PORT) --health-port $(HEALTH_PORT)
+
+lint: $(STAMP)
+	$(BIN)/ruff check webhook tests bench
+	$(BIN)/ruff format --check webhook tests bench
+
+typecheck: $(STAMP)
+	$(BIN)/mypy
+
+unit: $(STAMP)
+	$(BIN)/pytest
+
+test: lint typecheck unit
+
+e2e: $(STAMP)
+	$(BIN)/pytest tests/e2e -m e2e -p no:randomly
+
+bench: $(STAMP)
+	$(BIN)/python -m bench
+
+certs: $(STAMP)
+	$(BIN)/coschedule certs --dns-name localhost --dns-name 127.0.0.1 --out certs
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis

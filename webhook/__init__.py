@@ -1,0 +1,1 @@
+"""coschedule: keep the pods of one workflow run on one node."""

@@ -1,0 +1,162 @@
+"""A CA and a serving certificate for the webhook, written as a ``kubernetes.io/tls`` folder.
+
+``tls.crt``, ``tls.key`` and ``ca.crt`` are the key names of a TLS Secret, so a mounted
+Secret is a cert folder as it is, and ``certs --out DIR`` output can become one.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import ipaddress
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+CERT_FILE = "tls.crt"
+KEY_FILE = "tls.key"
+CA_FILE = "ca.crt"
+
+LOCAL_NAMES: tuple[str, ...] = ("localhost", "127.0.0.1", "::1")
+
+
+@dataclass(frozen=True, slots=True)
+class CertBundle:
+    ca_pem: bytes
+    cert_pem: bytes
+    key_pem: bytes
+
+    @property
+    def ca_bundle(self) -> str:
+        """The MutatingWebhookConfiguration's ``caBundle``: base64 of the CA PEM."""
+        return base64.b64encode(self.ca_pem).decode("ascii")
+
+
+def service_dns_names(service: str, namespace: str) -> list[str]:
+    """The names kube-apiserver may dial a Service by."""
+    return [
+        service,
+        f"{service}.{namespace}",
+        f"{service}.{namespace}.svc",
+        f"{service}.{namespace}.svc.cluster.local",
+    ]
+
+
+def _san(names: list[str]) -> x509.SubjectAlternativeName:
+    entries: list[x509.GeneralName] = []
+    for name in names:
+        try:
+            entries.append(x509.IPAddress(ipaddress.ip_address(name)))
+        except ValueError:
+            entries.append(x509.DNSName(name))
+    return x509.SubjectAlternativeName(entries)
+
+
+def generate(
+    dns_names: list[str], *, days: int = 365, now: dt.datetime | None = None
+) -> CertBundle:
+    """A fresh CA (P-256) and a serving certificate it signs, for ``dns_names``."""
+    if not dns_names:
+        raise ValueError("at least one DNS name or IP address is needed")
+    start = (now or dt.datetime.now(dt.UTC)) - dt.timedelta(minutes=5)  # clock skew
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "coschedule-ca")])
+    ca_cert = (
+        x509.CertificateBuilder()
+        .subject_name(ca_name)
+        .issuer_name(ca_name)
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(start)
+        .not_valid_after(start + dt.timedelta(days=days * 2))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=True,
+                crl_sign=True,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, dns_names[0])]))
+        .issuer_name(ca_name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(start)
+        .not_valid_after(start + dt.timedelta(days=days))
+        .add_extension(_san(dns_names), critical=False)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=False,
+                crl_sign=False,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), False
+        )
+        .sign(ca_key, hashes.SHA256())
+    )
+    pem = serialization.Encoding.PEM
+    return CertBundle(
+        ca_pem=ca_cert.public_bytes(pem),
+        cert_pem=cert.public_bytes(pem),
+        key_pem=key.private_bytes(
+            pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        ),
+    )
+
+
+def _write_atomic(path: Path, data: bytes, mode: int) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    with os.fdopen(fd, "wb") as handle:
+        handle.write(data)
+    os.replace(tmp, path)
+
+
+def write_bundle(bundle: CertBundle, out: Path) -> None:
+    """Write the folder; the key last, and each file by rename, so a reader polling the
+    folder never sees a half-written file."""
+    out.mkdir(parents=True, exist_ok=True)
+    _write_atomic(out / CA_FILE, bundle.ca_pem, 0o644)
+    _write_atomic(out / CERT_FILE, bundle.cert_pem, 0o644)
+    _write_atomic(out / KEY_FILE, bundle.key_pem, 0o600)
+
+
+def ensure_self_signed(cert_dir: Path) -> bool:
+    """Make a local certificate when the folder has none; True when one was made."""
+    if (cert_dir / CERT_FILE).exists() and (cert_dir / KEY_FILE).exists():
+        return False
+    write_bundle(generate(list(LOCAL_NAMES)), cert_dir)
+    return True
+
+
+def not_after(cert_pem: bytes) -> dt.datetime:
+    return x509.load_pem_x509_certificate(cert_pem).not_valid_after_utc

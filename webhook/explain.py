@@ -1,0 +1,94 @@
+"""``coschedule explain``: what the webhook would do to a pod, offline, and why."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any
+
+import orjson
+import yaml
+
+from webhook.decide.admission import AdmissionContext, Decision, NamespaceInfo, decide
+from webhook.decide.modes import Mode
+from webhook.settings import Settings
+from webhook.wire import jsonpatch
+
+
+class UnreadablePod(ValueError):
+    """The input is not a pod manifest (exit code 2)."""
+
+
+def read_pod(text: str) -> dict[str, Any]:
+    """A Pod from YAML or JSON; an AdmissionReview's ``request.object`` is taken too."""
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise UnreadablePod(f"not YAML or JSON: {exc}") from None
+    if isinstance(doc, dict) and doc.get("kind") == "AdmissionReview":
+        request = doc.get("request")
+        doc = request.get("object") if isinstance(request, dict) else None
+    if not isinstance(doc, dict):
+        raise UnreadablePod("expected a Pod manifest (a mapping)")
+    if doc.get("kind", "Pod") != "Pod":
+        raise UnreadablePod(f"expected kind Pod, not {doc.get('kind')!r}")
+    return doc
+
+
+def explain(
+    pod: Mapping[str, Any],
+    settings: Settings,
+    *,
+    mode: Mode | None = None,
+    namespace_mode: str | None = None,
+    namespace: str | None = None,
+) -> tuple[Decision, dict[str, Any]]:
+    """The decision and a machine-readable report (the text form is rendered from it)."""
+    if mode is not None:
+        settings = replace(settings, mode=mode, mode_reason=f"--mode {mode.value}")
+    meta = pod.get("metadata")
+    ns = namespace or (meta.get("namespace") if isinstance(meta, dict) else None) or "default"
+    info = None
+    if namespace_mode is not None:
+        info = NamespaceInfo(
+            {"coschedule.dev/enabled": "true", "coschedule.dev/mode": namespace_mode}
+        )
+    decision = decide(pod, AdmissionContext(settings, ns, info))
+    report: dict[str, Any] = {
+        "allowed": decision.allowed,
+        "mode": decision.mode_label,
+        "placeholder": decision.placeholder,
+        "reasons": decision.reasons,
+        "patch": decision.ops,
+    }
+    if decision.warnings:
+        report["warnings"] = decision.warnings
+    if not decision.allowed:
+        report["rule"] = decision.rule
+        report["message"] = decision.message
+    elif decision.ops:
+        patched = jsonpatch.apply(pod, decision.ops)
+        report["affinity"] = (patched.get("spec") or {}).get("affinity")
+    return decision, report
+
+
+def render_text(report: Mapping[str, Any]) -> str:
+    lines = [
+        f"decision:    {'allowed' if report['allowed'] else 'DENIED'}",
+        f"mode:        {report['mode']}",
+        f"placeholder: {report['placeholder'] or '-'}",
+        "why:",
+        *(f"  - {reason}" for reason in report["reasons"]),
+    ]
+    if not report["allowed"]:
+        lines += ["message:", f"  {report['message']}"]
+    for warning in report.get("warnings", ()):
+        lines.append(f"warning:     {warning}")
+    if report["patch"]:
+        lines.append("patch (JSONPatch):")
+        lines += [f"  {orjson.dumps(op).decode()}" for op in report["patch"]]
+    if report.get("affinity") is not None:
+        lines.append("resulting affinity:")
+        rendered = yaml.safe_dump(report["affinity"], sort_keys=False, default_flow_style=False)
+        lines += [f"  {line}" for line in rendered.rstrip().splitlines()]
+    return "\n".join(lines)
