@@ -12,10 +12,9 @@ from dataclasses import dataclass, field
 from fastapi import FastAPI
 import orjson
 from fastapi.responses import PlainTextResponse, Response
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from webhook.server.admission import AdmissionHandler, Receive, Scope, Send
-from webhook.server.metrics import WebhookMetrics
 
 # A readiness check answers (ready, detail). Detail is shown even when ready, e.g. a refused
 # config reload: the last good config still serves, so the pod stays ready.
@@ -36,7 +35,8 @@ class Probes:
         return ready, {"status": "ok" if ready else "not ready", "checks": results}
 
 
-def probes_app(probes: Probes, metrics: WebhookMetrics | None) -> FastAPI:
+def probes_app(probes: Probes, registry: CollectorRegistry | None) -> FastAPI:
+    """Probes; with a registry, ``/metrics`` too (the plain HTTP port only)."""
     app = FastAPI(title="coschedule", docs_url=None, redoc_url=None, openapi_url=None)
 
     @app.get("/livez")
@@ -50,8 +50,7 @@ def probes_app(probes: Probes, metrics: WebhookMetrics | None) -> FastAPI:
         ready, body = probes.readiness()
         return _json(body, 200 if ready else 503)
 
-    if metrics is not None:
-        registry = metrics.registry
+    if registry is not None:
 
         @app.get("/metrics")
         async def prometheus() -> PlainTextResponse:

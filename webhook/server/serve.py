@@ -92,7 +92,7 @@ async def serve(webhook: Webhook, options: ServeOptions) -> None:
         timeout_keep_alive=30,  # kube-apiserver keeps connections to webhooks open
     )
     health_config = uvicorn.Config(
-        probes_app(webhook.probes, webhook.metrics),
+        probes_app(webhook.probes, webhook.metrics.registry),
         host=options.host,
         port=options.health_port,
         log_config=None,
