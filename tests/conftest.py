@@ -1,0 +1,135 @@
+"""Shared test helpers: a real ``coschedule serve`` process over real HTTPS."""
+
+from __future__ import annotations
+
+import os
+import socket
+import ssl
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+from webhook import certs
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def trust(ca_file: str | Path) -> ssl.SSLContext:
+    """A client context that trusts exactly this CA."""
+    return ssl.create_default_context(cafile=str(ca_file))
+
+
+@dataclass
+class RunningServer:
+    process: subprocess.Popen[bytes]
+    port: int
+    health_port: int
+    cert_dir: Path
+    config_dir: Path
+    log_path: Path
+
+    @property
+    def url(self) -> str:
+        return f"https://127.0.0.1:{self.port}"
+
+    @property
+    def health_url(self) -> str:
+        return f"http://127.0.0.1:{self.health_port}"
+
+    @property
+    def ca(self) -> str:
+        return str(self.cert_dir / certs.CA_FILE)
+
+    def client(self) -> httpx.Client:
+        return httpx.Client(base_url=self.url, verify=trust(self.ca), timeout=10)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+def start_server(
+    tmp_path: Path,
+    *,
+    config: dict[str, str] | None = None,
+    extra_args: list[str] | None = None,
+    env: dict[str, str] | None = None,
+) -> RunningServer:
+    cert_dir = tmp_path / "tls"
+    if not (cert_dir / certs.CERT_FILE).exists():
+        certs.write_bundle(certs.generate(["localhost", "127.0.0.1"]), cert_dir)
+    config_dir = tmp_path / "config"
+    config_dir.mkdir(exist_ok=True)
+    for key, value in (config or {}).items():
+        (config_dir / key).write_text(value)
+    port, health_port = free_port(), free_port()
+    log_path = tmp_path / "serve.log"
+    process_env = {k: v for k, v in os.environ.items() if not k.startswith("COSCHEDULE_")}
+    process_env.update(env or {})
+    process_env["PYTHONPATH"] = str(ROOT)
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "webhook.cli.main",
+            "serve",
+            "--no-cluster",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--health-port",
+            str(health_port),
+            "--cert-dir",
+            str(cert_dir),
+            "--config-dir",
+            str(config_dir),
+            *(extra_args or []),
+        ],
+        stdout=log_path.open("wb"),
+        stderr=subprocess.STDOUT,
+        env=process_env,
+        cwd=tmp_path,
+    )
+    server = RunningServer(process, port, health_port, cert_dir, config_dir, log_path)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"server exited with {process.returncode}:\n{server.log()}")
+        try:
+            if httpx.get(f"{server.health_url}/readyz", timeout=1).status_code == 200:
+                return server
+        except httpx.TransportError:
+            pass
+        time.sleep(0.1)
+    process.kill()
+    raise RuntimeError(f"server did not become ready:\n{server.log()}")
+
+
+def stop_server(server: RunningServer) -> None:
+    if server.process.poll() is None:
+        server.process.terminate()
+        try:
+            server.process.wait(10)
+        except subprocess.TimeoutExpired:
+            server.process.kill()
+            server.process.wait()
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[RunningServer]:
+    running = start_server(tmp_path)
+    yield running
+    stop_server(running)
