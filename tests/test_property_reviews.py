@@ -54,6 +54,8 @@ def mutated_reviews(draw: st.DrawFn) -> dict[str, Any]:
     review = admission_review(pod, dry_run=draw(st.booleans()))
     for _ in range(draw(st.integers(0, 4))):
         candidates = paths(review)[1:]
+        if not candidates:
+            break
         path = draw(st.sampled_from(candidates))
         parent = review
         for token in path[:-1]:

@@ -13,6 +13,7 @@ import logging
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, replace
 
+from webhook.kube.claims import ClaimCache
 from webhook.kube.client import Credentials, KubeClient, KubeConfigError, discover
 from webhook.kube.informer import Informer
 from webhook.kube.namespaces import NamespaceCache
@@ -30,6 +31,7 @@ class ClusterUnavailable(RuntimeError):
 class ClusterLink:
     client: KubeClient | None = None
     namespaces: NamespaceCache | None = None
+    claims: ClaimCache | None = None
 
     @classmethod
     def connect(
@@ -46,7 +48,7 @@ class ClusterLink:
             return cls()
         client = KubeClient(creds, user_agent="coschedule-webhook")
         informer = Informer(client, "/api/v1/namespaces", name="namespaces")
-        return cls(client, NamespaceCache(informer))
+        return cls(client, NamespaceCache(informer), ClaimCache(client))
 
     @property
     def online(self) -> bool:
@@ -65,12 +67,23 @@ class ClusterLink:
             return synced, None if synced else "namespace cache not synced yet"
 
         probes.checks["namespace-cache"] = namespaces_synced
+        claims = self.claims
+        if claims is not None:
+
+            def claims_synced() -> tuple[bool, str | None]:
+                synced = claims.synced
+                return synced, None if synced else "claim cache not synced yet"
+
+            probes.checks["claim-cache"] = claims_synced
 
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[None]:
         tasks: list[asyncio.Task[None]] = []
         if self.namespaces is not None:
             tasks.append(asyncio.create_task(self.namespaces.informer.run()))
+        if self.claims is not None:
+            tasks.append(asyncio.create_task(self.claims.claims.run()))
+            tasks.append(asyncio.create_task(self.claims.statefulsets.run()))
         try:
             yield
         finally:

@@ -14,7 +14,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from webhook.config_error import ConfigError as ConfigError
+from webhook.decide.defaults import DefaultsRule, parse_scheduling_defaults
 from webhook.decide.modes import Mode
+from webhook.decide.policy import (
+    POLICY_KEYS,
+    PolicyMode,
+    PolicySettings,
+    check_policy,
+    parse_policy,
+)
 
 DEFAULT_GROUP_LABELS: tuple[str, ...] = (
     "coschedule.dev/group",
@@ -43,11 +52,11 @@ KNOWN_KEYS: frozenset[str] = frozenset(
         "placeholder-priority-class",
         "idle-grace-seconds",
         "rewrite-claims",
+        "group-shared-claims",
+        "scheduling-defaults",
+        *POLICY_KEYS,
     }
 )
-# Keys that later features register (policy, scheduling defaults) are parsed by their own
-# modules; settings only carries their raw text through.
-EXTENSION_KEY_PREFIXES: tuple[str, ...] = ("policy-", "scheduling-defaults")
 
 ENV_PREFIX = "COSCHEDULE_"
 
@@ -56,10 +65,6 @@ _LABEL_NAME = r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
 _LABEL_KEY_RE = re.compile(rf"^([a-z0-9]([-a-z0-9.]{{0,251}}[a-z0-9])?/)?{_LABEL_NAME}$")
 _QUANTITY_RE = re.compile(r"^[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+|[numkMGTPE]|[KMGTPE]i)?$")
 _DNS_SUBDOMAIN_RE = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
-
-
-class ConfigError(ValueError):
-    """A configuration that must not be used. The message names the keys involved."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,10 +83,14 @@ class Settings:
     # Claim rewrite needs the reconciler to build the StatefulSet that owns the new claims.
     # Without a cluster nothing would, so ``serve`` turns it off there (see the design).
     rewrite_claims: bool = True
+    # ReadWriteMany/ReadOnlyMany claims (shared caches) are not grouped unless this is on.
+    group_shared_claims: bool = False
     # Why the mode is what it is, for ``explain`` and the startup log.
     mode_reason: str = "default"
-    # Raw text of keys owned by extension modules (policy-*, scheduling-defaults).
-    extensions: Mapping[str, str] = field(default_factory=dict)
+    # Admins' nodeSelector/tolerations/schedulerName defaults, merged into matching pods.
+    scheduling_defaults: tuple[DefaultsRule, ...] = ()
+    # The mode (off, warn, deny) of each hardening policy rule.
+    policy: PolicySettings = field(default_factory=PolicySettings)
 
 
 def _parse_bool(key: str, text: str) -> bool:
@@ -190,13 +199,11 @@ def _parse_topology_key(text: str) -> str:
 
 def parse_settings(raw: Mapping[str, str]) -> Settings:
     """Build settings from ``{key: text}``; raise ConfigError naming the offending key(s)."""
-    unknown = sorted(
-        key for key in raw if key not in KNOWN_KEYS and not key.startswith(EXTENSION_KEY_PREFIXES)
-    )
+    unknown = sorted(key for key in raw if key not in KNOWN_KEYS)
     if unknown:
         raise ConfigError(
             f"unknown config key(s): {', '.join(unknown)}; known keys are "
-            f"{', '.join(sorted(KNOWN_KEYS))}, policy-*, scheduling-defaults"
+            f"{', '.join(sorted(KNOWN_KEYS))}"
         )
     mode, mode_reason = resolve_mode(raw)
     kwargs: dict[str, object] = {"mode": mode, "mode_reason": mode_reason}
@@ -227,10 +234,31 @@ def parse_settings(raw: Mapping[str, str]) -> Settings:
         kwargs["idle_grace_seconds"] = grace
     if (text := raw.get("rewrite-claims")) is not None:
         kwargs["rewrite_claims"] = _parse_bool("rewrite-claims", text)
-    kwargs["extensions"] = {
-        key: value for key, value in raw.items() if key.startswith(EXTENSION_KEY_PREFIXES)
-    }
+    if (text := raw.get("group-shared-claims")) is not None:
+        kwargs["group_shared_claims"] = _parse_bool("group-shared-claims", text)
+    policy = parse_policy(raw)
+    kwargs["policy"] = policy
+    if (text := raw.get("scheduling-defaults")) is not None and text.strip():
+        rules = parse_scheduling_defaults(text)
+        _check_defaults_against_policy(rules, policy)
+        kwargs["scheduling_defaults"] = rules
     return Settings(**kwargs)  # type: ignore[arg-type]
+
+
+def _check_defaults_against_policy(rules: tuple[DefaultsRule, ...], policy: PolicySettings) -> None:
+    """A default that a deny-mode policy refuses would refuse every pod it matches."""
+    for rule in rules:
+        findings = check_policy(
+            dict(rule.node_selector), [t.to_json() for t in rule.tolerations], None, policy
+        )
+        for finding in findings:
+            if finding.mode is PolicyMode.DENY:
+                field = finding.field.removeprefix("spec.")
+                raise ConfigError(
+                    f'invalid combination: config key "scheduling-defaults" {rule.label} sets '
+                    f'{field}, which "{finding.deny_rule}: deny" refuses, so every pod it '
+                    "matches would be denied; remove it from the rule or relax the policy"
+                )
 
 
 def env_to_key(name: str) -> str | None:
@@ -252,7 +280,7 @@ def read_raw_config(config_dir: Path | None, environ: Mapping[str, str]) -> dict
         key = env_to_key(name)
         # Only known keys: Kubernetes injects COSCHEDULE_SERVICE_HOST and friends into pods
         # of a namespace that has a Service named "coschedule".
-        if key is not None and (key in KNOWN_KEYS or key.startswith(EXTENSION_KEY_PREFIXES)):
+        if key is not None and key in KNOWN_KEYS:
             raw[key] = value
     if config_dir is not None and config_dir.is_dir():
         for entry in sorted(config_dir.iterdir()):

@@ -10,7 +10,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
+
 from webhook.contract import (
+    ANNOTATION_CLAIM_TEMPLATES,
     ANNOTATION_CLAIMS,
     ANNOTATION_MODE,
     ANNOTATION_RUN,
@@ -22,10 +25,15 @@ from webhook.contract import (
     LABEL_INSTANCE,
     LABEL_MODE,
     LABEL_PLACEHOLDER,
+    PLACEHOLDER_PREFIX,
 )
+from webhook.decide import claims as claims_mod
 from webhook.decide import pod as podview
+from webhook.decide.claims import ClaimView
+from webhook.decide.defaults import MergedScheduling, merge_defaults
 from webhook.decide.modes import MODE_CHOICES, InvalidMode, Mode, choose_mode
 from webhook.decide.names import claim_placeholder, run_placeholder
+from webhook.decide.policy import Finding, PolicyMode, check_policy
 from webhook.settings import Settings
 from webhook.wire import jsonpatch
 from webhook.wire.jsonpatch import Op
@@ -51,6 +59,8 @@ class AdmissionContext:
     # None: no cluster (or the namespace is not in the cache yet): the MutatingWebhook
     # configuration's namespaceSelector already chose the namespace; cluster config applies.
     namespace_info: NamespaceInfo | None = None
+    # None: no cluster: claims are grouped as mounted and never rewritten.
+    claims: ClaimView | None = None
 
 
 @dataclass(slots=True)
@@ -63,6 +73,15 @@ class Decision:
     message: str | None = None  # the denial, as kubectl will print it
     warnings: list[str] = field(default_factory=list)
     reasons: list[str] = field(default_factory=list)  # every step, for ``explain``
+    # Claims the pod mounts that the claim cache has not seen yet: the caller may wait
+    # for the watch to deliver them and decide again (never a guess, never an API call).
+    missing_claims: tuple[str, ...] = ()
+    # The run's volumeClaimTemplates as decided here (None: the placeholder's rule).
+    templates: tuple[claims_mod.Template, ...] | None = None
+    # The pod's nodeSelector/tolerations/schedulerName as stored, and which scheduling
+    # defaults rule gave what (None: defaults and policy did not apply to this pod).
+    scheduling: MergedScheduling | None = None
+    findings: list[Finding] = field(default_factory=list)  # policy rules that fired
 
     @property
     def mode_label(self) -> str:
@@ -108,7 +127,64 @@ def run_identity(
 
 
 def decide(pod: Mapping[str, Any], ctx: AdmissionContext) -> Decision:
-    """Decide what to do with a Pod CREATE. Raises ``podview.MalformedPod`` on bad shapes."""
+    """Decide what to do with a Pod CREATE. Raises ``podview.MalformedPod`` on bad shapes.
+
+    Coscheduling first; then the admins' scheduling defaults and hardening policy, which
+    apply to every pod decided on in an enabled namespace (any mode, even ``disabled``; in a
+    run or not) except placeholder pods, and see the pod as it will be stored.
+    """
+    decision = _decide_coschedule(pod, ctx)
+    if decision.allowed and _defaults_and_policy_apply(pod, ctx):
+        merged = _scheduling_defaults_step(pod, ctx, decision)
+        _policy_step(pod, ctx, decision, merged)
+    return decision
+
+
+def _defaults_and_policy_apply(pod: Mapping[str, Any], ctx: AdmissionContext) -> bool:
+    """Not for placeholder pods (the reconciler copies their fields from the group's pods)
+    nor in a namespace that is not enabled."""
+    labels = podview.string_map(podview.metadata(pod), "labels")
+    if labels.get(LABEL_COMPONENT) == COMPONENT_AFFINITY_ASSISTANT:
+        return False
+    return ctx.namespace_info is None or ctx.namespace_info.enabled
+
+
+def _scheduling_defaults_step(
+    pod: Mapping[str, Any], ctx: AdmissionContext, decision: Decision
+) -> MergedScheduling:
+    """Merge the matching ``scheduling-defaults`` rules into the pod (the pod wins)."""
+    spec_created = not podview.spec(pod) and any(op["path"] == "/spec" for op in decision.ops)
+    ops, reasons, merged = merge_defaults(
+        pod, ctx.namespace, ctx.settings.scheduling_defaults, spec_created=spec_created
+    )
+    decision.ops.extend(ops)
+    decision.reasons.extend(reasons)
+    decision.scheduling = merged
+    return merged
+
+
+def _policy_step(
+    pod: Mapping[str, Any], ctx: AdmissionContext, decision: Decision, merged: MergedScheduling
+) -> None:
+    """Check the hardening policy on the pod as stored: warn, or deny on the first deny."""
+    policy = ctx.settings.policy
+    affinity = podview.sub_object(podview.spec(pod), "affinity", "pod.spec")
+    findings = check_policy(merged.node_selector, merged.tolerations, affinity, policy)
+    decision.findings = findings
+    denial: Finding | None = None
+    for finding in findings:
+        decision.reasons.append(f"policy {finding.rule} ({finding.mode.value}): {finding.message}")
+        if finding.mode is PolicyMode.WARN:
+            decision.warnings.append(finding.warning)
+        elif denial is None:
+            denial = finding
+    if denial is not None:
+        decision.ops.clear()
+        _deny(decision, denial.deny_rule, denial.message)
+
+
+def _decide_coschedule(pod: Mapping[str, Any], ctx: AdmissionContext) -> Decision:
+    """Coscheduling alone: group, placeholder, affinity term, marks, claim rewrite."""
     settings = ctx.settings
     meta = podview.metadata(pod)
     labels = podview.string_map(meta, "labels")
@@ -161,10 +237,41 @@ def decide(pod: Mapping[str, Any], ctx: AdmissionContext) -> Decision:
     reasons.append(f"run {run!r}: from label {run_label}")
 
     pod_spec = podview.spec(pod)
+    volumes = list(podview.claim_volumes(pod_spec))
+    view = ctx.claims
+    if view is not None and not view.synced:
+        if not (volumes and choice.mode.per_run and settings.rewrite_claims):
+            view = None  # grouping as mounted is safe; only a rewrite needs the cache
+        else:
+            return _deny(
+                decision,
+                "claim-cache-not-synced",
+                "coschedule has not finished reading the cluster's claims since it started, "
+                "so it cannot tell which claims of this run it co-locates. This is temporary: "
+                "retry the pod in a few seconds.",
+            )
     claims: list[str] = []
-    for _, _, claim in podview.claim_volumes(pod_spec):
-        if claim not in claims:
-            claims.append(claim)
+    for _, _, claim in volumes:
+        if claim in claims:
+            continue
+        known = view.get(ctx.namespace, claim) if view is not None else None
+        if view is not None and known is None and not _rewritten(claim):
+            decision.missing_claims += (claim,)
+        if not claims_mod.groupable(known, settings.group_shared_claims):
+            why = (
+                "labelled coschedule.dev/skip=true" if known and known.skip else "shared (RWX/ROX)"
+            )
+            reasons.append(f"claim {claim!r}: {why}: neither grouped nor rewritten")
+            continue
+        claims.append(claim)
+    if decision.missing_claims and choice.mode.per_run and settings.rewrite_claims:
+        return _deny(
+            decision,
+            "claim-unknown",
+            f"claim(s) {', '.join(decision.missing_claims)} are not in coschedule's claim cache "
+            "yet, so it cannot tell whether the run's placeholder provisions them. Retry the "
+            "pod in a few seconds; if the claim does not exist, create it first.",
+        )
 
     if choice.mode is Mode.WORKSPACES:
         if not claims:
@@ -187,23 +294,90 @@ def decide(pod: Mapping[str, Any], ctx: AdmissionContext) -> Decision:
     decision.placeholder = placeholder
 
     ops = decision.ops
+    wanted = {
+        ANNOTATION_MODE: choice.mode.value,
+        ANNOTATION_RUN: run,
+        ANNOTATION_RUN_LABEL: run_label,
+        ANNOTATION_CLAIMS: ",".join(claims),
+        ANNOTATION_TOPOLOGY_KEY: settings.topology_key,
+    }
+    if choice.mode.per_run and view is not None and settings.rewrite_claims:
+        mounted = _rewrite_claims(
+            ctx.namespace, run, placeholder, volumes, claims, view, settings, ops, decision
+        )
+        wanted[ANNOTATION_CLAIMS] = ",".join(mounted)
+        if decision.templates is not None:
+            wanted[ANNOTATION_CLAIM_TEMPLATES] = orjson.dumps(
+                claims_mod.templates_annotation(decision.templates), option=orjson.OPT_SORT_KEYS
+            ).decode()
     previous = labels.get(LABEL_PLACEHOLDER)
     _affinity_ops(pod_spec, placeholder, previous, settings.topology_key, ops, decision)
-    _mark_ops(
-        meta,
-        labels,
-        {
-            ANNOTATION_MODE: choice.mode.value,
-            ANNOTATION_RUN: run,
-            ANNOTATION_RUN_LABEL: run_label,
-            ANNOTATION_CLAIMS: ",".join(claims),
-            ANNOTATION_TOPOLOGY_KEY: settings.topology_key,
-        },
-        placeholder,
-        ops,
-    )
+    _mark_ops(meta, labels, wanted, placeholder, ops)
     reasons.append(f"{len(ops)} patch operation(s)" if ops else "already mutated: nothing to add")
     return decision
+
+
+def _rewritten(claim: str) -> bool:
+    """A claim this webhook already pointed at a placeholder's StatefulSet claim."""
+    return PLACEHOLDER_PREFIX in claim and claim.endswith("-0")
+
+
+def _rewrite_claims(
+    namespace: str,
+    run: str,
+    placeholder: str,
+    volumes: list[tuple[int, str, str]],
+    claims: list[str],
+    view: claims_mod.ClaimView,
+    settings: Settings,
+    ops: list[Op],
+    decision: Decision,
+) -> list[str]:
+    """Point the run's template claims at the placeholder's; return the claims the
+    placeholder must mount as they are (bound ones, the user's: they may hold data)."""
+    reasons = decision.reasons
+    existing = view.placeholder_templates(namespace, placeholder)
+    if existing is not None:
+        # The StatefulSet exists: its (immutable) templates are the run's decision.
+        chosen = {claim: template for template, claim in existing.items()}
+        reasons.append(f"claims: following the {len(chosen)} template(s) of {placeholder}")
+    else:
+        templates = claims_mod.run_templates(
+            view.run_claims(namespace, run), run, settings.group_shared_claims
+        )
+        decision.templates = templates
+        chosen = {t.claim: t.name for t in templates}
+        reasons.append(
+            f"claims: the run's unbound template claims are {sorted(chosen) or 'none'}; "
+            "the placeholder provisions them"
+        )
+    mounted: list[str] = []
+    suffix = f"-{placeholder}-0"
+    for index, _, claim in volumes:
+        if claim not in claims:
+            continue  # skipped or shared: left as it is
+        if claim.endswith(suffix):
+            reasons.append(f"claim {claim!r}: already the placeholder's")
+            continue
+        template = chosen.get(claim)
+        if template is not None:
+            target = claims_mod.statefulset_claim(template, placeholder)
+            ops.append(
+                jsonpatch.replace(f"/spec/volumes/{index}/persistentVolumeClaim/claimName", target)
+            )
+            reasons.append(f"claim {claim!r}: rewritten to {target!r} (template {template!r})")
+            continue
+        info = view.get(namespace, claim)
+        if info is not None and info.bound:
+            why = "bound (it may hold data)"
+        elif info is not None and not info.belongs_to(run):
+            why = "not made for this run"
+        else:
+            why = "not in the placeholder's templates"
+        reasons.append(f"claim {claim!r}: kept, {why}; the placeholder mounts it")
+        if claim not in mounted:
+            mounted.append(claim)
+    return mounted
 
 
 def _deny(decision: Decision, rule: str, message: str) -> Decision:

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from typing import Any, Protocol
 
 from webhook.decide.admission import AdmissionContext, NamespaceInfo, decide
+from webhook.decide.claims import ClaimView
 from webhook.decide.pod import MalformedPod
 from webhook.server.metrics import WebhookMetrics
 from webhook.settings_store import SettingsStore
@@ -30,8 +31,16 @@ Send = Callable[[Message], Awaitable[None]]
 _JSON_HEADERS = [(b"content-type", b"application/json")]
 
 
+CLAIM_WAIT_SECONDS = 2.0  # well inside the webhook's 5 s timeout
+Wait = tuple[str, tuple[str, ...]]  # (namespace, claims) worth waiting for
+
+
 class NamespaceLookup(Protocol):
     def get(self, name: str) -> NamespaceInfo | None: ...
+
+
+class ClaimCacheView(ClaimView, Protocol):
+    async def wait_for(self, namespace: str, names: Sequence[str], seconds: float) -> bool: ...
 
 
 class AdmissionHandler:
@@ -40,10 +49,12 @@ class AdmissionHandler:
         settings: SettingsStore,
         metrics: WebhookMetrics,
         namespaces: NamespaceLookup | None = None,
+        claims: ClaimCacheView | None = None,
     ) -> None:
         self.settings = settings
         self.metrics = metrics
         self.namespaces = namespaces
+        self.claims = claims
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["method"] != "POST":
@@ -80,43 +91,60 @@ class AdmissionHandler:
             self.metrics.count_request("none", False, 413)
             await _respond(send, 413, _too_large())
             return
-        status, payload = self.handle(body)
+        status, payload, wait = self.decide_body(body)
+        if wait is not None and self.claims is not None:
+            # A claim the engine made a moment ago may not have reached the cache yet: wait
+            # for the watch (no API call), then decide once more.
+            namespace, missing = wait
+            await self.claims.wait_for(namespace, missing, CLAIM_WAIT_SECONDS)
+            status, payload, _ = self.decide_body(body)
         await _respond(send, status, payload)
 
     def handle(self, body: bytes) -> tuple[int, bytes]:
         """Decide one review body: (HTTP status, response body). Never raises."""
+        status, payload, _ = self.decide_body(body)
+        return status, payload
+
+    def decide_body(self, body: bytes) -> tuple[int, bytes, Wait | None]:
+        """As ``handle``, plus the claims worth waiting for before deciding again."""
         start = time.perf_counter()
         try:
             review = decode_review(body)
         except BadReview as exc:
             self.metrics.count_request("none", False, 400)
-            return 400, error_body(str(exc))
+            return 400, error_body(str(exc)), None
         if not review.is_pod_create:
             # Only Pod CREATE is ours; anything else (a broad rule, a typo in the webhook
             # configuration) is allowed untouched.
             self.metrics.count_request("none", True, 200)
-            return 200, encode_response(review.uid, allowed=True)
+            return 200, encode_response(review.uid, allowed=True), None
         try:
             namespace_info = (
                 self.namespaces.get(review.namespace) if self.namespaces is not None else None
             )
-            ctx = AdmissionContext(self.settings.current, review.namespace, namespace_info)
+            ctx = AdmissionContext(
+                self.settings.current, review.namespace, namespace_info, self.claims
+            )
             decision = decide(review.object, ctx)
         except MalformedPod as exc:
             self.metrics.count_request("none", False, 400)
-            return 400, error_body(str(exc))
+            return 400, error_body(str(exc)), None
         except Exception:
             # A bug must not become an HTTP 500 (kube-apiserver would retry it blindly) nor
             # let a pod through half-decided; refuse this one pod with the uid echoed.
             log.exception("internal error deciding a pod", extra={"uid": review.uid})
             self.metrics.count_request("none", False, 500)
-            return 200, encode_response(
-                review.uid,
-                allowed=False,
-                code=500,
-                reason="InternalError",
-                message="coschedule: internal error while deciding this pod; it was not "
-                "changed. Retry; if it persists, see the coschedule webhook logs.",
+            return (
+                200,
+                encode_response(
+                    review.uid,
+                    allowed=False,
+                    code=500,
+                    reason="InternalError",
+                    message="coschedule: internal error while deciding this pod; it was not "
+                    "changed. Retry; if it persists, see the coschedule webhook logs.",
+                ),
+                None,
             )
         if decision.allowed:
             payload = encode_response(
@@ -135,7 +163,10 @@ class AdmissionHandler:
             )
             self.metrics.count_request(decision.mode_label, False, 403)
         self.metrics.admission_duration.observe(time.perf_counter() - start)
-        return 200, payload
+        wait = None
+        if decision.rule == "claim-unknown":
+            wait = (review.namespace, decision.missing_claims)
+        return 200, payload, wait
 
 
 def _too_large() -> bytes:

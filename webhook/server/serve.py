@@ -13,7 +13,7 @@ from pathlib import Path
 
 import uvicorn
 
-from webhook.server.admission import AdmissionHandler, NamespaceLookup
+from webhook.server.admission import AdmissionHandler, ClaimCacheView, NamespaceLookup
 from webhook.server.app import HttpsApp, Probes, probes_app
 from webhook.server.metrics import WebhookMetrics
 from webhook.server.tls import ServingCertificate
@@ -61,6 +61,7 @@ def build_webhook(
     metrics: WebhookMetrics,
     cert_dir: Path,
     namespaces: NamespaceLookup | None = None,
+    claims: ClaimCacheView | None = None,
 ) -> Webhook:
     certificate = ServingCertificate(cert_dir, metrics)
     certificate.load()
@@ -75,7 +76,7 @@ def build_webhook(
 
     probes.checks["certificate"] = cert_check
     probes.checks["config"] = config_check
-    handler = AdmissionHandler(settings, metrics, namespaces)
+    handler = AdmissionHandler(settings, metrics, namespaces, claims)
     return Webhook(settings, metrics, certificate, probes, handler)
 
 

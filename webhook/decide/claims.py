@@ -1,0 +1,140 @@
+"""Volume co-location (TEP-0135): which claims of a run the placeholder provisions.
+
+In ``pipelineruns`` and ``isolate-pipelinerun`` modes, a claim that the engine made for
+this run from a volume claim template, and that no pod can have written to yet (unbound),
+becomes a ``volumeClaimTemplates`` entry of the placeholder StatefulSet; every pod of the
+run mounts the StatefulSet's claim ``<template>-<placeholder>-0`` instead, so all volumes
+of the run are provisioned together, where the placeholder runs.
+
+The decision for a run is taken once and read by both sides: while the StatefulSet does
+not exist, every pod carries the whole run's template set (computed from the same claim
+cache, by the same rule) in an annotation, and the reconciler builds the StatefulSet from
+it; once the StatefulSet exists, its ``volumeClaimTemplates`` (immutable) are the decision.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from webhook.contract import LABEL_GROUP, LABEL_SKIP
+
+# Owner kinds whose name is a run's name: the objects engines make claims for.
+RUN_OWNER_KINDS = frozenset({"PipelineRun", "Workflow", "BuildRun", "TaskRun", "Job"})
+SHARED_ACCESS_MODES = frozenset({"ReadWriteMany", "ReadOnlyMany"})
+TEMPLATE_NAME_MAX = 63
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimInfo:
+    """What the decisions need of a PersistentVolumeClaim (the cache keeps only this)."""
+
+    name: str
+    owners: tuple[tuple[str, str], ...] = ()  # (kind, name) of each ownerReference
+    group: str | None = None  # its coschedule.dev/group label
+    access_modes: tuple[str, ...] = ()
+    bound: bool = False
+    skip: bool = False  # labelled coschedule.dev/skip=true
+    template_spec: Mapping[str, Any] | None = None  # what a volumeClaimTemplate copies
+
+    @property
+    def shared(self) -> bool:
+        return bool(SHARED_ACCESS_MODES.intersection(self.access_modes))
+
+    def belongs_to(self, run: str) -> bool:
+        return self.group == run or any(
+            kind in RUN_OWNER_KINDS and name == run for kind, name in self.owners
+        )
+
+
+def claim_info(pvc: Mapping[str, Any]) -> ClaimInfo:
+    """From a PVC object as the API returns it (tolerant: a cache must not crash)."""
+    meta = pvc.get("metadata") or {}
+    spec = pvc.get("spec") or {}
+    status = pvc.get("status") or {}
+    labels = meta.get("labels") or {}
+    owners = tuple(
+        (str(ref.get("kind", "")), str(ref.get("name", "")))
+        for ref in meta.get("ownerReferences") or ()
+        if isinstance(ref, dict)
+    )
+    modes = tuple(str(m) for m in spec.get("accessModes") or ())
+    template: dict[str, Any] = {"accessModes": list(modes)}
+    for key in ("storageClassName", "volumeMode", "resources", "volumeAttributesClassName"):
+        if spec.get(key) is not None:
+            template[key] = spec[key]
+    return ClaimInfo(
+        name=str(meta.get("name", "")),
+        owners=owners,
+        group=labels.get(LABEL_GROUP),
+        access_modes=modes,
+        bound=bool(spec.get("volumeName")) or status.get("phase") == "Bound",
+        skip=labels.get(LABEL_SKIP) == "true",
+        template_spec=template,
+    )
+
+
+class ClaimView(Protocol):
+    """The webhook's watch-fed view of claims and placeholder StatefulSets."""
+
+    @property
+    def synced(self) -> bool: ...
+
+    def get(self, namespace: str, name: str) -> ClaimInfo | None: ...
+
+    def run_claims(self, namespace: str, run: str) -> Sequence[ClaimInfo]: ...
+
+    def placeholder_templates(self, namespace: str, placeholder: str) -> Mapping[str, str] | None:
+        """{template name: original claim} of an existing placeholder; None if none yet."""
+        ...
+
+
+def template_name(claim: str) -> str:
+    """A volumeClaimTemplate name (a DNS label of at most 63) for an original claim."""
+    if len(claim) <= TEMPLATE_NAME_MAX and _DNS_LABEL.match(claim):
+        return claim
+    return "pvc-" + hashlib.sha256(claim.encode("utf-8")).hexdigest()[:16]
+
+
+def statefulset_claim(template: str, placeholder: str) -> str:
+    """The claim the StatefulSet controller makes for replica 0."""
+    return f"{template}-{placeholder}-0"
+
+
+def groupable(claim: ClaimInfo | None, group_shared: bool = False) -> bool:
+    """Skipped and shared (RWX/ROX) claims are neither grouped nor rewritten."""
+    if claim is None:
+        return True  # unknown: offline there is no cache; grouping is the safe default
+    return not claim.skip and (group_shared or not claim.shared)
+
+
+def rewritable(claim: ClaimInfo, run: str, group_shared: bool = False) -> bool:
+    return groupable(claim, group_shared) and not claim.bound and claim.belongs_to(run)
+
+
+@dataclass(frozen=True, slots=True)
+class Template:
+    name: str
+    claim: str
+    spec: Mapping[str, Any]
+
+
+def run_templates(
+    claims: Sequence[ClaimInfo], run: str, group_shared: bool = False
+) -> tuple[Template, ...]:
+    """The run's template set, by the one rule both sides use; sorted, so stable."""
+    found = {
+        template_name(c.name): Template(template_name(c.name), c.name, c.template_spec or {})
+        for c in claims
+        if rewritable(c, run, group_shared)
+    }
+    return tuple(found[name] for name in sorted(found))
+
+
+def templates_annotation(templates: Sequence[Template]) -> dict[str, Any]:
+    """The annotation form the reconciler reads: {template: {claim, spec}}."""
+    return {t.name: {"claim": t.claim, "spec": dict(t.spec)} for t in templates}
