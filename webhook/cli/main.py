@@ -7,6 +7,10 @@ import asyncio
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from webhook import certs as certs_types
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -93,17 +97,80 @@ def cmd_certs(args: argparse.Namespace) -> int:
     if not names:
         print("coschedule certs: give at least one --dns-name (or --service)", file=sys.stderr)
         return EXIT_USAGE
-    bundle = certs.generate(names, days=args.days)
+    if args.apply_to_secret or args.patch_webhook:
+        result = _certs_in_cluster(args, names)
+        if isinstance(result, int):
+            return result
+        bundle, fresh = result
+    else:
+        bundle, fresh = certs.generate(names, days=args.days), True
     out = Path(args.out)
     certs.write_bundle(bundle, out)
+    made = "wrote" if fresh else "kept the certificate of the Secret; wrote"
     print(
-        f"wrote {out / certs.CA_FILE}, {out / certs.CERT_FILE}, {out / certs.KEY_FILE} "
+        f"{made} {out / certs.CA_FILE}, {out / certs.CERT_FILE}, {out / certs.KEY_FILE} "
         f"for {', '.join(names)}",
         file=sys.stderr,
     )
     print("caBundle (paste into the MutatingWebhookConfiguration's clientConfig):", file=sys.stderr)
     print(bundle.ca_bundle)
     return EXIT_OK
+
+
+def _certs_in_cluster(
+    args: argparse.Namespace, names: list[str]
+) -> tuple[certs_types.CertBundle, bool] | int:
+    """``--apply-to-secret`` / ``--patch-webhook``: install the certificate via the API."""
+    import datetime as dt
+
+    from webhook import certs
+    from webhook.certs_apply import ApplyError, apply_in_cluster, parse_secret_ref
+    from webhook.kube.client import KubeClient, KubeConfigError, discover
+
+    try:
+        secret = parse_secret_ref(args.apply_to_secret) if args.apply_to_secret else None
+    except ValueError as exc:
+        print(f"coschedule certs: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        creds = discover(args.kubeconfig, os.environ)
+    except KubeConfigError as exc:
+        print(f"coschedule certs: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    if creds is None:
+        print(
+            "coschedule certs: --apply-to-secret/--patch-webhook need a cluster "
+            "(in-cluster ServiceAccount or a kubeconfig)",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
+
+    async def run() -> tuple[certs_types.CertBundle, bool]:
+        client = KubeClient(creds, user_agent="coschedule-certs")
+        try:
+            return await apply_in_cluster(
+                client,
+                names,
+                secret=secret,
+                webhook_config=args.patch_webhook,
+                generate=lambda n: certs.generate(n, days=args.days),
+                renew_before=dt.timedelta(days=args.renew_before_days),
+            )
+        finally:
+            await client.aclose()
+
+    try:
+        result = asyncio.run(run())
+    except ApplyError as exc:
+        print(f"coschedule certs: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    what = []
+    if secret is not None:
+        what.append(f"Secret {secret[0]}/{secret[1]} {'written' if result[1] else 'kept'}")
+    if args.patch_webhook:
+        what.append(f"caBundle of MutatingWebhookConfiguration {args.patch_webhook} set")
+    print(f"coschedule certs: {'; '.join(what)}", file=sys.stderr)
+    return result
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
@@ -195,6 +262,19 @@ def build_parser() -> argparse.ArgumentParser:
     certs.add_argument("--namespace", default="coschedule-system")
     certs.add_argument("--out", default="certs")
     certs.add_argument("--days", type=int, default=365)
+    certs.add_argument(
+        "--apply-to-secret",
+        metavar="NAMESPACE/NAME",
+        help="also write the certificate to this kubernetes.io/tls Secret (kept while it "
+        "is still valid for --renew-before-days and covers the names)",
+    )
+    certs.add_argument(
+        "--patch-webhook",
+        metavar="NAME",
+        help="also set the caBundle of this MutatingWebhookConfiguration (only this one)",
+    )
+    certs.add_argument("--renew-before-days", type=int, default=30)
+    certs.add_argument("--kubeconfig", default=None)
     certs.set_defaults(func=cmd_certs)
 
     exp = sub.add_parser("explain", help="show what the webhook would do to a pod, and why")

@@ -26,6 +26,8 @@ from webhook.contract import LABEL_GROUP, LABEL_SKIP
 RUN_OWNER_KINDS = frozenset({"PipelineRun", "Workflow", "BuildRun", "TaskRun", "Job"})
 SHARED_ACCESS_MODES = frozenset({"ReadWriteMany", "ReadOnlyMany"})
 TEMPLATE_NAME_MAX = 63
+# On each volumeClaimTemplate of a placeholder: the original claim it stands for.
+TEMPLATE_CLAIM = "coschedule.dev/claim"
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
 
@@ -138,3 +140,46 @@ def run_templates(
 def templates_annotation(templates: Sequence[Template]) -> dict[str, Any]:
     """The annotation form the reconciler reads: {template: {claim, spec}}."""
     return {t.name: {"claim": t.claim, "spec": dict(t.spec)} for t in templates}
+
+
+@dataclass(frozen=True, slots=True)
+class StaticClaims:
+    """A ClaimView over objects given up front (``explain -c claims.yaml``)."""
+
+    claims: Mapping[tuple[str, str], ClaimInfo]
+    templates: Mapping[tuple[str, str], Mapping[str, str]]
+
+    @classmethod
+    def from_objects(cls, objects: Sequence[Mapping[str, Any]], namespace: str) -> StaticClaims:
+        claims: dict[tuple[str, str], ClaimInfo] = {}
+        templates: dict[tuple[str, str], Mapping[str, str]] = {}
+        for obj in objects:
+            meta = obj.get("metadata") or {}
+            key = (str(meta.get("namespace") or namespace), str(meta.get("name", "")))
+            if obj.get("kind") == "PersistentVolumeClaim":
+                claims[key] = claim_info(obj)
+            elif obj.get("kind") == "StatefulSet":
+                found: dict[str, str] = {}
+                for template in (obj.get("spec") or {}).get("volumeClaimTemplates") or ():
+                    t_meta = template.get("metadata") or {}
+                    name = str(t_meta.get("name", ""))
+                    found[name] = str((t_meta.get("annotations") or {}).get(TEMPLATE_CLAIM, name))
+                templates[key] = found
+        return cls(claims, templates)
+
+    @property
+    def synced(self) -> bool:
+        return True
+
+    def get(self, namespace: str, name: str) -> ClaimInfo | None:
+        return self.claims.get((namespace, name))
+
+    def run_claims(self, namespace: str, run: str) -> Sequence[ClaimInfo]:
+        return [
+            info
+            for (ns, name), info in sorted(self.claims.items())
+            if ns == namespace and info.belongs_to(run)
+        ]
+
+    def placeholder_templates(self, namespace: str, placeholder: str) -> Mapping[str, str] | None:
+        return self.templates.get((namespace, placeholder))

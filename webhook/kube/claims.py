@@ -13,12 +13,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from webhook.contract import LABEL_MANAGED_BY, MANAGED_BY
-from webhook.decide.claims import ClaimInfo, claim_info
+from webhook.decide.claims import TEMPLATE_CLAIM, ClaimInfo, claim_info
 from webhook.kube.client import KubeClient
 from webhook.kube.informer import Informer, Obj
 
-# The annotation the reconciler puts on each volumeClaimTemplate: its original claim.
-TEMPLATE_CLAIM_ANNOTATION = "coschedule.dev/claim"
 
 
 def _claim_transform(obj: Obj) -> Obj:
@@ -42,7 +40,7 @@ def statefulset_templates(sts: Mapping[str, Any]) -> dict[str, str]:
         meta = template.get("metadata") or {}
         name = meta.get("name")
         if isinstance(name, str):
-            original = (meta.get("annotations") or {}).get(TEMPLATE_CLAIM_ANNOTATION, name)
+            original = (meta.get("annotations") or {}).get(TEMPLATE_CLAIM, name)
             result[name] = str(original)
     return result
 
