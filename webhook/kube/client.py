@@ -251,6 +251,10 @@ class KubeClient:
     async def create(self, path: str, body: Mapping[str, Any]) -> dict[str, Any]:
         return await self._request("POST", path, body=body)
 
+    async def replace(self, path: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        """PUT the whole object; with ``metadata.resourceVersion`` set, a stale write is 409."""
+        return await self._request("PUT", path, body=body)
+
     async def patch(
         self,
         path: str,
