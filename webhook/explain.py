@@ -10,6 +10,7 @@ import orjson
 import yaml
 
 from webhook.decide.admission import AdmissionContext, Decision, NamespaceInfo, decide
+from webhook.decide.claims import ClaimView, StaticClaims
 from webhook.decide.modes import Mode
 from webhook.settings import Settings
 from webhook.wire import jsonpatch
@@ -35,6 +36,25 @@ def read_pod(text: str) -> dict[str, Any]:
     return doc
 
 
+def read_cluster_objects(text: str) -> list[dict[str, Any]]:
+    """PVCs and StatefulSets for ``explain --claims``: YAML documents or a ``List``."""
+    try:
+        docs = list(yaml.safe_load_all(text))
+    except yaml.YAMLError as exc:
+        raise UnreadablePod(f"claims file is not YAML or JSON: {exc}") from None
+    objects: list[dict[str, Any]] = []
+    for doc in docs:
+        if isinstance(doc, dict) and doc.get("kind", "").endswith("List"):
+            objects += [item for item in doc.get("items") or () if isinstance(item, dict)]
+        elif isinstance(doc, dict):
+            objects.append(doc)
+    return objects
+
+
+def static_claims(text: str, namespace: str) -> StaticClaims:
+    return StaticClaims.from_objects(read_cluster_objects(text), namespace)
+
+
 def explain(
     pod: Mapping[str, Any],
     settings: Settings,
@@ -42,6 +62,7 @@ def explain(
     mode: Mode | None = None,
     namespace_mode: str | None = None,
     namespace: str | None = None,
+    claims: ClaimView | None = None,
 ) -> tuple[Decision, dict[str, Any]]:
     """The decision and a machine-readable report (the text form is rendered from it)."""
     if mode is not None:
@@ -53,7 +74,7 @@ def explain(
         info = NamespaceInfo(
             {"coschedule.dev/enabled": "true", "coschedule.dev/mode": namespace_mode}
         )
-    decision = decide(pod, AdmissionContext(settings, ns, info))
+    decision = decide(pod, AdmissionContext(settings, ns, info, claims))
     report: dict[str, Any] = {
         "allowed": decision.allowed,
         "mode": decision.mode_label,

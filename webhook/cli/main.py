@@ -178,7 +178,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
     from webhook.decide.modes import MODE_CHOICES, Mode
     from webhook.decide.pod import MalformedPod
-    from webhook.explain import UnreadablePod, explain, read_pod, render_text
+    from webhook.explain import UnreadablePod, explain, read_pod, render_text, static_claims
     from webhook.settings import ConfigError, load_settings
 
     try:
@@ -199,9 +199,23 @@ def cmd_explain(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"coschedule explain: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    claims = None
+    if args.claims:
+        meta = pod.get("metadata")
+        namespace = args.namespace or (meta.get("namespace") if isinstance(meta, dict) else None)
+        try:
+            claims = static_claims(Path(args.claims).read_text("utf-8"), namespace or "default")
+        except (OSError, UnicodeDecodeError, UnreadablePod) as exc:
+            print(f"coschedule explain: cannot read {args.claims}: {exc}", file=sys.stderr)
+            return EXIT_USAGE
     try:
         _, report = explain(
-            pod, settings, mode=mode, namespace_mode=args.namespace_mode, namespace=args.namespace
+            pod,
+            settings,
+            mode=mode,
+            namespace_mode=args.namespace_mode,
+            namespace=args.namespace,
+            claims=claims,
         )
     except MalformedPod as exc:
         print(f"coschedule explain: unreadable pod: {exc}", file=sys.stderr)
@@ -283,6 +297,12 @@ def build_parser() -> argparse.ArgumentParser:
     exp.add_argument("--namespace-mode", help="the namespace's coschedule.dev/mode label")
     exp.add_argument("--namespace", help="the namespace (default: the pod's)")
     exp.add_argument("--config-dir", default=None, help="read the cluster config from here")
+    exp.add_argument(
+        "-c",
+        "--claims",
+        help="PVCs (and placeholder StatefulSets) as the cluster has them, YAML or JSON "
+        "(e.g. kubectl get pvc -o yaml): shows the claim rewrite as the webhook would do it",
+    )
     exp.add_argument("-o", "--output", choices=("text", "json"), default="text")
     exp.set_defaults(func=cmd_explain)
     return parser

@@ -1,0 +1,152 @@
+"""The ``coschedule`` command as users run it: explain and certs, as real processes."""
+
+from __future__ import annotations
+
+import base64
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from cryptography import x509
+
+from tests.fixtures import pod_path
+from webhook.decide.names import run_placeholder
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "webhook.cli.main", *args],
+        capture_output=True,
+        text=True,
+        input=stdin,
+        cwd=ROOT,
+        timeout=60,
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)},
+    )
+
+
+def test_explain_text_shows_patch_affinity_and_reasons() -> None:
+    result = run("explain", "-f", str(pod_path("tekton-taskrun")), "--mode", "pipelineruns")
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "decision:    allowed" in out
+    assert f"placeholder: {run_placeholder('ci', 'pr-7f3k2')}" in out
+    assert "from label tekton.dev/pipelineRun" in out
+    assert "--mode pipelineruns" in out
+    assert '"op":"add","path":"/spec/affinity"' in out
+    assert "resulting affinity:" in out
+
+
+def test_explain_json_and_namespace_mode() -> None:
+    result = run(
+        "explain",
+        "-f",
+        str(pod_path("tekton-taskrun-two-workspaces")),
+        "--namespace-mode",
+        "isolate-pipelinerun",
+        "-o",
+        "json",
+    )
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["allowed"] is True
+    assert report["mode"] == "isolate-pipelinerun"
+    assert any("namespace label" in reason for reason in report["reasons"])
+
+
+def test_explain_denial_exits_0_with_rule() -> None:
+    result = run("explain", "-f", str(pod_path("tekton-taskrun-two-workspaces")))
+    assert result.returncode == 0
+    assert "DENIED" in result.stdout
+    assert "workspaces-single-claim" in result.stdout
+
+
+def test_explain_reads_yaml_from_stdin() -> None:
+    pod_yaml = (
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: p\n  namespace: ci\n"
+        "  labels: {coschedule.dev/group: g}\nspec:\n  containers: [{name: c, image: busybox}]\n"
+    )
+    result = run("explain", "-f", "-", "--mode", "pipelineruns", stdin=pod_yaml)
+    assert result.returncode == 0, result.stderr
+    assert run_placeholder("ci", "g") in result.stdout
+
+
+def test_explain_shows_claim_rewrite_with_claims_file(tmp_path: Path) -> None:
+    claims = tmp_path / "pvcs.yaml"
+    claims.write_text(
+        "apiVersion: v1\nkind: PersistentVolumeClaim\nmetadata:\n  name: pvc-1f1344866c\n"
+        "  namespace: ci\n  ownerReferences:\n  - {apiVersion: tekton.dev/v1, kind: PipelineRun,"
+        " name: pr-7f3k2, uid: u}\nspec:\n  accessModes: [ReadWriteOnce]\n---\n"
+        "apiVersion: v1\nkind: PersistentVolumeClaim\nmetadata:\n  name: pvc-f87b6a85f3\n"
+        "  namespace: ci\nspec:\n  accessModes: [ReadWriteOnce]\n  volumeName: pv-9\n"
+    )
+    result = run(
+        "explain",
+        "-f",
+        str(pod_path("tekton-taskrun-two-workspaces")),
+        "--mode",
+        "pipelineruns",
+        "-c",
+        str(claims),
+    )
+    assert result.returncode == 0, result.stderr
+    placeholder = run_placeholder("ci", "pr-7f3k2")
+    assert f"rewritten to 'pvc-1f1344866c-{placeholder}-0'" in result.stdout
+    assert "claim 'pvc-f87b6a85f3': kept, bound (it may hold data)" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "stdin"),
+    [
+        (["explain", "-f", "/nonexistent/pod.yaml"], None),
+        (["explain", "-f", "-"], "kind: Deployment\n"),
+        (["explain", "-f", "-"], "{{{{ not yaml"),
+        (["explain", "-f", "-"], "- a list\n"),
+        (["explain", "-f", "-", "--mode", "sometimes"], "kind: Pod\n"),
+        (["explain", "-f", "-"], "kind: Pod\nmetadata: [1]\n"),
+    ],
+)
+def test_explain_unreadable_input_exits_2(args: list[str], stdin: str | None) -> None:
+    result = run(*args, stdin=stdin)
+    assert result.returncode == 2
+    assert "coschedule explain:" in result.stderr
+
+
+def test_certs_writes_a_tls_secret_folder_and_prints_the_ca_bundle(tmp_path: Path) -> None:
+    out = tmp_path / "certs"
+    result = run(
+        "certs",
+        "--dns-name",
+        "localhost",
+        "--service",
+        "coschedule-webhook",
+        "--namespace",
+        "coschedule-system",
+        "--out",
+        str(out),
+    )
+    assert result.returncode == 0, result.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["ca.crt", "tls.crt", "tls.key"]
+    assert (out / "tls.key").stat().st_mode & 0o077 == 0
+    assert base64.b64decode(result.stdout.strip()) == (out / "ca.crt").read_bytes()
+    cert = x509.load_pem_x509_certificate((out / "tls.crt").read_bytes())
+    names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert set(names.get_values_for_type(x509.DNSName)) == {
+        "localhost",
+        "coschedule-webhook",
+        "coschedule-webhook.coschedule-system",
+        "coschedule-webhook.coschedule-system.svc",
+        "coschedule-webhook.coschedule-system.svc.cluster.local",
+    }
+    ca = x509.load_pem_x509_certificate((out / "ca.crt").read_bytes())
+    cert.verify_directly_issued_by(ca)
+
+
+def test_certs_without_names_exits_2(tmp_path: Path) -> None:
+    result = run("certs", "--out", str(tmp_path))
+    assert result.returncode == 2
+    assert "--dns-name" in result.stderr
