@@ -288,3 +288,98 @@ def test_environment_configures_the_server(tmp_path: Path) -> None:
         assert pod["metadata"]["annotations"]["coschedule.dev/mode"] == "isolate-pipelinerun"
     finally:
         stop_server(running)
+
+
+# ---- scheduling defaults and hardening policy (issue 7) -------------------------------------
+
+ARM64_DEFAULTS = """
+- namespaces: [ci]
+  nodeSelector: {kubernetes.io/arch: arm64}
+  tolerations: [{key: kubernetes.io/arch, value: arm64, effect: NoSchedule}]
+"""
+
+
+def test_policy_warnings_and_denials_over_https(tmp_path: Path) -> None:
+    running = start_server(
+        tmp_path,
+        config={"scheduling-defaults": ARM64_DEFAULTS, "policy-control-plane": "deny"},
+    )
+    try:
+        with running.client() as client:
+            # A plain Tekton pod: the arm64 default is merged, no policy warning at all.
+            plain = admission_review(load_pod("tekton-taskrun"))
+            response = post(client, plain).json()["response"]
+            assert response["allowed"] is True
+            assert "warnings" not in response
+            pod = patched_pod(plain, response)
+            assert pod["spec"]["nodeSelector"] == {"kubernetes.io/arch": "arm64"}
+            assert pod["spec"]["tolerations"][-1]["key"] == "kubernetes.io/arch"
+
+            # warn (the default): admitted, with kubectl's warning.
+            tolerant = load_pod("tekton-taskrun")
+            tolerant["spec"]["tolerations"].append(
+                {"key": "node.kubernetes.io/unschedulable", "operator": "Exists"}
+            )
+            review = admission_review(tolerant)
+            response = post(client, review).json()["response"]
+            assert response["allowed"] is True
+            assert response["warnings"] == [
+                "coschedule: policy reserved-tolerations: spec.tolerations[2] tolerates "
+                "node.kubernetes.io/unschedulable: remove it"
+            ]
+            assert patched_pod(review, response)["metadata"]["labels"]["coschedule.dev/placeholder"]
+
+            # deny (configured): refused with the rule, the field and the fix.
+            control = load_pod("argo-workflow-pod")
+            control["spec"]["nodeSelector"] = {"node-role.kubernetes.io/control-plane": ""}
+            review = admission_review(control)
+            response = post(client, review).json()["response"]
+            assert response["uid"] == review["request"]["uid"]
+            assert response["allowed"] is False
+            assert response["status"]["code"] == 403
+            message = response["status"]["message"]
+            assert "policy-control-plane" in message
+            assert "spec.nodeSelector[node-role.kubernetes.io/control-plane]" in message
+            assert "Fix:" in message
+            assert "patch" not in response
+
+            # deny by default: the zone-wide hard anti-affinity.
+            zone = load_pod("deployment-pod")
+            zone["spec"]["affinity"] = {
+                "podAntiAffinity": {
+                    "requiredDuringSchedulingIgnoredDuringExecution": [
+                        {
+                            "labelSelector": {"matchLabels": {"app": "inventory"}},
+                            "namespaceSelector": {},
+                            "topologyKey": "topology.kubernetes.io/zone",
+                        }
+                    ]
+                }
+            }
+            response = post(client, admission_review(zone)).json()["response"]
+            assert response["allowed"] is False
+            assert "policy-hard-anti-affinity-topology" in response["status"]["message"]
+        metrics = httpx.get(running.health_url + "/metrics").text
+        assert 'allowed="false",code="403"' in metrics
+    finally:
+        stop_server(running)
+
+
+def test_policy_from_the_environment_and_bad_defaults_refuse_start(tmp_path: Path) -> None:
+    running = start_server(tmp_path / "env", env={"COSCHEDULE_POLICY_RESERVED_TOLERATIONS": "deny"})
+    try:
+        pod = load_pod("job-pod")
+        pod["spec"]["tolerations"].append({"operator": "Exists"})
+        with running.client() as client:
+            response = post(client, admission_review(pod)).json()["response"]
+        assert response["allowed"] is False
+        assert "policy-reserved-tolerations" in response["status"]["message"]
+        assert "spec.tolerations[2]" in response["status"]["message"]
+    finally:
+        stop_server(running)
+    (tmp_path / "bad").mkdir()
+    with pytest.raises(RuntimeError, match="scheduling-defaults"):
+        start_server(
+            tmp_path / "bad",
+            config={"scheduling-defaults": "- tolerations: [{key: a, effect: Sometimes}]"},
+        )

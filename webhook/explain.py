@@ -84,12 +84,30 @@ def explain(
     }
     if decision.warnings:
         report["warnings"] = decision.warnings
+    scheduling = decision.scheduling
+    if scheduling is not None and scheduling.contributions:
+        report["schedulingDefaults"] = [
+            {"rule": c.rule, "ruleScope": c.rule_label, "field": c.field, "value": c.value}
+            for c in scheduling.contributions
+        ]
+    if decision.findings:
+        report["policy"] = [
+            {"rule": f.rule, "mode": f.mode.value, "field": f.field, "message": f.message}
+            for f in decision.findings
+        ]
     if not decision.allowed:
         report["rule"] = decision.rule
         report["message"] = decision.message
     elif decision.ops:
         patched = jsonpatch.apply(pod, decision.ops)
-        report["affinity"] = (patched.get("spec") or {}).get("affinity")
+        patched_spec = patched.get("spec") or {}
+        report["affinity"] = patched_spec.get("affinity")
+        if "schedulingDefaults" in report:
+            report["scheduling"] = {
+                key: patched_spec[key]
+                for key in ("nodeSelector", "tolerations", "schedulerName")
+                if key in patched_spec
+            }
     return decision, report
 
 
@@ -105,11 +123,24 @@ def render_text(report: Mapping[str, Any]) -> str:
         lines += ["message:", f"  {report['message']}"]
     for warning in report.get("warnings", ()):
         lines.append(f"warning:     {warning}")
+    if report.get("schedulingDefaults"):
+        lines.append("scheduling defaults merged:")
+        lines += [
+            f"  - {c['field']} {c['value']}  <- scheduling-defaults {c['ruleScope']}"
+            for c in report["schedulingDefaults"]
+        ]
+    if report.get("policy"):
+        lines.append("policy rules fired:")
+        lines += [f"  - policy-{f['rule']} ({f['mode']}): {f['message']}" for f in report["policy"]]
     if report["patch"]:
         lines.append("patch (JSONPatch):")
         lines += [f"  {orjson.dumps(op).decode()}" for op in report["patch"]]
     if report.get("affinity") is not None:
         lines.append("resulting affinity:")
         rendered = yaml.safe_dump(report["affinity"], sort_keys=False, default_flow_style=False)
+        lines += [f"  {line}" for line in rendered.rstrip().splitlines()]
+    if report.get("scheduling"):
+        lines.append("resulting scheduling fields:")
+        rendered = yaml.safe_dump(report["scheduling"], sort_keys=False, default_flow_style=False)
         lines += [f"  {line}" for line in rendered.rstrip().splitlines()]
     return "\n".join(lines)

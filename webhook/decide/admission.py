@@ -134,28 +134,43 @@ def decide(pod: Mapping[str, Any], ctx: AdmissionContext) -> Decision:
     run or not) except placeholder pods, and see the pod as it will be stored.
     """
     decision = _decide_coschedule(pod, ctx)
-    if decision.allowed and _defaults_and_policy_apply(pod, ctx):
-        merged = _scheduling_defaults_step(pod, ctx, decision)
-        _policy_step(pod, ctx, decision, merged)
+    if decision.allowed:
+        labels = _defaults_and_policy_labels(pod, ctx)
+        if labels is not None:
+            merged = _scheduling_defaults_step(pod, labels, ctx, decision)
+            _policy_step(pod, ctx, decision, merged)
     return decision
 
 
-def _defaults_and_policy_apply(pod: Mapping[str, Any], ctx: AdmissionContext) -> bool:
-    """Not for placeholder pods (the reconciler copies their fields from the group's pods)
-    nor in a namespace that is not enabled."""
+def _defaults_and_policy_labels(
+    pod: Mapping[str, Any], ctx: AdmissionContext
+) -> Mapping[str, str] | None:
+    """The pod's labels when defaults and policy apply to it; None for placeholder pods (the
+    reconciler copies their fields from the group's pods), pods that opted out with the label
+    ``coschedule.dev/mode: disabled`` (never touched, as the webhook configuration's
+    matchConditions already ensure in a cluster) and namespaces not enabled. A namespace or
+    cluster mode of ``disabled`` turns coscheduling off, not the admins' defaults and policy."""
     labels = podview.string_map(podview.metadata(pod), "labels")
     if labels.get(LABEL_COMPONENT) == COMPONENT_AFFINITY_ASSISTANT:
-        return False
-    return ctx.namespace_info is None or ctx.namespace_info.enabled
+        return None
+    if labels.get(LABEL_MODE) == Mode.DISABLED.value:
+        return None
+    if ctx.namespace_info is not None and not ctx.namespace_info.enabled:
+        return None
+    return labels
 
 
 def _scheduling_defaults_step(
-    pod: Mapping[str, Any], ctx: AdmissionContext, decision: Decision
+    pod: Mapping[str, Any], labels: Mapping[str, str], ctx: AdmissionContext, decision: Decision
 ) -> MergedScheduling:
     """Merge the matching ``scheduling-defaults`` rules into the pod (the pod wins)."""
     spec_created = not podview.spec(pod) and any(op["path"] == "/spec" for op in decision.ops)
     ops, reasons, merged = merge_defaults(
-        pod, ctx.namespace, ctx.settings.scheduling_defaults, spec_created=spec_created
+        pod,
+        ctx.namespace,
+        ctx.settings.scheduling_defaults,
+        spec_created=spec_created,
+        labels=labels,
     )
     decision.ops.extend(ops)
     decision.reasons.extend(reasons)
