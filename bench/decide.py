@@ -8,6 +8,7 @@ Run: ``python -m bench.decide``. Prints a table; ``--json FILE`` writes the figu
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import time
 from collections.abc import Callable
@@ -68,9 +69,9 @@ def measure(mode: Mode = Mode.PIPELINERUNS) -> list[dict[str, Any]]:
             {
                 "payload": name,
                 "bytes": len(body),
-                "parse_us": per_call_us(lambda body=body: orjson.loads(body)),
-                "decide_us": per_call_us(lambda pod=pod: decide(pod, ctx)),
-                "handle_us": per_call_us(lambda body=body: handler.handle(body)),
+                "parse_us": per_call_us(functools.partial(orjson.loads, body)),
+                "decide_us": per_call_us(functools.partial(decide, pod, ctx)),
+                "handle_us": per_call_us(functools.partial(handler.handle, body)),
                 "goal_us": GOALS_US.get(name),
                 "mode": mode.value,
             }
