@@ -86,11 +86,16 @@ def cache() -> ClaimCache:
     view = ClaimCache(KubeClient(Credentials(server="https://127.0.0.1:1")))
     view.claims.synced.set()
     view.statefulsets.synced.set()
+    view.pods.synced.set()
     return view
 
 
 def deliver(view: ClaimCache, obj: dict[str, Any], event: str = "ADDED") -> None:
-    informer = view.claims if obj["kind"] == "PersistentVolumeClaim" else view.statefulsets
+    informer = {
+        "PersistentVolumeClaim": view.claims,
+        "StatefulSet": view.statefulsets,
+        "Pod": view.pods,
+    }[obj["kind"]]
     transformed = informer.transform(copy.deepcopy(obj))
     key = f"{obj['metadata']['namespace']}/{obj['metadata']['name']}"
     if event == "DELETED":
@@ -373,3 +378,24 @@ def test_cache_transforms_keep_what_decisions_need() -> None:
     info = _claim_transform(pvc(CLAIM_A))["info"]
     assert info.belongs_to(RUN)
     assert not info.bound
+
+
+def test_a_later_pod_follows_the_decision_an_earlier_pod_carries() -> None:
+    """Claim A binds (Immediate binding) between the run's first and second pod: the
+    second follows the first pod's decision from the marked-pod cache, so the run never
+    writes to two different volumes."""
+    view = run_cluster()
+    decision, first = admit(load_pod("tekton-taskrun"), view)
+    assert decision.allowed
+    first["metadata"].update(name="build-pod", creationTimestamp="2026-11-21T06:00:01Z")
+    deliver(view, first)
+    deliver(view, pvc(CLAIM_A, bound=True), "MODIFIED")
+    second_decision, second = admit(load_pod("tekton-taskrun-two-workspaces"), view)
+    assert claim_names(second)[:2] == [sts_claim(CLAIM_A), sts_claim(CLAIM_B)]
+    assert any("following the run's earlier pods" in r for r in second_decision.reasons)
+    assert (
+        second["metadata"]["annotations"][ANNOTATION_CLAIM_TEMPLATES]
+        == first["metadata"]["annotations"][ANNOTATION_CLAIM_TEMPLATES]
+    )
+    deliver(view, first, "DELETED")
+    assert view.pod_decision(NS, PLACEHOLDER) is None

@@ -628,6 +628,7 @@ EXPECTED_PERMISSIONS: dict[str, set[Permission]] = {
     "ClusterRole coschedule-webhook": _grant(
         "core", "namespaces persistentvolumeclaims", "get list watch"
     )
+    | _grant("core", "pods", "list watch")
     | _grant("apps", "statefulsets", "get list watch"),
     "ClusterRole coschedule-reconciler": _grant("core", "pods", "get list watch delete")
     | _grant("core", "nodes", "get list watch")

@@ -84,6 +84,7 @@ class ClusterLink:
         if self.claims is not None:
             tasks.append(asyncio.create_task(self.claims.claims.run()))
             tasks.append(asyncio.create_task(self.claims.statefulsets.run()))
+            tasks.append(asyncio.create_task(self.claims.pods.run()))
         try:
             yield
         finally:

@@ -352,10 +352,20 @@ def _rewrite_claims(
     placeholder must mount as they are (bound ones, the user's: they may hold data)."""
     reasons = decision.reasons
     existing = view.placeholder_templates(namespace, placeholder)
+    earlier = view.pod_decision(namespace, placeholder) if existing is None else None
     if existing is not None:
         # The StatefulSet exists: its (immutable) templates are the run's decision.
         chosen = {claim: template for template, claim in existing.items()}
         reasons.append(f"claims: following the {len(chosen)} template(s) of {placeholder}")
+    elif earlier is not None:
+        # An earlier pod of the run carries the decision: follow it, even if a claim got
+        # bound since (Immediate binding): the run's pods must all agree.
+        decision.templates = earlier
+        chosen = {t.claim: t.name for t in earlier}
+        reasons.append(
+            f"claims: following the run's earlier pods: the placeholder provisions "
+            f"{sorted(chosen) or 'none'}"
+        )
     else:
         templates = claims_mod.run_templates(
             view.run_claims(namespace, run), run, settings.group_shared_claims

@@ -17,10 +17,17 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from webhook.contract import LABEL_GROUP, LABEL_SKIP
+from webhook.contract import (
+    ANNOTATION_CLAIM_TEMPLATES,
+    LABEL_GROUP,
+    LABEL_MANAGED_BY,
+    LABEL_PLACEHOLDER,
+    LABEL_SKIP,
+    MANAGED_BY,
+)
 
 # Owner kinds whose name is a run's name: the objects engines make claims for.
 RUN_OWNER_KINDS = frozenset({"PipelineRun", "Workflow", "BuildRun", "TaskRun", "Job"})
@@ -41,6 +48,7 @@ class ClaimInfo:
     access_modes: tuple[str, ...] = ()
     bound: bool = False
     skip: bool = False  # labelled coschedule.dev/skip=true
+    ours: bool = False  # made by a placeholder's volumeClaimTemplates
     template_spec: Mapping[str, Any] | None = None  # what a volumeClaimTemplate copies
 
     @property
@@ -76,6 +84,7 @@ def claim_info(pvc: Mapping[str, Any]) -> ClaimInfo:
         access_modes=modes,
         bound=bool(spec.get("volumeName")) or status.get("phase") == "Bound",
         skip=labels.get(LABEL_SKIP) == "true",
+        ours=labels.get(LABEL_MANAGED_BY) == MANAGED_BY,
         template_spec=template,
     )
 
@@ -92,6 +101,11 @@ class ClaimView(Protocol):
 
     def placeholder_templates(self, namespace: str, placeholder: str) -> Mapping[str, str] | None:
         """{template name: original claim} of an existing placeholder; None if none yet."""
+        ...
+
+    def pod_decision(self, namespace: str, placeholder: str) -> tuple[Template, ...] | None:
+        """The template set the earliest admitted pod of this placeholder carries; None if
+        no marked pod with one is known."""
         ...
 
 
@@ -115,7 +129,12 @@ def groupable(claim: ClaimInfo | None, group_shared: bool = False) -> bool:
 
 
 def rewritable(claim: ClaimInfo, run: str, group_shared: bool = False) -> bool:
-    return groupable(claim, group_shared) and not claim.bound and claim.belongs_to(run)
+    return (
+        groupable(claim, group_shared)
+        and not claim.bound
+        and not claim.ours
+        and claim.belongs_to(run)
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,9 +156,68 @@ def run_templates(
     return tuple(found[name] for name in sorted(found))
 
 
+def parse_templates_annotation(text: str) -> tuple[Template, ...] | None:
+    """The ``claim-templates`` annotation back into templates; None when malformed."""
+    import orjson
+
+    try:
+        doc = orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(doc, dict):
+        return None
+    result = []
+    for name, entry in sorted(doc.items()):
+        if not isinstance(entry, dict):
+            return None
+        claim, spec = entry.get("claim"), entry.get("spec")
+        if not isinstance(claim, str) or not isinstance(spec, dict):
+            return None
+        result.append(Template(str(name), claim, spec))
+    return tuple(result)
+
+
 def templates_annotation(templates: Sequence[Template]) -> dict[str, Any]:
     """The annotation form the reconciler reads: {template: {claim, spec}}."""
     return {t.name: {"claim": t.claim, "spec": dict(t.spec)} for t in templates}
+
+
+def statefulset_templates(sts: Mapping[str, Any]) -> dict[str, str]:
+    """{template name: original claim} of a placeholder StatefulSet."""
+    result: dict[str, str] = {}
+    for template in (sts.get("spec") or {}).get("volumeClaimTemplates") or ():
+        if not isinstance(template, dict):
+            continue
+        meta = template.get("metadata") or {}
+        name = meta.get("name")
+        if isinstance(name, str):
+            original = (meta.get("annotations") or {}).get(TEMPLATE_CLAIM, name)
+            result[name] = str(original)
+    return result
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class MarkedPodDecision:
+    """A marked pod's claim decision; ordered so that ``min`` is the earliest admitted."""
+
+    created: str  # creationTimestamp: RFC 3339 sorts as text
+    name: str
+    placeholder: str = field(compare=False)
+    templates: tuple[Template, ...] = field(compare=False)
+
+
+def pod_decision(pod: Mapping[str, Any]) -> MarkedPodDecision | None:
+    """The claim decision a marked pod carries, if any."""
+    meta = pod.get("metadata") or {}
+    placeholder = (meta.get("labels") or {}).get(LABEL_PLACEHOLDER)
+    text = (meta.get("annotations") or {}).get(ANNOTATION_CLAIM_TEMPLATES)
+    if not isinstance(placeholder, str) or not isinstance(text, str):
+        return None
+    templates = parse_templates_annotation(text)
+    if templates is None:
+        return None
+    created = str(meta.get("creationTimestamp") or "")
+    return MarkedPodDecision(created, str(meta.get("name", "")), placeholder, templates)
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,24 +226,24 @@ class StaticClaims:
 
     claims: Mapping[tuple[str, str], ClaimInfo]
     templates: Mapping[tuple[str, str], Mapping[str, str]]
+    decisions: Mapping[tuple[str, str], tuple[Template, ...]]
 
     @classmethod
     def from_objects(cls, objects: Sequence[Mapping[str, Any]], namespace: str) -> StaticClaims:
         claims: dict[tuple[str, str], ClaimInfo] = {}
         templates: dict[tuple[str, str], Mapping[str, str]] = {}
+        pods: dict[tuple[str, str], list[MarkedPodDecision]] = {}
         for obj in objects:
             meta = obj.get("metadata") or {}
             key = (str(meta.get("namespace") or namespace), str(meta.get("name", "")))
             if obj.get("kind") == "PersistentVolumeClaim":
                 claims[key] = claim_info(obj)
             elif obj.get("kind") == "StatefulSet":
-                found: dict[str, str] = {}
-                for template in (obj.get("spec") or {}).get("volumeClaimTemplates") or ():
-                    t_meta = template.get("metadata") or {}
-                    name = str(t_meta.get("name", ""))
-                    found[name] = str((t_meta.get("annotations") or {}).get(TEMPLATE_CLAIM, name))
-                templates[key] = found
-        return cls(claims, templates)
+                templates[key] = statefulset_templates(obj)
+            elif obj.get("kind") == "Pod" and (found := pod_decision(obj)) is not None:
+                pods.setdefault((key[0], found.placeholder), []).append(found)
+        decisions = {key: min(found).templates for key, found in pods.items()}
+        return cls(claims, templates, decisions)
 
     @property
     def synced(self) -> bool:
@@ -183,3 +261,6 @@ class StaticClaims:
 
     def placeholder_templates(self, namespace: str, placeholder: str) -> Mapping[str, str] | None:
         return self.templates.get((namespace, placeholder))
+
+    def pod_decision(self, namespace: str, placeholder: str) -> tuple[Template, ...] | None:
+        return self.decisions.get((namespace, placeholder))

@@ -10,13 +10,18 @@ from __future__ import annotations
 import asyncio
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
-from typing import Any
 
-from webhook.contract import LABEL_MANAGED_BY, MANAGED_BY
-from webhook.decide.claims import TEMPLATE_CLAIM, ClaimInfo, claim_info
+from webhook.contract import LABEL_MANAGED_BY, LABEL_PLACEHOLDER, MANAGED_BY
+from webhook.decide.claims import (
+    ClaimInfo,
+    MarkedPodDecision,
+    Template,
+    claim_info,
+    pod_decision,
+    statefulset_templates,
+)
 from webhook.kube.client import KubeClient
 from webhook.kube.informer import Informer, Obj
-
 
 
 def _claim_transform(obj: Obj) -> Obj:
@@ -31,20 +36,6 @@ def _claim_transform(obj: Obj) -> Obj:
     }
 
 
-def statefulset_templates(sts: Mapping[str, Any]) -> dict[str, str]:
-    """{template name: original claim} of a placeholder StatefulSet."""
-    result: dict[str, str] = {}
-    for template in (sts.get("spec") or {}).get("volumeClaimTemplates") or ():
-        if not isinstance(template, dict):
-            continue
-        meta = template.get("metadata") or {}
-        name = meta.get("name")
-        if isinstance(name, str):
-            original = (meta.get("annotations") or {}).get(TEMPLATE_CLAIM, name)
-            result[name] = str(original)
-    return result
-
-
 def _sts_transform(obj: Obj) -> Obj:
     meta = obj.get("metadata") or {}
     return {
@@ -54,6 +45,19 @@ def _sts_transform(obj: Obj) -> Obj:
             "resourceVersion": meta.get("resourceVersion"),
         },
         "templates": statefulset_templates(obj),
+    }
+
+
+def _pod_transform(obj: Obj) -> Obj:
+    # Only the decision a marked pod carries: 20,000 pods must stay small.
+    meta = obj.get("metadata") or {}
+    return {
+        "metadata": {
+            "name": meta.get("name"),
+            "namespace": meta.get("namespace"),
+            "resourceVersion": meta.get("resourceVersion"),
+        },
+        "decision": pod_decision(obj),
     }
 
 
@@ -72,6 +76,16 @@ class ClaimCache:
             label_selector=f"{LABEL_MANAGED_BY}={MANAGED_BY}",
             transform=_sts_transform,
         )
+        # Marked pods: the run's claim decision, taken by its first pod, binds the rest.
+        self.pods = Informer(
+            client,
+            "/api/v1/pods",
+            name="marked-pods",
+            label_selector=LABEL_PLACEHOLDER,
+            transform=_pod_transform,
+        )
+        self._decisions: dict[tuple[str, str], dict[str, MarkedPodDecision]] = defaultdict(dict)
+        self.pods.add_handler(self._on_pod)
         self._by_run: dict[tuple[str, str], set[str]] = defaultdict(set)
         self._runs_of: dict[str, set[tuple[str, str]]] = {}
         self._waiters: dict[str, list[asyncio.Event]] = defaultdict(list)
@@ -79,7 +93,25 @@ class ClaimCache:
 
     @property
     def synced(self) -> bool:
-        return self.claims.synced.is_set() and self.statefulsets.synced.is_set()
+        return all(i.synced.is_set() for i in (self.claims, self.statefulsets, self.pods))
+
+    def _on_pod(self, event_type: str, obj: Obj) -> None:
+        meta = obj["metadata"]
+        found: MarkedPodDecision | None = obj["decision"]
+        key = f"{meta['namespace']}/{meta['name']}"
+        if found is None:
+            return
+        index = (str(meta["namespace"]), found.placeholder)
+        if event_type == "DELETED":
+            self._decisions[index].pop(key, None)
+            if not self._decisions[index]:
+                del self._decisions[index]
+        else:
+            self._decisions[index][key] = found
+
+    def pod_decision(self, namespace: str, placeholder: str) -> tuple[Template, ...] | None:
+        found = self._decisions.get((namespace, placeholder))
+        return min(found.values()).templates if found else None
 
     def _on_claim(self, event_type: str, obj: Obj) -> None:
         meta = obj["metadata"]

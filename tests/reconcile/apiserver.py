@@ -1,0 +1,302 @@
+"""A small stateful Kubernetes API behind kmock's HTTP server, for what kmock's own
+``KubernetesEmulator`` (0.8) does not do:
+
+- no ``resourceVersion`` on objects, and the list's is the literal ``"..."``: no resume,
+  no optimistic concurrency (a stale PATCH/PUT is never 409);
+- ``labelSelector`` is ignored on list and watch;
+- a watch replays every object as ADDED and never sends BOOKMARK or 410 Gone;
+- PUT is not routed (404), and writes are applied to its store even when a test reaction
+  answers them, so an injected 409 would still change the object.
+
+So the state lives here and kmock serves it: ``kmock.KubernetesScaffold`` gives the real
+HTTP server (aiohttp), request parsing into (action, resource, namespace, name) and
+Kubernetes ``Status`` error bodies; ``MiniApi.handle`` is the reaction for each resource.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import itertools
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import kmock
+
+Obj = dict[str, Any]
+Key = tuple[str, str | None, str]  # (resource path, namespace, name)
+
+RESOURCES = {
+    "pods": ("", "v1"),
+    "nodes": ("", "v1"),
+    "events": ("", "v1"),
+    "persistentvolumeclaims": ("", "v1"),
+    "statefulsets": ("apps", "v1"),
+    "leases": ("coordination.k8s.io", "v1"),
+    "pipelineruns": ("tekton.dev", "v1"),
+    "taskruns": ("tekton.dev", "v1"),
+    "workflows": ("argoproj.io", "v1alpha1"),
+    "jobs": ("batch", "v1"),
+}
+
+
+def _merge(target: Any, patch: Any) -> Any:
+    """RFC 7386 JSON merge patch."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    result = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            result.pop(key, None)
+        else:
+            result[key] = _merge(result.get(key), value)
+    return result
+
+
+def _matches(labels: dict[str, str], selector: str | None) -> bool:
+    for term in (selector or "").split(","):
+        term = term.strip()
+        if not term:
+            continue
+        if "!=" in term:
+            key, value = term.split("!=", 1)
+            if labels.get(key) == value:
+                return False
+        elif "=" in term:
+            key, value = term.split("=", 1)
+            if labels.get(key) != value.lstrip("="):
+                return False
+        elif term.startswith("!"):
+            if term[1:] in labels:
+                return False
+        elif term not in labels:
+            return False
+    return True
+
+
+@dataclass
+class _Watch:
+    plural: str
+    namespace: str | None
+    selector: str | None
+    queue: asyncio.Queue[Obj | None] = field(default_factory=asyncio.Queue)
+
+
+class MiniApi:
+    def __init__(self, handler: kmock.KubernetesScaffold) -> None:
+        self.objects: dict[Key, Obj] = {}
+        self.history: list[tuple[int, str, Obj]] = []  # (rv, plural, event)
+        self.compacted_before = 0  # watches from an older resourceVersion get 410
+        self._rv = itertools.count(100)
+        self.version = 100
+        self.watches: list[_Watch] = []
+        self.url = ""
+        # (verb, plural, namespace, name, query): verb is WATCH for watches, else the method.
+        self.requests: list[tuple[str, str, str | None, str | None, dict[str, str]]] = []
+        self.deletes: list[tuple[str, str | None, str, Any]] = []  # with the DeleteOptions
+        self.delays: dict[tuple[str, str], float] = {}  # (VERB, plural) -> seconds to hang
+        self.faults: dict[tuple[str, str], list[int]] = {}  # (METHOD, plural) -> statuses
+        self.bookmarks = True
+        self.muted = False  # writes reach the store and history but no open watch
+        for plural, (group, version) in RESOURCES.items():
+            handler[kmock.resource(group, version, plural)] << self.handle
+
+    # ---- direct access for tests (as a controller or a user would act) ----------------
+
+    def _next_rv(self) -> str:
+        self.version = next(self._rv)
+        return str(self.version)
+
+    def _publish(self, plural: str, event_type: str, obj: Obj, old: Obj | None = None) -> None:
+        event = {"type": event_type, "object": copy.deepcopy(obj)}
+        self.history.append((self.version, plural, event))
+        if self.muted:
+            return
+        meta = obj.get("metadata") or {}
+        old_meta = (old or {}).get("metadata") or {}
+        for watch in self.watches:
+            if watch.plural != plural:
+                continue
+            now_in, was_in = (
+                self._visible(watch, meta),
+                old is not None and self._visible(watch, old_meta),
+            )
+            # As the apiserver does for a selector: leaving it is DELETED, entering is ADDED.
+            if now_in:
+                kind = "ADDED" if event_type == "MODIFIED" and not was_in else event_type
+            elif was_in and event_type == "MODIFIED":
+                kind = "DELETED"
+            else:
+                continue
+            watch.queue.put_nowait({"type": kind, "object": copy.deepcopy(obj)})
+
+    @staticmethod
+    def _visible(watch: _Watch, meta: Obj) -> bool:
+        if watch.namespace is not None and meta.get("namespace") != watch.namespace:
+            return False
+        return _matches(meta.get("labels") or {}, watch.selector)
+
+    def put(self, plural: str, obj: Obj) -> Obj:
+        """Create or overwrite (a user's ``kubectl apply``)."""
+        obj = copy.deepcopy(obj)
+        meta = obj.setdefault("metadata", {})
+        key = (plural, meta.get("namespace"), meta["name"])
+        old = self.objects.get(key)
+        meta.setdefault("uid", str(uuid.uuid4()))
+        meta.setdefault("creationTimestamp", "2026-11-21T06:00:00Z")
+        meta["resourceVersion"] = self._next_rv()
+        self.objects[key] = obj
+        self._publish(plural, "MODIFIED" if old is not None else "ADDED", obj, old)
+        return obj
+
+    def edit(self, plural: str, namespace: str | None, name: str, patch: Obj) -> Obj:
+        return self.put(plural, _merge(self.objects[(plural, namespace, name)], patch))
+
+    def remove(self, plural: str, namespace: str | None, name: str) -> None:
+        obj = self.objects.pop((plural, namespace, name))
+        obj["metadata"]["resourceVersion"] = self._next_rv()
+        self._publish(plural, "DELETED", obj)
+
+    def get(self, plural: str, namespace: str | None, name: str) -> Obj | None:
+        return self.objects.get((plural, namespace, name))
+
+    def compact(self) -> None:
+        """Forget history, as etcd compaction does: older watches must relist (410)."""
+        self.history.clear()
+        self.compacted_before = self.version
+
+    def send_bookmarks(self) -> None:
+        """A BOOKMARK with the current resourceVersion to every open watch (as the
+        apiserver sends about once a minute)."""
+        mark = {"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": str(self.version)}}}
+        for watch in self.watches:
+            watch.queue.put_nowait(copy.deepcopy(mark))
+
+    def end_watches(self) -> None:
+        """The server ends every open watch (as it does at its timeout)."""
+        for watch in list(self.watches):
+            watch.queue.put_nowait(None)
+
+    def count(self, method: str, plural: str) -> int:
+        return sum(1 for r in self.requests if r[0] == method and r[1] == plural)
+
+    def calls(
+        self, method: str, plural: str
+    ) -> list[tuple[str | None, str | None, dict[str, str]]]:
+        return [(r[2], r[3], r[4]) for r in self.requests if r[0] == method and r[1] == plural]
+
+    # ---- the HTTP side ------------------------------------------------------------------
+
+    async def handle(self, request: kmock.Request) -> Any:
+        assert request.resource is not None
+        plural = str(request.resource.plural)
+        method = str(request.method.value)
+        verb = "WATCH" if request.action == kmock.action.WATCH else method
+        self.requests.append((verb, plural, request.namespace, request.name, dict(request.params)))
+        delay = self.delays.get((verb, plural))
+        if delay:
+            await asyncio.sleep(delay)
+        faults = self.faults.get((verb, plural))
+        if faults:
+            status = faults.pop(0)
+            raise kmock.KubernetesError(status=status, reason="Injected", message=f"{status}")
+        ns, name = request.namespace, request.name
+        if request.action == kmock.action.WATCH:
+            return self._watch(plural, ns, dict(request.params))
+        if method == "GET" and name is None:
+            return self._list(plural, ns, dict(request.params))
+        if method == "GET":
+            found = self.objects.get((plural, ns, str(name)))
+            if found is None:
+                raise kmock.KubernetesError(status=404, reason="NotFound", message=f"{name}")
+            return found
+        if method == "POST":
+            body = request.data or {}
+            meta = body.setdefault("metadata", {})
+            meta.setdefault("namespace", ns)
+            if not meta.get("name") and meta.get("generateName"):
+                meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
+            if (plural, ns, meta.get("name")) in self.objects:
+                raise kmock.KubernetesError(status=409, reason="AlreadyExists", message="exists")
+            return self.put(plural, body)
+        current = self.objects.get((plural, ns, str(name)))
+        if current is None:
+            raise kmock.KubernetesError(status=404, reason="NotFound", message=f"{name}")
+        if method == "DELETE":
+            self.deletes.append((plural, ns, str(name), request.data))
+            self.remove(plural, ns, str(name))
+            return {"kind": "Status", "status": "Success"}
+        body = request.data or {}
+        wanted = (body.get("metadata") or {}).get("resourceVersion")
+        if wanted and wanted != current["metadata"]["resourceVersion"]:
+            raise kmock.KubernetesError(
+                status=409,
+                reason="Conflict",
+                message="the object has been modified; please apply your changes to the "
+                "latest version and try again",
+            )
+        if method == "PUT":
+            body.setdefault("metadata", {})["uid"] = current["metadata"]["uid"]
+            return self.put(plural, body)
+        if method == "PATCH":
+            patch = copy.deepcopy(body)
+            patch.get("metadata", {}).pop("resourceVersion", None)
+            return self.put(plural, _merge(current, patch))
+        raise kmock.KubernetesError(status=405, reason="MethodNotAllowed", message=method)
+
+    def _list(self, plural: str, ns: str | None, params: dict[str, str]) -> Obj:
+        selector = params.get("labelSelector")
+        items = [
+            copy.deepcopy(obj)
+            for (p, o_ns, _), obj in self.objects.items()
+            if p == plural
+            and (ns is None or o_ns == ns)
+            and _matches(obj["metadata"].get("labels") or {}, selector)
+        ]
+        return {"kind": "List", "metadata": {"resourceVersion": str(self.version)}, "items": items}
+
+    def _watch(self, plural: str, ns: str | None, params: dict[str, str]) -> AsyncIterator[Obj]:
+        since = int(params.get("resourceVersion") or 0)
+        watch = _Watch(plural, ns, params.get("labelSelector"))
+        gone = since < self.compacted_before
+        backlog = [
+            event
+            for rv, p, event in self.history
+            if rv > since and p == plural and self._visible(watch, event["object"]["metadata"])
+        ]
+        if not gone:
+            self.watches.append(watch)
+        bookmarks = self.bookmarks and params.get("allowWatchBookmarks") == "true"
+
+        async def stream() -> AsyncIterator[Obj]:
+            if gone:
+                yield {
+                    "type": "ERROR",
+                    "object": {
+                        "kind": "Status",
+                        "code": 410,
+                        "reason": "Expired",
+                        "message": f"too old resource version: {since}",
+                    },
+                }
+                return
+            try:
+                for event in backlog:
+                    yield event
+                if bookmarks:
+                    yield {
+                        "type": "BOOKMARK",
+                        "object": {
+                            "kind": "Bookmark",
+                            "metadata": {"resourceVersion": str(self.version)},
+                        },
+                    }
+                while (live := await watch.queue.get()) is not None:
+                    yield live
+            finally:
+                if watch in self.watches:
+                    self.watches.remove(watch)
+
+        return stream()

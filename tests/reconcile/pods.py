@@ -1,0 +1,61 @@
+"""Marked pods as the webhook leaves them: fixture pods through the real admission path.
+
+``webhook.decide.admission.decide`` + ``webhook.wire.jsonpatch.apply`` on the realistic
+fixtures, then what the apiserver adds after admission (uid, creationTimestamp, status).
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from tests.fixtures import load_pod
+from webhook.decide.admission import AdmissionContext, decide
+from webhook.decide.modes import Mode
+from webhook.reconcile import shapes
+from webhook.reconcile.model import BadMark, MarkedPod
+from webhook.settings import Settings
+from webhook.wire.jsonpatch import apply
+
+
+def marked_pod(
+    fixture: str,
+    mode: Mode = Mode.PIPELINERUNS,
+    *,
+    name: str | None = None,
+    created: str = "2026-11-21T06:00:00Z",
+    phase: str = "Running",
+    node: str = "",
+    finished_at: str | None = None,
+    settings: Settings | None = None,
+) -> dict[str, Any]:
+    pod = load_pod(fixture)
+    namespace = pod["metadata"].get("namespace") or "default"
+    config = settings or Settings(mode=mode)
+    decision = decide(pod, AdmissionContext(config, namespace))
+    assert decision.allowed, decision.reasons
+    assert decision.placeholder, decision.reasons
+    result: dict[str, Any] = apply(pod, decision.ops)
+    meta = result["metadata"]
+    meta["name"] = name or meta.get("name") or f"{meta.get('generateName', 'pod-')}x1"
+    meta["uid"] = f"uid-{meta['name']}"
+    meta["resourceVersion"] = "100"
+    meta["creationTimestamp"] = created
+    if node:
+        result["spec"]["nodeName"] = node
+    result["status"] = {"phase": phase}
+    if finished_at:
+        result["status"]["containerStatuses"] = [
+            {"name": "step", "state": {"terminated": {"exitCode": 0, "finishedAt": finished_at}}}
+        ]
+    return result
+
+
+def parsed(pod: dict[str, Any]) -> MarkedPod:
+    result = shapes.parse_marked(shapes.slim_marked_pod(copy.deepcopy(pod)))
+    assert not isinstance(result, BadMark), result
+    return result
+
+
+def placeholder_of(pod: dict[str, Any]) -> str:
+    return str(pod["metadata"]["labels"]["coschedule.dev/placeholder"])

@@ -1,0 +1,524 @@
+"""The controller end to end over real HTTP: informers -> queue -> plan -> API calls."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import pytest
+
+from tests.reconcile.apiserver import MiniApi
+from tests.reconcile.conftest import eventually
+from tests.reconcile.pods import marked_pod, placeholder_of
+from webhook.decide.modes import Mode
+from webhook.kube.client import KubeClient
+from webhook.reconcile.controller import Controller
+from webhook.reconcile.metrics import ReconcileMetrics
+from webhook.settings import Settings
+
+SETTINGS = Settings(mode=Mode.PIPELINERUNS, idle_grace_seconds=300)
+PIPELINERUN_UID = "eae46c7f-0708-576c-b5d5-0c2976e408c5"
+TASKRUN_UID = "5ec72d68-3760-5cfd-8159-dfba55008a34"
+DEFAULT_TOLERATIONS = [
+    {
+        "key": "node.kubernetes.io/not-ready",
+        "operator": "Exists",
+        "effect": "NoExecute",
+        "tolerationSeconds": 300,
+    },
+    {
+        "key": "node.kubernetes.io/unreachable",
+        "operator": "Exists",
+        "effect": "NoExecute",
+        "tolerationSeconds": 300,
+    },
+]
+
+Make = Callable[..., "asyncio.Future[Controller]"]
+
+
+def seed_cluster(api: MiniApi) -> None:
+    for name in ("worker-1", "worker-2"):
+        api.put("nodes", {"metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}}})
+    api.put("nodes", {"metadata": {"name": "no-label"}})
+    api.put(
+        "pipelineruns",
+        {
+            "metadata": {"name": "pr-7f3k2", "namespace": "ci", "uid": PIPELINERUN_UID},
+            "status": {"conditions": [{"type": "Succeeded", "status": "Unknown"}]},
+        },
+    )
+    api.put(
+        "taskruns",
+        {
+            "metadata": {
+                "name": "pr-7f3k2-build",
+                "namespace": "ci",
+                "uid": TASKRUN_UID,
+                "ownerReferences": [
+                    {
+                        "apiVersion": "tekton.dev/v1",
+                        "kind": "PipelineRun",
+                        "name": "pr-7f3k2",
+                        "uid": PIPELINERUN_UID,
+                        "controller": True,
+                    }
+                ],
+            }
+        },
+    )
+
+
+def placeholder_pod(name: str, node: str) -> dict[str, Any]:
+    """What the StatefulSet controller would create for our StatefulSet."""
+    return {
+        "metadata": {
+            "name": f"{name}-0",
+            "namespace": "ci",
+            "labels": {
+                "app.kubernetes.io/component": "affinity-assistant",
+                "app.kubernetes.io/instance": name,
+                "app.kubernetes.io/managed-by": "coschedule",
+            },
+        },
+        "spec": {"nodeName": node, "tolerations": DEFAULT_TOLERATIONS},
+        "status": {"phase": "Running"},
+    }
+
+
+@pytest.fixture
+async def make(api: MiniApi, client: KubeClient) -> AsyncIterator[Callable[..., Any]]:
+    seed_cluster(api)
+    made: list[Controller] = []
+
+    async def build(*, lead: bool = True, settings: Settings = SETTINGS) -> Controller:
+        controller = Controller(
+            client,
+            lambda: settings,
+            ReconcileMetrics(),
+            retry_base=0.02,
+            owner_recheck=0.2,
+        )
+        made.append(controller)
+        assert not controller.synced
+        assert controller.readiness()[0] is False
+        controller.start_informers()
+        await asyncio.wait_for(controller.wait_synced(), 3)
+        assert controller.readiness() == (True, None)
+        if lead:
+            controller.start_leading()
+        return controller
+
+    yield build
+    for controller in made:
+        await controller.stop()
+
+
+def metric(controller: Controller, name: str, **labels: str) -> float:
+    value = controller.metrics.registry.get_sample_value(name, labels)
+    return value if value is not None else 0.0
+
+
+async def test_first_marked_pod_gets_its_statefulset_within_half_a_second(
+    api: MiniApi, make: Callable[..., Any]
+) -> None:
+    controller = await make()
+    pod = marked_pod("tekton-taskrun")
+    name = placeholder_of(pod)
+    api.put("pods", pod)
+    took = await eventually(lambda: api.get("statefulsets", "ci", name) is not None)
+    assert took < 0.5
+    sts = api.get("statefulsets", "ci", name)
+    assert sts is not None
+    assert sts["spec"]["replicas"] == 1
+    assert sts["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "coschedule"
+    [owner] = sts["metadata"]["ownerReferences"]
+    assert (owner["kind"], owner["uid"]) == ("PipelineRun", PIPELINERUN_UID)
+    await eventually(lambda: api.count("POST", "events") == 1)
+    [event] = [o for (p, _, _), o in api.objects.items() if p == "events"]
+    assert event["reason"] == "PlaceholderCreated"
+    assert event["involvedObject"]["kind"] == "StatefulSet"
+    assert event["involvedObject"]["uid"] == sts["metadata"]["uid"]
+    assert api.count("GET", "taskruns") == 1
+    assert api.count("GET", "pipelineruns") == 1
+    await eventually(lambda: metric(controller, "coschedule_placeholders") == 1)
+    # The node without the topology-key label is counted.
+    assert metric(controller, "coschedule_nodes_missing_topology_key") == 1
+
+    # More pods of the run: no second create, no owner lookups (the root is cached).
+    api.put("pods", marked_pod("tekton-taskrun-two-workspaces"))
+    await eventually(lambda: api.count("PATCH", "statefulsets") == 1)  # the new claim
+    await asyncio.sleep(0.1)
+    assert api.count("POST", "statefulsets") == 1
+    assert api.count("GET", "taskruns") == 1
+    sts = api.get("statefulsets", "ci", name)
+    assert sts is not None
+    volumes = sts["spec"]["template"]["spec"]["volumes"]
+    assert [v["persistentVolumeClaim"]["claimName"] for v in volumes] == [
+        "pvc-1f1344866c",
+        "pvc-f87b6a85f3",
+    ]
+
+
+async def test_cordon_and_taint_delete_the_placeholder_pod_within_a_second(
+    api: MiniApi, make: Callable[..., Any]
+) -> None:
+    controller = await make()
+    pod = marked_pod("tekton-taskrun", node="worker-1")
+    name = placeholder_of(pod)
+    api.put("pods", pod)
+    await eventually(lambda: api.get("statefulsets", "ci", name) is not None)
+    api.put("pods", placeholder_pod(name, "worker-1"))
+    await asyncio.sleep(0.1)
+    assert api.count("DELETE", "pods") == 0
+
+    api.edit("nodes", None, "worker-1", {"spec": {"unschedulable": True}})
+    took = await eventually(lambda: api.get("pods", "ci", f"{name}-0") is None)
+    assert took < 1.0
+    assert api.deletes == [("pods", "ci", f"{name}-0", None)]
+    assert api.get("pods", "ci", pod["metadata"]["name"]) is not None  # the run's pod stays
+    assert api.get("statefulsets", "ci", name) is not None
+    assert metric(controller, "coschedule_placeholder_evictions_total", reason="cordoned") == 1
+    await eventually(lambda: api.count("POST", "events") == 2)
+    moved = [
+        o
+        for (p, _, _), o in api.objects.items()
+        if p == "events" and o["reason"] != "PlaceholderCreated"
+    ]
+    assert moved[0]["reason"] == "PlaceholderMoved"
+    assert "worker-1" in moved[0]["message"]
+    assert moved[0]["involvedObject"]["name"] == name
+
+    # The StatefulSet controller recreates it on worker-2; the autoscaler taints that node.
+    api.put("pods", placeholder_pod(name, "worker-2"))
+    await asyncio.sleep(0.05)
+    taint = {"key": "ToBeDeletedByClusterAutoscaler", "value": "1732171000", "effect": "NoSchedule"}
+    api.edit("nodes", None, "worker-2", {"spec": {"taints": [taint]}})
+    took = await eventually(lambda: api.get("pods", "ci", f"{name}-0") is None)
+    assert took < 1.0
+    assert metric(controller, "coschedule_placeholder_evictions_total", reason="tainted") == 1
+
+
+async def test_hand_scaled_statefulset_is_patched_back_after_a_conflict(
+    api: MiniApi, make: Callable[..., Any]
+) -> None:
+    controller = await make()
+    pod = marked_pod("tekton-taskrun")
+    name = placeholder_of(pod)
+    api.put("pods", pod)
+    await eventually(lambda: api.get("statefulsets", "ci", name) is not None)
+    uid = api.objects[("statefulsets", "ci", name)]["metadata"]["uid"]
+
+    api.faults[("PATCH", "statefulsets")] = [409]
+    api.edit("statefulsets", "ci", name, {"spec": {"replicas": 3}})
+    await eventually(lambda: api.count("PATCH", "statefulsets") == 2)
+    sts = api.get("statefulsets", "ci", name)
+    assert sts is not None
+    assert sts["spec"]["replicas"] == 1
+    assert sts["metadata"]["uid"] == uid  # patched, never deleted and recreated
+    assert api.count("POST", "statefulsets") == 1
+    assert api.count("DELETE", "statefulsets") == 0
+    assert metric(controller, "coschedule_reconcile_errors_total", code="409") == 1
+
+
+async def test_patch_from_a_stale_cache_gets_409_and_succeeds_once_the_cache_catches_up(
+    api: MiniApi, make: Callable[..., Any]
+) -> None:
+    controller = await make()
+    pod = marked_pod("tekton-taskrun")
+    name = placeholder_of(pod)
+    api.put("pods", pod)
+    await eventually(lambda: api.get("statefulsets", "ci", name) is not None)
+    # A hand edit whose watch event is still on its way when we plan.
+    api.muted = True
+    api.edit("statefulsets", "ci", name, {"metadata": {"annotations": {"team": "ci"}}})
+    api.muted = False
+    api.put("pods", marked_pod("tekton-taskrun-two-workspaces"))  # needs a template patch
+    await eventually(
+        lambda: metric(controller, "coschedule_reconcile_errors_total", code="409") >= 1
+    )
+    assert api.count("PATCH", "statefulsets") >= 1
+    sts = api.get("statefulsets", "ci", name)
+    assert sts is not None
+    assert len(sts["spec"]["template"]["spec"]["volumes"]) == 1  # the stale patch was refused
+    # The event arrives; the retry plans from the new version and wins.
+    api.edit("statefulsets", "ci", name, {"metadata": {"annotations": {"team": "ci"}}})
+    await eventually(
+        lambda: (
+            len((api.get("statefulsets", "ci", name) or {})["spec"]["template"]["spec"]["volumes"])
+            == 2
+        )
+    )
+    assert (api.get("statefulsets", "ci", name) or {})["metadata"]["annotations"]["team"] == "ci"
+
+
+async def test_hand_edit_missed_by_the_watch_is_fixed_after_the_relist(
+    api: MiniApi, make: Callable[..., Any]
+) -> None:
+    await make()
+    pod = marked_pod("tekton-taskrun")
+    name = placeholder_of(pod)
+    api.put("pods", pod)
+    await eventually(lambda: api.get("statefulsets", "ci", name) is not None)
+    api.muted = True
+    api.edit("statefulsets", "ci", name, {"spec": {"replicas": 5}})
+    api.muted = False
+    await asyncio.sleep(0.1)
+    assert api.count("PATCH", "statefulsets") == 0  # the cache has not seen it
+    api.compact()
+    api.end_watches()
+    await eventually(
+        lambda: (api.get("statefulsets", "ci", name) or {}).get("spec", {}).get("replicas") == 1
+    )
+
+
+async def test_teardown_when_the_pipelinerun_completes_but_not_before(
+    api: MiniApi, make: Callable[..., Any]
+) -> None:
+    await make()
+    pod = marked_pod("tekton-taskrun")
+    name = placeholder_of(pod)
+    api.put("pods", pod)
+    await eventually(lambda: api.get("statefulsets", "ci", name) is not None)
+
+    # The task ends; the PipelineRun goes on (a gap between tasks): keep, and re-check.
+    api.edit("pods", "ci", pod["metadata"]["name"], {"status": {"phase": "Succeeded"}})
+    gets = api.count("GET", "pipelineruns")
+    await eventually(lambda: api.count("GET", "pipelineruns") >= gets + 3, within=3)
+    assert api.get("statefulsets", "ci", name) is not None
+    assert api.count("GET", "pods") == 2  # two pod informers listed once each: no relists
+
+    api.edit(
+        "pipelineruns",
+        "ci",
+        "pr-7f3k2",
+        {"status": {"conditions": [{"type": "Succeeded", "status": "True"}]}},
+    )
+    await eventually(lambda: api.get("statefulsets", "ci", name) is None, within=2)
+    [(_, _, deleted, options)] = [d for d in api.deletes if d[0] == "statefulsets"]
+    assert deleted == name
+    assert options["propagationPolicy"] == "Background"
+
+
+async def test_malformed_marks_are_logged_and_skipped_and_the_loop_goes_on(
+    api: MiniApi, make: Callable[..., Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    await make()
+    bad = marked_pod("argo-workflow-pod", name="bad")
+    bad["metadata"]["labels"]["coschedule.dev/placeholder"] = "affinity-assistant-0000000000"
+    with caplog.at_level(logging.ERROR, logger="coschedule.reconcile"):
+        api.put("pods", bad)
+        await eventually(lambda: "malformed" in caplog.text)
+    assert api.count("POST", "statefulsets") == 0
+    record = next(r for r in caplog.records if "malformed" in r.getMessage())
+    assert record.placeholder == "affinity-assistant-0000000000"  # type: ignore[attr-defined]
+    good = marked_pod("tekton-taskrun")
+    api.put("pods", good)
+    await eventually(lambda: api.get("statefulsets", "ci", placeholder_of(good)) is not None)
+
+
+async def test_api_errors_are_retried_with_backoff(
+    api: MiniApi, make: Callable[..., Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    controller = await make()
+    api.faults[("POST", "statefulsets")] = [403, 500, 429]
+    pod = marked_pod("tekton-taskrun")
+    with caplog.at_level(logging.WARNING, logger="coschedule.reconcile"):
+        api.put("pods", pod)
+        await eventually(lambda: api.get("statefulsets", "ci", placeholder_of(pod)) is not None)
+    assert api.count("POST", "statefulsets") == 4
+    for code in ("403", "500", "429"):
+        assert metric(controller, "coschedule_reconcile_errors_total", code=code) == 1
+        assert f"API error {code}" in caplog.text
+
+
+async def test_only_the_leader_acts(api: MiniApi, make: Callable[..., Any]) -> None:
+    follower = await make(lead=False)
+    pod = marked_pod("tekton-taskrun")
+    api.put("pods", pod)
+    await eventually(lambda: follower.queue.busy)
+    await asyncio.sleep(0.2)
+    assert api.count("POST", "statefulsets") == 0
+    follower.start_leading()
+    await eventually(lambda: api.get("statefulsets", "ci", placeholder_of(pod)) is not None)
+    follower.stop_leading()
+    other = marked_pod("argo-workflow-pod")
+    api.put("pods", other)
+    await asyncio.sleep(0.2)
+    assert api.count("POST", "statefulsets") == 1
+
+
+async def test_restart_mid_run_creates_and_deletes_nothing(
+    api: MiniApi, make: Callable[..., Any]
+) -> None:
+    first = await make()
+    pod = marked_pod("tekton-taskrun", node="worker-1")
+    name = placeholder_of(pod)
+    api.put("pods", pod)
+    await eventually(lambda: api.get("statefulsets", "ci", name) is not None)
+    api.put("pods", placeholder_pod(name, "worker-1"))
+    await asyncio.sleep(0.1)
+    await first.stop()
+    writes = [r for r in api.requests if r[0] in ("POST", "PATCH", "PUT", "DELETE")]
+
+    second = await make()
+    await asyncio.sleep(0.3)
+    assert second.queue.failures(f"ci/{name}") == 0
+    after = [r for r in api.requests if r[0] in ("POST", "PATCH", "PUT", "DELETE")]
+    assert after == writes
+
+
+async def test_readiness_and_metrics_on_the_health_port(
+    api: MiniApi, tmp_path: Any, unused_tcp_port: int
+) -> None:
+    import argparse
+
+    import httpx
+
+    from webhook.kube.client import Credentials
+    from webhook.reconcile.main import serve_reconciler
+    from webhook.settings_store import SettingsStore
+
+    seed_cluster(api)
+    args = argparse.Namespace(
+        health_port=unused_tcp_port, leader_elect=True, namespace="coschedule-system"
+    )
+    store = SettingsStore(None, {"COSCHEDULE_COSCHEDULE": "pipelineruns"})
+    stop = asyncio.Event()
+    metrics = ReconcileMetrics()
+    task = asyncio.create_task(
+        serve_reconciler(args, Credentials(server=api.url), store, metrics, stop)
+    )
+    base = f"http://127.0.0.1:{unused_tcp_port}"
+    async with httpx.AsyncClient(base_url=base) as http:
+
+        async def ready() -> int:
+            try:
+                return (await http.get("/readyz")).status_code
+            except httpx.TransportError:
+                return 0
+
+        for _ in range(300):
+            if await ready() == 200:
+                break
+            await asyncio.sleep(0.01)
+        assert await ready() == 200
+        assert (await http.get("/livez")).status_code == 200
+        pod = marked_pod("tekton-taskrun")
+        api.put("pods", pod)
+        await eventually(lambda: api.get("statefulsets", "ci", placeholder_of(pod)) is not None)
+        text = (await http.get("/metrics")).text
+        assert "coschedule_reconcile_total" in text
+        assert "coschedule_placeholders 1.0" in text
+        assert "coschedule_reconciler_leader 1.0" in text
+        assert 'coschedule_placeholder_evictions_total{reason="cordoned"} 0.0' in text
+        assert "coschedule_watch_relists_total" in text
+    stop.set()
+    await asyncio.wait_for(task, 5)
+    lease = api.get("leases", "coschedule-system", "coschedule-reconciler")
+    assert lease is not None
+    assert lease["spec"]["holderIdentity"] == ""  # released on the way out
+
+
+async def test_statefulset_deleted_by_hand_while_the_run_lives_is_recreated(
+    api: MiniApi, make: Callable[..., Any]
+) -> None:
+    await make()
+    pod = marked_pod("tekton-taskrun")
+    name = placeholder_of(pod)
+    api.put("pods", pod)
+    await eventually(lambda: api.get("statefulsets", "ci", name) is not None)
+    first_uid = api.objects[("statefulsets", "ci", name)]["metadata"]["uid"]
+    api.remove("statefulsets", "ci", name)
+    await eventually(lambda: api.get("statefulsets", "ci", name) is not None)
+    assert api.objects[("statefulsets", "ci", name)]["metadata"]["uid"] != first_uid
+    assert api.count("POST", "statefulsets") == 2
+
+
+async def test_workspaces_group_goes_after_the_idle_grace_with_no_owner_lookup(
+    api: MiniApi, make: Callable[..., Any]
+) -> None:
+    settings = Settings(mode=Mode.WORKSPACES, idle_grace_seconds=1)
+    await make(settings=settings)
+    pod = marked_pod("job-pod", Mode.WORKSPACES)
+    name = placeholder_of(pod)
+    api.put("pods", pod)
+    await eventually(lambda: api.get("statefulsets", "data", name) is not None)
+    sts = api.get("statefulsets", "data", name)
+    assert sts is not None
+    assert "ownerReferences" not in sts["metadata"]
+    api.edit("pods", "data", pod["metadata"]["name"], {"status": {"phase": "Failed"}})
+    await asyncio.sleep(0.5)
+    assert api.get("statefulsets", "data", name) is not None  # inside the grace
+    took = await eventually(lambda: api.get("statefulsets", "data", name) is None, within=2)
+    assert took < 1.5
+    assert api.count("GET", "jobs") == 0
+
+
+async def test_topology_key_reload_recounts_nodes_missing_it(
+    api: MiniApi, make: Callable[..., Any]
+) -> None:
+    current = {"settings": SETTINGS}
+    controller = await make()
+    controller.settings = lambda: current["settings"]
+    assert metric(controller, "coschedule_nodes_missing_topology_key") == 1
+    current["settings"] = Settings(
+        mode=Mode.PIPELINERUNS, topology_key="topology.kubernetes.io/zone"
+    )
+    controller.settings_changed()
+    assert metric(controller, "coschedule_nodes_missing_topology_key") == 3
+    api.edit(
+        "nodes", None, "worker-1", {"metadata": {"labels": {"topology.kubernetes.io/zone": "a"}}}
+    )
+    await eventually(lambda: metric(controller, "coschedule_nodes_missing_topology_key") == 2)
+
+
+async def test_statefulset_that_lost_its_labels_is_relabelled_not_duplicated(
+    api: MiniApi, make: Callable[..., Any]
+) -> None:
+    await make()
+    pod = marked_pod("tekton-taskrun")
+    name = placeholder_of(pod)
+    api.put("pods", pod)
+    await eventually(lambda: api.get("statefulsets", "ci", name) is not None)
+    uid = api.objects[("statefulsets", "ci", name)]["metadata"]["uid"]
+    # Dropping managed-by takes it out of our watch's selection: it looks gone to us.
+    api.edit(
+        "statefulsets", "ci", name, {"metadata": {"labels": {"app.kubernetes.io/managed-by": None}}}
+    )
+    await eventually(
+        lambda: (
+            (api.get("statefulsets", "ci", name) or {})["metadata"]["labels"].get(
+                "app.kubernetes.io/managed-by"
+            )
+            == "coschedule"
+        )
+    )
+    assert api.objects[("statefulsets", "ci", name)]["metadata"]["uid"] == uid
+    assert api.count("POST", "statefulsets") == 2  # the second one was refused: 409
+    assert api.count("POST", "events") == 1
+
+
+async def test_owner_lookup_outage_does_not_delay_the_placeholder(
+    api: MiniApi, make: Callable[..., Any]
+) -> None:
+    await make()
+    api.faults[("GET", "taskruns")] = [503, 503]
+    pod = marked_pod("tekton-taskrun")
+    name = placeholder_of(pod)
+    api.put("pods", pod)
+    took = await eventually(lambda: api.get("statefulsets", "ci", name) is not None)
+    assert took < 0.5
+    sts = api.get("statefulsets", "ci", name)
+    assert sts is not None
+    assert "ownerReferences" not in sts["metadata"]
+    # The lookup is retried (OWNER_RETRY_SECONDS, shortened here by a pod event) and the
+    # owner is patched in.
+    api.edit("pods", "ci", pod["metadata"]["name"], {"metadata": {"labels": {"touch": "1"}}})
+    await eventually(
+        lambda: "ownerReferences" in (api.get("statefulsets", "ci", name) or {})["metadata"]
+    )
+    refs = (api.get("statefulsets", "ci", name) or {})["metadata"]["ownerReferences"]
+    assert refs[0]["uid"] == PIPELINERUN_UID

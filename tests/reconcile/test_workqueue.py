@@ -1,0 +1,52 @@
+"""The work queue: de-duplication, one worker per key, delayed adds, per-key backoff."""
+
+from __future__ import annotations
+
+import asyncio
+
+from webhook.reconcile.workqueue import WorkQueue
+
+
+async def test_a_key_is_queued_once_however_often_it_is_added() -> None:
+    queue = WorkQueue()
+    for _ in range(5):
+        queue.add("ci/a")
+    queue.add("ci/b")
+    assert len(queue) == 2
+    assert await queue.get() == "ci/a"
+    assert await queue.get() == "ci/b"
+    assert len(queue) == 0
+
+
+async def test_a_key_added_while_processing_runs_again_after_not_alongside() -> None:
+    queue = WorkQueue()
+    queue.add("ci/a")
+    key = await queue.get()
+    queue.add("ci/a")
+    assert len(queue) == 0  # not handed to a second worker while the first holds it
+    queue.done(key)
+    assert len(queue) == 1
+    assert await queue.get() == "ci/a"
+
+
+async def test_add_after_keeps_the_sooner_timer() -> None:
+    queue = WorkQueue()
+    queue.add_after("ci/a", 5.0)
+    queue.add_after("ci/a", 0.02)
+    queue.add_after("ci/a", 3.0)
+    assert await asyncio.wait_for(queue.get(), 1) == "ci/a"
+    queue.cancel_timers()
+
+
+async def test_retry_backs_off_exponentially_per_key_and_forget_resets() -> None:
+    queue = WorkQueue(retry_base=0.01, retry_max=0.1)
+    delays = [queue.retry("ci/a") for _ in range(6)]
+    assert delays[1] > delays[0] * 1.4
+    assert delays[3] > delays[2] * 1.4
+    assert max(delays) <= 0.1 * 1.2
+    assert queue.failures("ci/a") == 6
+    assert queue.failures("ci/b") == 0
+    queue.forget("ci/a")
+    assert queue.failures("ci/a") == 0
+    assert queue.retry("ci/a") <= 0.01 * 1.2
+    queue.cancel_timers()
