@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from webhook.contract import LABEL_MANAGED_BY, LABEL_PLACEHOLDER, MANAGED_BY
 from webhook.decide.claims import (
@@ -24,41 +24,27 @@ from webhook.kube.client import KubeClient
 from webhook.kube.informer import Informer, Obj
 
 
-def _claim_transform(obj: Obj) -> Obj:
-    meta = obj.get("metadata") or {}
-    return {
-        "metadata": {
-            "name": meta.get("name"),
-            "namespace": meta.get("namespace"),
-            "resourceVersion": meta.get("resourceVersion"),
-        },
-        "info": claim_info(obj),
-    }
+def _keeping(field: str, derive: Callable[[Obj], object]) -> Callable[[Obj], Obj]:
+    """An informer transform that keeps the object's identity and one derived field: the
+    caches hold what admissions read and nothing else (20,000 pods must stay small)."""
+
+    def transform(obj: Obj) -> Obj:
+        meta = obj.get("metadata") or {}
+        return {
+            "metadata": {
+                "name": meta.get("name"),
+                "namespace": meta.get("namespace"),
+                "resourceVersion": meta.get("resourceVersion"),
+            },
+            field: derive(obj),
+        }
+
+    return transform
 
 
-def _sts_transform(obj: Obj) -> Obj:
-    meta = obj.get("metadata") or {}
-    return {
-        "metadata": {
-            "name": meta.get("name"),
-            "namespace": meta.get("namespace"),
-            "resourceVersion": meta.get("resourceVersion"),
-        },
-        "templates": statefulset_templates(obj),
-    }
-
-
-def _pod_transform(obj: Obj) -> Obj:
-    # Only the decision a marked pod carries: 20,000 pods must stay small.
-    meta = obj.get("metadata") or {}
-    return {
-        "metadata": {
-            "name": meta.get("name"),
-            "namespace": meta.get("namespace"),
-            "resourceVersion": meta.get("resourceVersion"),
-        },
-        "decision": pod_decision(obj),
-    }
+_claim_transform = _keeping("info", claim_info)
+_sts_transform = _keeping("templates", statefulset_templates)
+_pod_transform = _keeping("decision", pod_decision)
 
 
 class ClaimCache:
