@@ -641,3 +641,25 @@ def test_update_strategy_is_kept_on_delete_so_template_patches_never_restart_it(
     sts = existing_set(observed, update_strategy="RollingUpdate")
     [patch] = only(plan(replace(observed, statefulset=sts), SETTINGS, NOW), PatchStatefulSet)
     assert patch.patch["spec"] == {"updateStrategy": {"type": "OnDelete", "rollingUpdate": None}}
+
+
+def test_owner_is_asked_again_soon_after_the_run_goes_quiet_then_less_often() -> None:
+    """The last pod ends a moment before Tekton marks the PipelineRun done: the next owner
+    check comes within seconds, not a whole period later; a long gap backs off."""
+    from datetime import UTC, datetime
+
+    def requeue_after(quiet_for: float) -> float:
+        ended = datetime.fromtimestamp(NOW - quiet_for, UTC).isoformat().replace("+00:00", "Z")
+        sts = existing_set(observed_for(marked_pod("tekton-taskrun"), owner=RUNNING))
+        pod = marked_pod("tekton-taskrun", phase="Succeeded", finished_at=ended)
+        observed = observed_for(pod, owner=RUNNING, statefulset=sts)  # checked just now
+        [requeue] = only(plan(observed, SETTINGS, NOW), Requeue)
+        return float(requeue.after)
+
+    assert requeue_after(0.5) == pytest.approx(2.0)
+    assert requeue_after(10.0) == pytest.approx(10.0)
+    assert requeue_after(600.0) == pytest.approx(OWNER_RECHECK_SECONDS)
+    running = RUNNING
+    assert not owner_check_due(False, running, NOW + 1.0, quiet_for=1.0)
+    assert owner_check_due(False, running, NOW + 2.0, quiet_for=1.0)
+    assert not owner_check_due(False, running, NOW + 20.0, quiet_for=300.0)

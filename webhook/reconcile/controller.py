@@ -385,6 +385,7 @@ class Controller:
             )
             self.queue.add_after(key, OWNER_RETRY_SECONDS)
             return None
-        if decide.owner_check_due(live, state, now, self.owner_recheck):
+        quiet_for = now - decide.quiet_since(pods, self._idle_since.get(key), now)
+        if decide.owner_check_due(live, state, now, self.owner_recheck, quiet_for):
             state = await self.owners.check(key, namespace)
         return state

@@ -50,6 +50,9 @@ from webhook.reconcile.tolerations import eviction_reason
 from webhook.settings import Settings
 
 OWNER_RECHECK_SECONDS = 30.0  # how often a quiet run's owner is asked whether it is done
+# A run's last pod usually ends a moment before its owner reports completion: ask again
+# soon, then less often as the quiet lasts (2, 4, 8, 16 s ... up to the period above).
+FIRST_OWNER_RECHECK_SECONDS = 2.0
 DELETING_RECHECK_SECONDS = 1.0
 
 
@@ -224,7 +227,8 @@ def _run_done(
         # Never tear down a run whose owner runs (or cannot be asked right now), however
         # long the gap between its tasks.
         checked = owner.checked_at if owner.checked_at is not None else now
-        wait = max(0.05, checked + owner_recheck - now)
+        interval = recheck_interval(now - idle_since(observed, now), owner_recheck)
+        wait = max(0.05, checked + interval - now)
         state = "still running" if owner.status is OwnerStatus.RUNNING else "not known yet"
         return False, f"{root.kind} {root.name} {state}: check again", wait
     since = idle_since(observed, now)
@@ -236,10 +240,19 @@ def _run_done(
 
 def idle_since(observed: Observed, now: float) -> float:
     """When the group went quiet: its last pod's end if known, else when first seen quiet."""
-    finished = [p.finished_at for p in observed.pods if p.finished_at is not None]
+    return quiet_since(observed.pods, observed.idle_since, now)
+
+
+def quiet_since(pods: Sequence[MarkedPod], first_seen_quiet: float | None, now: float) -> float:
+    finished = [p.finished_at for p in pods if p.finished_at is not None]
     if finished:
         return max(finished)
-    return observed.idle_since if observed.idle_since is not None else now
+    return first_seen_quiet if first_seen_quiet is not None else now
+
+
+def recheck_interval(quiet_for: float, owner_recheck: float = OWNER_RECHECK_SECONDS) -> float:
+    """How long after the last answer a quiet run's owner is asked again."""
+    return min(owner_recheck, max(FIRST_OWNER_RECHECK_SECONDS, quiet_for))
 
 
 def owner_check_due(
@@ -247,14 +260,16 @@ def owner_check_due(
     owner: OwnerState | None,
     now: float,
     owner_recheck: float = OWNER_RECHECK_SECONDS,
+    quiet_for: float | None = None,
 ) -> bool:
     """Ask the root owner for its status only when the group is quiet and the last answer
-    is older than the re-check period (a running run with live pods needs no question)."""
+    is older than the re-check interval (a running run with live pods needs no question)."""
     if observed_pods_live or owner is None or owner.root is None:
         return False
     if owner.status is OwnerStatus.DONE:
         return False
-    return owner.checked_at is None or now - owner.checked_at >= owner_recheck
+    interval = owner_recheck if quiet_for is None else recheck_interval(quiet_for, owner_recheck)
+    return owner.checked_at is None or now - owner.checked_at >= interval
 
 
 def known_root(sts: ObservedSet | None) -> OwnerRef | None:

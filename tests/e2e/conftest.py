@@ -1,0 +1,286 @@
+"""The end-to-end suite's control plane: one per session, shared by every scenario.
+
+Skipped, with one reason line, where no kube-apiserver/etcd binaries are found (see
+``cluster.find_binaries``). Each scenario gets its own namespace; nodes are shared, so a
+scenario that cordons or taints one restores it when it ends.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import re
+import subprocess
+import time
+from collections.abc import Callable, Generator, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.e2e.cluster import ControlPlane, find_binaries, find_kubectl
+from tests.e2e.install import SYSTEM_NAMESPACE, Coschedule
+from tests.e2e.kube import Api, ApiError
+from tests.e2e.world import (
+    NODES,
+    FakeNodeAgents,
+    install_crds,
+    make_namespace,
+    make_nodes,
+    make_wffc_class,
+    reset_node,
+    unique,
+)
+
+E2E_DIR = Path(__file__).resolve().parent
+README_HINT = "see tests/e2e/README.md"
+# Two replicas, as the Deployment runs them.
+RECONCILER_REPLICAS = ("reconciler-a", "reconciler-b")
+CLUSTER_CONFIG = {"coschedule": "workspaces"}
+# The probe label keeps the namespace-sync probe pods recognisable in webhook logs.
+PROBE_GROUP = "e2e-namespace-probe"
+
+
+@dataclass
+class E2E:
+    plane: ControlPlane
+    product: Coschedule
+    agents: FakeNodeAgents
+    kubectl: Path | None
+    source: str
+    started_in: float = 0.0
+    notes: list[str] = field(default_factory=list)
+    _openapi_v2_broken: bool | None = None
+
+    @property
+    def api(self) -> Api:
+        assert self.plane.api is not None
+        return self.plane.api
+
+    def require(self, *needs: str) -> None:
+        """Skip the scenario, saying why, when a part it needs is not here."""
+        for need in needs:
+            if need == "scheduler" and not self.plane.has_scheduler:
+                pytest.skip(f"e2e: no kube-scheduler next to kube-apiserver ({self.source})")
+            if need == "controller-manager" and not self.plane.has_controller_manager:
+                pytest.skip(
+                    f"e2e: no kube-controller-manager next to kube-apiserver ({self.source})"
+                )
+            if need == "reconciler" and self.product.reconciler_missing:
+                pytest.skip(f"e2e: {self.product.reconciler_missing}")
+            if need == "kubectl" and self.kubectl is None:
+                pytest.skip("e2e: no kubectl binary (binaries folder or PATH)")
+
+    def kubectl_run(self, *args: str) -> subprocess.CompletedProcess[str]:
+        """Run kubectl against the test apiserver as the admin. Where the apiserver cannot
+        serve its OpenAPI v2 document as protobuf (kubectl's client-side validation needs it),
+        ``--validate=false`` is added: the request itself is unchanged."""
+        self.require("kubectl")
+        assert self.kubectl is not None
+        assert self.plane.admin_kubeconfig is not None
+        extra = ["--validate=false"] if self.openapi_v2_broken else []
+        return subprocess.run(
+            [str(self.kubectl), "--kubeconfig", str(self.plane.admin_kubeconfig), *args, *extra],
+            capture_output=True,
+            text=True,
+            timeout=90,
+            check=False,
+        )
+
+    @property
+    def openapi_v2_broken(self) -> bool:
+        if self._openapi_v2_broken is None:
+            response = self.api.http.get(
+                "/openapi/v2",
+                headers={"Accept": "application/com.github.proto-openapi.spec.v2@v1.0+protobuf"},
+            )
+            self._openapi_v2_broken = response.status_code != 200
+            if self._openapi_v2_broken:
+                self.notes.append(
+                    f"kube-apiserver answers /openapi/v2 (protobuf) with HTTP "
+                    f"{response.status_code}: kubectl runs with --validate=false"
+                )
+        return self._openapi_v2_broken
+
+    def logs(self, lines: int = 30) -> str:
+        agent_errors = "\n".join(self.agents.errors[-5:])
+        extra = f"\n----- fake kubelet errors\n{agent_errors}" if agent_errors else ""
+        return self.plane.tails(lines) + extra
+
+
+_SESSION: E2E | None = None
+_NOTES: list[str] = []  # printed in the terminal summary
+
+BINARIES, SOURCE = find_binaries()
+SKIP_REASON = f"e2e: {SOURCE}; {README_HINT}"
+
+
+# Without binaries the scenarios are not collected; one stand-in item is, and skips with the
+# reason: one line in the summary, whatever the number of scenarios.
+class _Unavailable(pytest.Item):
+    def runtest(self) -> None:
+        pytest.skip(SKIP_REASON)
+
+    def reportinfo(self) -> tuple[Path, int | None, str]:
+        return self.path, None, "e2e suite"
+
+
+class _UnavailableSuite(pytest.File):
+    def collect(self) -> Iterator[pytest.Item]:
+        item = _Unavailable.from_parent(self, name="e2e-suite")
+        item.add_marker(pytest.mark.e2e)
+        yield item
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    if BINARIES is None and collection_path.parent == E2E_DIR:
+        return collection_path.name.startswith("test_") or None
+    return None
+
+
+def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Collector | None:
+    if BINARIES is None and file_path == Path(__file__).resolve():
+        return _UnavailableSuite.from_parent(parent, path=file_path)
+    return None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if E2E_DIR in Path(str(item.path)).parents:
+            item.add_marker(pytest.mark.e2e)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, Any, None]:
+    outcome = yield
+    report = outcome.get_result()
+    if report.failed and _SESSION is not None and E2E_DIR in Path(str(item.path)).parents:
+        report.sections.append(("e2e component logs (tails)", _SESSION.logs()))
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    for note in _NOTES:
+        terminalreporter.write_line(f"e2e: {note}")
+
+
+@pytest.fixture(scope="session")
+def e2e(tmp_path_factory: pytest.TempPathFactory) -> Iterator[E2E]:
+    global _SESSION
+    binaries, source = BINARIES, SOURCE
+    assert binaries is not None
+    started = time.monotonic()
+    workdir = tmp_path_factory.mktemp("e2e")
+    plane = ControlPlane(binaries, workdir)
+    kubectl = find_kubectl(binaries)
+    product = Coschedule(plane, workdir)
+    agents: FakeNodeAgents | None = None
+    try:
+        api = plane.start_apiserver()
+        install_crds(api)  # before the garbage collector starts: it watches owner kinds
+        make_nodes(api)
+        make_wffc_class(api)
+        plane.start_controllers()
+        product.install_rbac(kubectl)
+        product.write_config(CLUSTER_CONFIG)
+        product.start_webhook()
+        product.register_webhook()
+        for name in RECONCILER_REPLICAS:
+            if product.start_reconciler(name) is None:
+                break
+        agents = FakeNodeAgents(api)
+        agents.start()
+        session = E2E(
+            plane, product, agents, kubectl, source, time.monotonic() - started, notes=_NOTES
+        )
+        _NOTES.append(
+            f"control plane from {source}; set up in {session.started_in:.1f}s; "
+            f"logs in {workdir / 'logs'}"
+        )
+        if product.reconciler_missing:
+            _NOTES.append(product.reconciler_missing)
+        _SESSION = session
+        atexit.register(plane.stop)  # if the session is torn down the hard way
+        yield session
+    except BaseException:
+        print(f"\ne2e setup or session failed; component logs:\n{plane.tails(60)}")
+        raise
+    finally:
+        _SESSION = None
+        if agents is not None:
+            agents.stop()
+        plane.stop()
+
+
+@pytest.fixture
+def namespace(e2e: E2E, request: pytest.FixtureRequest) -> Iterator[Callable[..., str]]:
+    """``namespace(mode=None, prefix=...)`` makes an enabled namespace (with the mode label
+    when given) and waits until the webhook's namespace cache has it; all are deleted after
+    the test."""
+    made: list[str] = []
+
+    def make(mode: str | None = None, prefix: str | None = None) -> str:
+        base = prefix or request.node.name.removeprefix("test_")
+        base = re.sub(r"[^a-z0-9]+", "-", base.lower())[:30].strip("-")
+        name = unique(f"e2e-{base}")
+        make_namespace(e2e.api, name, mode)
+        made.append(name)
+        # A namespace the webhook has not seen yet gets the cluster mode: the same, unless
+        # the label says otherwise.
+        if mode not in (None, CLUSTER_CONFIG["coschedule"]):
+            wait_webhook_sees(e2e, name, mode)
+        return name
+
+    yield make
+    if os.environ.get("E2E_KEEP_NAMESPACES"):
+        return
+    for name in made:
+        with contextlib.suppress(ApiError):
+            e2e.api.delete("Namespace", name)
+
+
+def wait_webhook_sees(e2e: E2E, namespace: str, mode: str) -> None:
+    """A new namespace reaches the webhook through its watch; until then a pod there gets
+    the cluster mode. Probe with dry-run pods (no claims: in per-run modes every pod of a run
+    is marked) until the namespace's mode shows."""
+    probe = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": "probe",
+            "namespace": namespace,
+            "labels": {"coschedule.dev/group": PROBE_GROUP},
+        },
+        "spec": {
+            "serviceAccountName": "ci-builder",
+            "automountServiceAccountToken": False,
+            "containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10"}],
+        },
+    }
+    deadline = time.monotonic() + 15
+    seen: Any = None
+    while time.monotonic() < deadline:
+        stored = e2e.api.create(probe, dry_run=True)
+        seen = (stored["metadata"].get("annotations") or {}).get("coschedule.dev/mode")
+        if seen == mode or (mode == "disabled" and seen is None):
+            return
+        time.sleep(0.2)
+    raise AssertionError(
+        f"the webhook did not apply namespace {namespace}'s mode {mode!r} within 15s "
+        f"(a dry-run pod got mode {seen!r})"
+    )
+
+
+@pytest.fixture
+def restore_nodes(e2e: E2E) -> Iterator[None]:
+    """Scenarios that cordon or taint nodes get them back schedulable and untainted."""
+    yield
+    for name in NODES:
+        with contextlib.suppress(ApiError):
+            reset_node(e2e.api, name)
+
+
+__all__ = ["E2E", "SYSTEM_NAMESPACE"]

@@ -1,0 +1,40 @@
+"""The shipped manifests apply to a real API server (server-side dry run: admission,
+validation and defaulting run; nothing is stored)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.e2e.conftest import E2E
+from tests.e2e.install import MANIFESTS
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.mark.parametrize("overlay", ["self-signed", "cert-manager"])
+def test_overlay_applies_with_server_dry_run(e2e: E2E, overlay: str) -> None:
+    folder = MANIFESTS / "overlays" / overlay
+    if not (folder / "kustomization.yaml").is_file():
+        pytest.fail(f"{folder} has no kustomization.yaml")
+    # cert-manager's Certificate and Issuer kinds are installed as minimal CRDs by the
+    # session (tests/e2e/world.py), as they would be by cert-manager itself.
+    done = e2e.kubectl_run("apply", "--dry-run=server", "-k", str(folder))
+    assert done.returncode == 0, (
+        f"kubectl apply --dry-run=server -k {folder} failed:\n{done.stderr}"
+    )
+    out = done.stdout
+    for kind, name in [
+        ("deployment.apps", "coschedule-webhook"),
+        ("deployment.apps", "coschedule-reconciler"),
+        ("mutatingwebhookconfiguration.admissionregistration.k8s.io", "coschedule"),
+        ("clusterrole.rbac.authorization.k8s.io", "coschedule-reconciler"),
+        ("configmap", "coschedule-config"),
+    ]:
+        assert f"{kind}/{name}" in out, f"{kind}/{name} not applied:\n{out}\n{done.stderr}"
+    assert "(server dry run)" in out, out
+    if overlay == "cert-manager":
+        assert "certificate.cert-manager.io/coschedule-webhook" in out, out
+    else:
+        assert "job.batch/coschedule-certs" in out, out
+    # Nothing was stored: the dry run did not replace the suite's own registration.
+    assert e2e.api.get("Deployment", "coschedule-webhook", "coschedule-system") is None
