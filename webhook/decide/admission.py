@@ -130,8 +130,9 @@ def decide(pod: Mapping[str, Any], ctx: AdmissionContext) -> Decision:
     """Decide what to do with a Pod CREATE. Raises ``podview.MalformedPod`` on bad shapes.
 
     Coscheduling first; then the admins' scheduling defaults and hardening policy, which
-    apply to every pod decided on in an enabled namespace (any mode, even ``disabled``; in a
-    run or not) except placeholder pods, and see the pod as it will be stored.
+    apply to every pod decided on in an enabled namespace (any namespace or cluster mode,
+    even ``disabled``; in a run or not) except placeholder pods and pods labelled
+    ``coschedule.dev/mode: disabled``, and see the pod as it will be stored.
     """
     decision = _decide_coschedule(pod, ctx)
     if decision.allowed:
