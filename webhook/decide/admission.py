@@ -39,6 +39,19 @@ from webhook.wire import jsonpatch
 from webhook.wire.jsonpatch import Op
 
 REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"
+# Our keys are constants: escape their paths once, not on every admission.
+_PLACEHOLDER_LABEL_PATH = jsonpatch.pointer("metadata", "labels", LABEL_PLACEHOLDER)
+_ANNOTATION_PATHS = {
+    key: jsonpatch.pointer("metadata", "annotations", key)
+    for key in (
+        ANNOTATION_MODE,
+        ANNOTATION_RUN,
+        ANNOTATION_RUN_LABEL,
+        ANNOTATION_CLAIMS,
+        ANNOTATION_TOPOLOGY_KEY,
+        ANNOTATION_CLAIM_TEMPLATES,
+    )
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,31 +147,26 @@ def decide(pod: Mapping[str, Any], ctx: AdmissionContext) -> Decision:
     even ``disabled``; in a run or not) except placeholder pods and pods labelled
     ``coschedule.dev/mode: disabled``, and see the pod as it will be stored.
     """
-    decision = _decide_coschedule(pod, ctx)
-    if decision.allowed:
-        labels = _defaults_and_policy_labels(pod, ctx)
-        if labels is not None:
-            merged = _scheduling_defaults_step(pod, labels, ctx, decision)
-            _policy_step(pod, ctx, decision, merged)
+    meta = podview.metadata(pod)
+    labels = podview.string_map(meta, "labels")
+    decision = _decide_coschedule(pod, ctx, meta, labels)
+    if decision.allowed and _defaults_and_policy_apply(labels, ctx):
+        merged = _scheduling_defaults_step(pod, labels, ctx, decision)
+        _policy_step(pod, ctx, decision, merged)
     return decision
 
 
-def _defaults_and_policy_labels(
-    pod: Mapping[str, Any], ctx: AdmissionContext
-) -> Mapping[str, str] | None:
-    """The pod's labels when defaults and policy apply to it; None for placeholder pods (the
-    reconciler copies their fields from the group's pods), pods that opted out with the label
-    ``coschedule.dev/mode: disabled`` (never touched, as the webhook configuration's
-    matchConditions already ensure in a cluster) and namespaces not enabled. A namespace or
-    cluster mode of ``disabled`` turns coscheduling off, not the admins' defaults and policy."""
-    labels = podview.string_map(podview.metadata(pod), "labels")
+def _defaults_and_policy_apply(labels: Mapping[str, str], ctx: AdmissionContext) -> bool:
+    """Not for placeholder pods (the reconciler copies their fields from the group's pods),
+    pods that opted out with the label ``coschedule.dev/mode: disabled`` (never touched, as
+    the webhook configuration's matchConditions already ensure in a cluster) and namespaces
+    not enabled. A namespace or cluster mode of ``disabled`` turns coscheduling off, not the
+    admins' defaults and policy."""
     if labels.get(LABEL_COMPONENT) == COMPONENT_AFFINITY_ASSISTANT:
-        return None
+        return False
     if labels.get(LABEL_MODE) == Mode.DISABLED.value:
-        return None
-    if ctx.namespace_info is not None and not ctx.namespace_info.enabled:
-        return None
-    return labels
+        return False
+    return ctx.namespace_info is None or ctx.namespace_info.enabled
 
 
 def _scheduling_defaults_step(
@@ -199,11 +207,14 @@ def _policy_step(
         _deny(decision, denial.deny_rule, denial.message)
 
 
-def _decide_coschedule(pod: Mapping[str, Any], ctx: AdmissionContext) -> Decision:
+def _decide_coschedule(
+    pod: Mapping[str, Any],
+    ctx: AdmissionContext,
+    meta: Mapping[str, Any],
+    labels: Mapping[str, str],
+) -> Decision:
     """Coscheduling alone: group, placeholder, affinity term, marks, claim rewrite."""
     settings = ctx.settings
-    meta = podview.metadata(pod)
-    labels = podview.string_map(meta, "labels")
     decision = Decision(allowed=True)
     reasons = decision.reasons
 
@@ -498,7 +509,7 @@ def _mark_ops(
         ops.append(jsonpatch.add("/metadata/labels", {LABEL_PLACEHOLDER: placeholder}))
     elif labels.get(LABEL_PLACEHOLDER) != placeholder:
         ops.append(
-            jsonpatch.add(jsonpatch.pointer("metadata", "labels", LABEL_PLACEHOLDER), placeholder)
+            jsonpatch.add(_PLACEHOLDER_LABEL_PATH, placeholder)
         )
 
     annotations = podview.string_map(meta, "annotations")
@@ -507,4 +518,5 @@ def _mark_ops(
         return
     for key, value in annotations_wanted.items():
         if annotations.get(key) != value:
-            ops.append(jsonpatch.add(jsonpatch.pointer("metadata", "annotations", key), value))
+            path = _ANNOTATION_PATHS.get(key) or jsonpatch.pointer("metadata", "annotations", key)
+            ops.append(jsonpatch.add(path, value))
