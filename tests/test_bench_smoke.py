@@ -1,0 +1,278 @@
+"""Smoke test of the benchmark harness (a few hundred requests; asserts no speed).
+
+The servers start, the floor and the webhook answer every benchmark payload correctly, the
+open-loop generator counts right and reports sane percentiles, the closed-loop tools run,
+and the table renders with the ratio first. ``python -m bench`` itself is never run here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import uvicorn
+
+from bench import appcost, openloop, report, suite
+from bench.loadgen import run_closed, run_openloop, run_wrk, wrk_path
+from bench.openloop import LoadConfig, percentiles
+from bench.servers import Server, expected_answer
+from bench.target import FLOOR_RESPONSE, floor_context, https_config
+from webhook.server import serve as serve_module
+from webhook.server.metrics import WebhookMetrics
+from webhook.server.serve import ServeOptions, build_webhook
+from webhook.settings_store import SettingsStore
+
+RATE = 300  # requests per second for one second: a few hundred requests
+
+
+@pytest.fixture(scope="module")
+def ws() -> Iterator[suite.Workspace]:
+    with suite.workspace() as workspace:
+        yield workspace
+
+
+@pytest.fixture(scope="module")
+def servers(ws: suite.Workspace) -> Iterator[dict[str, Server]]:
+    # Unpinned: the smoke test must not depend on which cores a CI runner grants.
+    with (
+        Server("webhook", ws.cert_dir, [None], log_dir=ws.log_dir) as webhook,
+        Server("floor", ws.cert_dir, [None], log_dir=ws.log_dir) as floor,
+    ):
+        webhook.start(ws.body("tekton"))
+        floor.start(ws.body("tekton"))
+        yield {"webhook": webhook, "floor": floor}
+
+
+def test_bench_uvicorn_options_are_the_servers(tmp_path: Path) -> None:
+    """The floor and the webhook run under the options ``coschedule serve`` uses."""
+    from webhook import certs
+
+    certs.write_bundle(certs.generate(["127.0.0.1"]), tmp_path)
+    webhook = build_webhook(SettingsStore(None, {}), WebhookMetrics(), tmp_path)
+    seen: list[uvicorn.Config] = []
+
+    async def record(self: uvicorn.Server, sockets: Any = None) -> None:
+        seen.append(self.config)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(serve_module._Server, "serve", record)
+        asyncio.run(serve_module.serve(webhook, ServeOptions(host="127.0.0.1", port=1)))
+    served = seen[0]  # the HTTPS listener (the second is the plain probe port)
+    assert served.ssl_context_factory is not None
+    ours = https_config(object(), floor_context(tmp_path), "127.0.0.1", 1)
+    ignore = {"app", "ssl_context_factory"}
+    assert {k: v for k, v in vars(ours).items() if k not in ignore} == {
+        k: v for k, v in vars(served).items() if k not in ignore
+    }
+
+
+def test_both_servers_answer_every_payload_correctly(
+    servers: dict[str, Server], ws: suite.Workspace
+) -> None:
+    for name in ws.bodies:
+        servers["webhook"].check(ws.body(name))  # raises on a wrong status or body
+    servers["floor"].check(ws.body("fat"))
+    assert expected_answer("floor", b"") == FLOOR_RESPONSE
+    webhook_answer = expected_answer("webhook", ws.body("tekton"))
+    assert b'"allowed":true' in webhook_answer
+    assert b'"patchType":"JSONPatch"' in webhook_answer
+    # Same size class, so both servers write about as much.
+    assert 0.5 < len(FLOOR_RESPONSE) / len(webhook_answer) < 2
+
+
+@pytest.mark.parametrize("app", ["webhook", "floor"])
+def test_open_loop_counts_and_percentiles(
+    servers: dict[str, Server], ws: suite.Workspace, app: str
+) -> None:
+    server = servers[app]
+    before = server.cpu_seconds()
+    data = run_openloop(
+        server.port,
+        ws.bodies["tekton"],
+        cpu=None,
+        rate=RATE,
+        seconds=1.0,
+        warmup=0.1,
+        connections=8,
+        ca_file=ws.cert_dir / "ca.crt",
+    )
+    assert data["measured"] == RATE
+    assert data["ok"] == RATE
+    assert data["errors"] == 0
+    assert data["statuses"] == {"200": RATE}
+    lat = data["latency_ms"]
+    assert 0 < lat["p50"] <= lat["p90"] <= lat["p99"] <= lat["p99.9"] <= lat["max"]
+    assert lat["max"] < 5_000  # answered, not timed out
+    assert data["send_lag_ms"]["p50"] >= 0
+    assert data["sample_body"] == expected_answer(app, ws.body("tekton")).decode()
+    assert server.cpu_seconds() >= before
+    assert server.rss_bytes() > 10 * 1024 * 1024
+
+
+def test_open_loop_has_no_coordinated_omission(
+    servers: dict[str, Server], ws: suite.Workspace
+) -> None:
+    """Freeze the server for 0.4 s mid-run: every request scheduled in that time must show
+    the wait. A generator that waited for answers before sending would charge the stall to
+    at most one request per connection (8 here, 2% of 400) and keep p90 low."""
+    server = servers["floor"]
+    pid = server.pids[0]
+
+    def stall() -> None:
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            time.sleep(0.4)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+
+    timer = threading.Timer(0.6, stall)
+    config = LoadConfig(
+        port=server.port, body=ws.body("tekton"), rate=200, duration=2.0, warmup=0, connections=8
+    )
+    try:
+        result = openloop.run(config, on_start=timer.start)
+    finally:
+        timer.join()
+    assert result.ok == 400
+    assert result.errors == 0
+    assert result.latency_ms["max"] >= 350
+    assert result.latency_ms["p90"] >= 100  # ~60 of 400 requests waited over 100 ms
+    assert result.latency_ms["p50"] < 100
+
+
+def test_closed_loop_generator_keep_alive_and_close(
+    servers: dict[str, Server], ws: suite.Workspace
+) -> None:
+    port = servers["webhook"].port
+    for close in (False, True):
+        result = run_closed(
+            port, ws.bodies["small"], 1, 4, None, use_wrk=False, connection_close=close
+        )
+        assert result.tool == "bench.openloop"
+        assert result.requests > 0
+        assert result.errors == 0
+
+
+@pytest.mark.skipif(wrk_path() is None, reason="wrk is not installed (apt-get install wrk)")
+def test_wrk_runs_against_the_webhook(servers: dict[str, Server], ws: suite.Workspace) -> None:
+    for close in (False, True):
+        result = run_wrk(servers["webhook"].port, ws.bodies["tekton"], 1, 4, None, close)
+        assert result.requests > 0
+        assert result.errors == 0
+
+
+def test_app_cost_measures_both_apps(ws: suite.Workspace) -> None:
+    cost = appcost.measure(ws.cert_dir, rounds=1, budget=0.01, cold_calls=5)
+    assert set(cost) == {"webhook_us", "floor_us", "webhook_cold_us", "floor_cold_us"}
+    assert all(value > 0 for value in cost.values())
+
+
+def test_percentiles_are_nearest_rank() -> None:
+    samples = [i / 1000 for i in range(1, 1001)]  # 1..1000 ms
+    p = percentiles(samples)
+    assert p["p50"] == pytest.approx(500)
+    assert p["p99"] == pytest.approx(990)
+    assert p["p99.9"] == pytest.approx(999)
+    assert p["max"] == pytest.approx(1000)
+    assert percentiles([]) == {}
+
+
+def _results() -> dict[str, Any]:
+    def closed(
+        server: str, workers: int, payload: str, connection: str, rps: float
+    ) -> dict[str, Any]:
+        return {
+            "server": server,
+            "workers": workers,
+            "payload": payload,
+            "connection": connection,
+            "rps": rps,
+            "errors": 0,
+            "cpu_s_per_1000": 0.1,
+        }
+
+    latency = {"p50": 0.3, "p90": 0.5, "p99": 1.5, "p99.9": 3.0, "max": 4.0}
+    return {
+        "date": "2026-11-21T07:00:00+00:00",
+        "machine": {
+            "cpu_model": "Test CPU",
+            "cores": 2,
+            "cores_usable": 2,
+            "python": "3.11",
+            "kernel": "6.1",
+            "openssl": "OpenSSL 3",
+            "packages": {"uvicorn": "0"},
+        },
+        "load_before": 0.1,
+        "load_after": 0.2,
+        "plan": {"quick": False, "server_cpus": [0], "client_cpu": 1, "wrk_connections": 32},
+        "closed_loop_tool": "wrk",
+        "webhook_mode": "pipelineruns",
+        "ratio": {"rounds": [{}, {}, {}], "ratio": 0.7, "webhook_rps": 7000, "floor_rps": 10000},
+        "closed_loop": [
+            closed("webhook", 1, "tekton", "keep-alive", 7000),
+            closed("floor", 1, "tekton", "keep-alive", 10000),
+            closed("webhook", 2, "tekton", "keep-alive", 12000),
+        ],
+        "open_loop": [
+            {
+                "server": "webhook",
+                "workers": 1,
+                "rate": 1000,
+                "latency_ms": latency,
+                "send_lag_ms": {"p99": 0.01},
+                "errors": 0,
+                "cpu_s_per_1000": 0.2,
+            }
+        ],
+        "decide": [
+            {
+                "payload": "tekton",
+                "bytes": 1,
+                "parse_us": 1,
+                "decide_us": 20,
+                "handle_us": 30,
+                "goal_us": 30,
+                "mode": "pipelineruns",
+            },
+            {
+                "payload": "fat",
+                "bytes": 1,
+                "parse_us": 1,
+                "decide_us": 200,
+                "handle_us": 300,
+                "goal_us": 150,
+                "mode": "pipelineruns",
+            },
+        ],
+        "reconciler": {"available": False, "note": "reconciler benchmark not available"},
+        "leak": {
+            "requests": 1000,
+            "rss_after_warmup_mib": 50.0,
+            "rss_after_mib": 50.5,
+            "growth_second_half_mib": 0.1,
+        },
+    }
+
+
+def test_table_puts_the_ratio_first_with_goals() -> None:
+    table = report.render(_results())
+    rows = [line for line in table.splitlines() if line.startswith("| 1 |")]
+    assert rows
+    first = rows[0]
+    assert "webhook ÷ floor" in first
+    assert "0.70x" in first
+    assert "≥ 0.8x" in first
+    assert first.endswith("MISSED |")
+    verdicts = [goal.verdict for goal in report.goals(_results())]
+    # ratio, p99 at 1,000/s, decide tekton, decide fat, reconciler, leak
+    assert verdicts == ["MISSED", "met", "met", "MISSED", "n/a", "met"]
+    assert "reconciler benchmark not available" in table
+    assert "Test CPU" in table
