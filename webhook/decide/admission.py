@@ -508,9 +508,7 @@ def _mark_ops(
     if meta.get("labels") is None:
         ops.append(jsonpatch.add("/metadata/labels", {LABEL_PLACEHOLDER: placeholder}))
     elif labels.get(LABEL_PLACEHOLDER) != placeholder:
-        ops.append(
-            jsonpatch.add(_PLACEHOLDER_LABEL_PATH, placeholder)
-        )
+        ops.append(jsonpatch.add(_PLACEHOLDER_LABEL_PATH, placeholder))
 
     annotations = podview.string_map(meta, "annotations")
     if meta.get("annotations") is None:
