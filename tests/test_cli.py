@@ -150,3 +150,20 @@ def test_certs_without_names_exits_2(tmp_path: Path) -> None:
     result = run("certs", "--out", str(tmp_path))
     assert result.returncode == 2
     assert "--dns-name" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "prefix"),
+    [
+        (["reconcile", "--config-dir", "/nonexistent"], "coschedule reconcile:"),
+        (
+            ["certs", "--dns-name", "a", "--out", "/tmp/x", "--patch-webhook", "w"],
+            "coschedule certs:",
+        ),
+    ],
+)
+def test_commands_that_need_a_cluster_say_so_and_exit_2(args: list[str], prefix: str) -> None:
+    result = run(*args)
+    assert result.returncode == 2
+    assert prefix in result.stderr
+    assert "needs a cluster" in result.stderr

@@ -125,7 +125,7 @@ def _certs_in_cluster(
 
     from webhook import certs
     from webhook.certs_apply import ApplyError, apply_in_cluster, parse_secret_ref
-    from webhook.kube.client import KubeClient, KubeConfigError, discover
+    from webhook.kube.client import KubeClient, KubeConfigError, require
 
     try:
         secret = parse_secret_ref(args.apply_to_secret) if args.apply_to_secret else None
@@ -133,16 +133,9 @@ def _certs_in_cluster(
         print(f"coschedule certs: {exc}", file=sys.stderr)
         return EXIT_USAGE
     try:
-        creds = discover(args.kubeconfig, os.environ)
+        creds = require(args.kubeconfig, os.environ, "--apply-to-secret/--patch-webhook")
     except KubeConfigError as exc:
         print(f"coschedule certs: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    if creds is None:
-        print(
-            "coschedule certs: --apply-to-secret/--patch-webhook need a cluster "
-            "(in-cluster ServiceAccount or a kubeconfig)",
-            file=sys.stderr,
-        )
         return EXIT_USAGE
 
     async def run() -> tuple[certs_types.CertBundle, bool]:

@@ -153,6 +153,17 @@ def discover(kubeconfig: str | None, environ: Mapping[str, str]) -> Credentials 
     return None
 
 
+def require(kubeconfig: str | None, environ: Mapping[str, str], needed_for: str) -> Credentials:
+    """``discover`` for commands that cannot work without a cluster."""
+    creds = discover(kubeconfig, environ)
+    if creds is None:
+        raise KubeConfigError(
+            f"{needed_for} needs a cluster: give --kubeconfig, or run in a pod with a "
+            "ServiceAccount"
+        )
+    return creds
+
+
 class _BearerAuth(httpx.Auth):
     def __init__(self, creds: Credentials) -> None:
         self.creds = creds

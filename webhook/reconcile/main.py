@@ -14,7 +14,7 @@ from pathlib import Path
 
 import uvicorn
 
-from webhook.kube.client import Credentials, KubeClient, KubeConfigError, discover
+from webhook.kube.client import Credentials, KubeClient, KubeConfigError, require
 from webhook.kube.leader import ElectionConfig, LeaderElector
 from webhook.reconcile.controller import Controller
 from webhook.reconcile.metrics import ReconcileMetrics
@@ -48,15 +48,9 @@ def run_reconciler(args: argparse.Namespace) -> int:
         print(f"coschedule reconcile: refusing to start: {exc}", file=sys.stderr)
         return EXIT_USAGE
     try:
-        creds = discover(args.kubeconfig, os.environ)
+        creds = require(args.kubeconfig, os.environ, "the reconciler")
     except KubeConfigError as exc:
         print(f"coschedule reconcile: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    if creds is None:
-        print(
-            "coschedule reconcile: no cluster credentials (give --kubeconfig, or run in a pod)",
-            file=sys.stderr,
-        )
         return EXIT_USAGE
     asyncio.run(serve_reconciler(args, creds, store, metrics))
     return 0
