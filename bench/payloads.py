@@ -20,7 +20,7 @@ ROOT: Final[Path] = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from tests.fixtures import admission_review  # noqa: E402
+from tests.fixtures import DEFAULT_TOLERATIONS, admission_review  # noqa: E402
 
 TEKTON_FIXTURE: Final[Path] = ROOT / "tests" / "fixtures" / "pods" / "tekton-taskrun.json"
 
@@ -94,20 +94,7 @@ def _defaulted_spec(
         "serviceAccount": service_account,
         "securityContext": {},
         "schedulerName": "default-scheduler",
-        "tolerations": [
-            {
-                "key": "node.kubernetes.io/not-ready",
-                "operator": "Exists",
-                "effect": "NoExecute",
-                "tolerationSeconds": 300,
-            },
-            {
-                "key": "node.kubernetes.io/unreachable",
-                "operator": "Exists",
-                "effect": "NoExecute",
-                "tolerationSeconds": 300,
-            },
-        ],
+        "tolerations": [dict(t) for t in DEFAULT_TOLERATIONS],
         "priority": 0,
         "enableServiceLinks": True,
         "preemptionPolicy": "PreemptLowerPriority",

@@ -13,7 +13,7 @@ from typing import Any
 import jsonpatch as reference_jsonpatch
 import pytest
 
-from tests.fixtures import FIXTURE_NAMES, load_pod
+from tests.fixtures import DEFAULT_TOLERATIONS, FIXTURE_NAMES, load_pod
 from webhook.decide.admission import AdmissionContext, Decision, NamespaceInfo, decide
 from webhook.decide.defaults import (
     DefaultsRule,
@@ -36,20 +36,7 @@ ARM64 = """
     - {key: kubernetes.io/arch, operator: Equal, value: arm64, effect: NoSchedule}
 """
 
-DTS = [  # what DefaultTolerationSeconds adds to every pod (the fixtures carry them)
-    {
-        "key": "node.kubernetes.io/not-ready",
-        "operator": "Exists",
-        "effect": "NoExecute",
-        "tolerationSeconds": 300,
-    },
-    {
-        "key": "node.kubernetes.io/unreachable",
-        "operator": "Exists",
-        "effect": "NoExecute",
-        "tolerationSeconds": 300,
-    },
-]
+DTS = DEFAULT_TOLERATIONS
 
 
 def rules(text: str) -> tuple[DefaultsRule, ...]:

@@ -9,7 +9,7 @@ from typing import Any
 import jsonpatch as reference_jsonpatch
 import pytest
 
-from tests.fixtures import FIXTURE_NAMES, load_pod
+from tests.fixtures import DEFAULT_TOLERATIONS, FIXTURE_NAMES, load_pod
 from webhook.decide.admission import REQUIRED, AdmissionContext, Decision, decide
 from webhook.decide.modes import Mode
 from webhook.decide.pod import MalformedPod
@@ -28,20 +28,7 @@ from webhook.settings import ConfigError, Settings, parse_settings, read_raw_con
 OFF, WARN, DENY = PolicyMode.OFF, PolicyMode.WARN, PolicyMode.DENY
 ALL_WARN = PolicySettings(WARN, WARN, WARN)
 ZONE = "topology.kubernetes.io/zone"
-DTS = [
-    {
-        "key": "node.kubernetes.io/not-ready",
-        "operator": "Exists",
-        "effect": "NoExecute",
-        "tolerationSeconds": 300,
-    },
-    {
-        "key": "node.kubernetes.io/unreachable",
-        "operator": "Exists",
-        "effect": "NoExecute",
-        "tolerationSeconds": 300,
-    },
-]
+DTS = DEFAULT_TOLERATIONS
 
 
 def tolerations_findings(*tolerations: dict[str, Any]) -> list[tuple[str, str]]:

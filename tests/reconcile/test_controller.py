@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from tests.fixtures import DEFAULT_TOLERATIONS
 from tests.reconcile.apiserver import MiniApi
 from tests.reconcile.conftest import eventually
 from tests.reconcile.pods import marked_pod, placeholder_of
@@ -21,20 +22,6 @@ from webhook.settings import Settings
 SETTINGS = Settings(mode=Mode.PIPELINERUNS, idle_grace_seconds=300)
 PIPELINERUN_UID = "eae46c7f-0708-576c-b5d5-0c2976e408c5"
 TASKRUN_UID = "5ec72d68-3760-5cfd-8159-dfba55008a34"
-DEFAULT_TOLERATIONS = [
-    {
-        "key": "node.kubernetes.io/not-ready",
-        "operator": "Exists",
-        "effect": "NoExecute",
-        "tolerationSeconds": 300,
-    },
-    {
-        "key": "node.kubernetes.io/unreachable",
-        "operator": "Exists",
-        "effect": "NoExecute",
-        "tolerationSeconds": 300,
-    },
-]
 
 Make = Callable[..., "asyncio.Future[Controller]"]
 
@@ -83,7 +70,7 @@ def placeholder_pod(name: str, node: str) -> dict[str, Any]:
                 "app.kubernetes.io/managed-by": "coschedule",
             },
         },
-        "spec": {"nodeName": node, "tolerations": DEFAULT_TOLERATIONS},
+        "spec": {"nodeName": node, "tolerations": [dict(t) for t in DEFAULT_TOLERATIONS]},
         "status": {"phase": "Running"},
     }
 

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from tests.fixtures import DEFAULT_TOLERATIONS
 from tests.reconcile.pods import marked_pod, parsed, placeholder_of
 from webhook.decide.modes import Mode
 from webhook.decide.names import claim_placeholder, run_placeholder
@@ -367,20 +368,7 @@ def test_schedulable_node_leaves_the_placeholder_alone() -> None:
 )
 def test_untolerated_taints_move_the_placeholder(taint: Taint) -> None:
     # The DefaultTolerationSeconds tolerations (300 s) only delay an eviction: they do not count.
-    default = (
-        {
-            "key": "node.kubernetes.io/not-ready",
-            "operator": "Exists",
-            "effect": "NoExecute",
-            "tolerationSeconds": 300,
-        },
-        {
-            "key": "node.kubernetes.io/unreachable",
-            "operator": "Exists",
-            "effect": "NoExecute",
-            "tolerationSeconds": 300,
-        },
-    )
+    default = DEFAULT_TOLERATIONS
     observed, _ = _with_placeholder_pod(NodeInfo("worker-1", False, (taint,)), default)
     [delete] = only(plan(observed, SETTINGS, NOW), DeletePlaceholderPod)
     assert delete.reason == "tainted"
