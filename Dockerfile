@@ -17,7 +17,7 @@ ENV PIP_NO_CACHE_DIR=1 \
 
 WORKDIR /src
 COPY pyproject.toml README.md ./
-COPY webhook ./webhook
+COPY coschedule ./coschedule
 
 # Every runtime dependency is pinned (==) in pyproject.toml and ships as a binary wheel, so
 # no compiler is needed even here. pip compiles the bytecode at install time, so the

@@ -28,8 +28,8 @@ run: $(STAMP)
 	$(BIN)/coschedule serve --port $(PORT) --health-port $(HEALTH_PORT)
 
 lint: $(STAMP)
-	$(BIN)/ruff check webhook tests bench
-	$(BIN)/ruff format --check webhook tests bench
+	$(BIN)/ruff check coschedule tests bench
+	$(BIN)/ruff format --check coschedule tests bench
 
 typecheck: $(STAMP)
 	$(BIN)/mypy

@@ -18,12 +18,12 @@ from typing import Any
 import orjson
 
 from bench.payloads import fat_pod, not_selected_pod, review_bytes, small_pod, tekton_pod
-from webhook.decide.admission import AdmissionContext, decide
-from webhook.decide.modes import Mode
-from webhook.server.admission import AdmissionHandler
-from webhook.server.metrics import WebhookMetrics
-from webhook.settings import Settings
-from webhook.settings_store import SettingsStore
+from coschedule.decide.admission import AdmissionContext, decide
+from coschedule.decide.modes import Mode
+from coschedule.server.admission import AdmissionHandler
+from coschedule.server.metrics import WebhookMetrics
+from coschedule.settings import Settings
+from coschedule.settings_store import SettingsStore
 
 GOALS_US = {"tekton": 30.0, "fat": 150.0}
 PAYLOADS: dict[str, Callable[[], dict[str, Any]]] = {

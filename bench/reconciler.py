@@ -24,16 +24,16 @@ from typing import Any, cast
 
 import orjson
 
-from webhook.decide.admission import AdmissionContext, decide
-from webhook.decide.modes import Mode
-from webhook.kube.client import KubeClient
-from webhook.reconcile import shapes
-from webhook.reconcile.controller import Controller
-from webhook.reconcile.metrics import ReconcileMetrics
-from webhook.reconcile.model import BadMark, OwnerRef
-from webhook.reconcile.placeholder import build_statefulset, group_spec
-from webhook.settings import Settings
-from webhook.wire.jsonpatch import apply
+from coschedule.decide.admission import AdmissionContext, decide
+from coschedule.decide.modes import Mode
+from coschedule.kube.client import KubeClient
+from coschedule.reconcile import shapes
+from coschedule.reconcile.controller import Controller
+from coschedule.reconcile.metrics import ReconcileMetrics
+from coschedule.reconcile.model import BadMark, OwnerRef
+from coschedule.reconcile.placeholder import build_statefulset, group_spec
+from coschedule.settings import Settings
+from coschedule.wire.jsonpatch import apply
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURE = ROOT / "tests" / "fixtures" / "pods" / "tekton-taskrun.json"

@@ -83,10 +83,10 @@ def expected_answer(app: str, body: bytes) -> bytes:
     webhook's own decision computed in this process with the same settings."""
     if app == "floor":
         return FLOOR_RESPONSE
-    from webhook.cluster import ClusterLink
-    from webhook.server.admission import AdmissionHandler
-    from webhook.server.metrics import WebhookMetrics
-    from webhook.settings_store import SettingsStore
+    from coschedule.cluster import ClusterLink
+    from coschedule.server.admission import AdmissionHandler
+    from coschedule.server.metrics import WebhookMetrics
+    from coschedule.settings_store import SettingsStore
 
     link = ClusterLink()
     store = SettingsStore(

@@ -34,7 +34,7 @@ from bench.payloads import (
     tekton_pod,
 )
 from bench.servers import Server, expected_answer, loadavg, machine
-from webhook import certs
+from coschedule import certs
 
 MIB: Final[float] = 1024.0 * 1024.0
 

@@ -4,7 +4,7 @@ Run: ``python -m bench.target --app webhook|floor --port P --cert-dir D [--cpu N
 [--reuse-port]``. It serves until SIGTERM/SIGINT (uvicorn's own signal handling).
 
 Both apps get the SSLContext of ``ServingCertificate`` (the webhook's TLS settings) and the
-uvicorn options of ``webhook.server.serve.serve`` (``https_config`` mirrors them;
+uvicorn options of ``coschedule.server.serve.serve`` (``https_config`` mirrors them;
 tests/test_bench_smoke.py checks that they stay equal). The only difference between the
 two processes is the ASGI app, so their ratio is the cost of our code.
 """
@@ -26,7 +26,7 @@ import orjson
 import uvicorn
 
 from bench.payloads import BENCH_UID
-from webhook.server.admission import Receive, Scope, Send
+from coschedule.server.admission import Receive, Scope, Send
 
 WEBHOOK_MODE: Final[str] = "pipelineruns"
 RELOAD_INTERVAL_SECONDS: Final[float] = 2.0  # as serve(): the reload loop runs in production
@@ -71,7 +71,7 @@ async def floor_app(scope: Scope, receive: Receive, send: Send) -> None:
 
 
 def https_config(app: Any, context: ssl.SSLContext, host: str, port: int) -> uvicorn.Config:
-    """The HTTPS listener's uvicorn options, as ``webhook.server.serve.serve`` sets them."""
+    """The HTTPS listener's uvicorn options, as ``coschedule.server.serve.serve`` sets them."""
     return uvicorn.Config(
         app,
         host=host,
@@ -88,11 +88,11 @@ def https_config(app: Any, context: ssl.SSLContext, host: str, port: int) -> uvi
 def webhook_app(cert_dir: Path, mode: str = WEBHOOK_MODE) -> tuple[Any, ssl.SSLContext, Any]:
     """(app, TLS context, reload callable) of the real webhook, offline, as ``serve
     --no-cluster`` builds it: cluster settings alone, no claim rewrite."""
-    from webhook.cluster import ClusterLink
-    from webhook.server.app import HttpsApp, probes_app
-    from webhook.server.metrics import WebhookMetrics
-    from webhook.server.serve import build_webhook
-    from webhook.settings_store import SettingsStore
+    from coschedule.cluster import ClusterLink
+    from coschedule.server.app import HttpsApp, probes_app
+    from coschedule.server.metrics import WebhookMetrics
+    from coschedule.server.serve import build_webhook
+    from coschedule.settings_store import SettingsStore
 
     link = ClusterLink()
     metrics = WebhookMetrics()
@@ -108,8 +108,8 @@ def webhook_app(cert_dir: Path, mode: str = WEBHOOK_MODE) -> tuple[Any, ssl.SSLC
 
 def floor_context(cert_dir: Path) -> ssl.SSLContext:
     """The webhook's own TLS context class, so the floor's handshakes cost the same."""
-    from webhook.server.metrics import WebhookMetrics
-    from webhook.server.tls import ServingCertificate
+    from coschedule.server.metrics import WebhookMetrics
+    from coschedule.server.tls import ServingCertificate
 
     certificate = ServingCertificate(cert_dir, WebhookMetrics())
     certificate.load()

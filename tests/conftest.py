@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from webhook import certs
+from coschedule import certs
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -83,7 +83,7 @@ def start_server(
         [
             sys.executable,
             "-m",
-            "webhook.cli.main",
+            "coschedule.cli.main",
             "serve",
             "--no-cluster",
             "--host",

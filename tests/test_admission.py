@@ -13,8 +13,7 @@ from typing import Any
 import jsonpatch as reference_jsonpatch
 import pytest
 
-from tests.fixtures import FIXTURE_NAMES, load_pod
-from webhook.decide.admission import (
+from coschedule.decide.admission import (
     REQUIRED,
     AdmissionContext,
     Decision,
@@ -22,10 +21,11 @@ from webhook.decide.admission import (
     affinity_term,
     decide,
 )
-from webhook.decide.modes import Mode
-from webhook.decide.names import claim_placeholder, run_placeholder
-from webhook.decide.pod import MalformedPod
-from webhook.settings import Settings, parse_settings
+from coschedule.decide.modes import Mode
+from coschedule.decide.names import claim_placeholder, run_placeholder
+from coschedule.decide.pod import MalformedPod
+from coschedule.settings import Settings, parse_settings
+from tests.fixtures import FIXTURE_NAMES, load_pod
 
 RUN_MODES = (Mode.PIPELINERUNS, Mode.ISOLATE_PIPELINERUN)
 

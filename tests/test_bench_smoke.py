@@ -24,10 +24,10 @@ from bench.loadgen import run_closed, run_openloop, run_wrk, wrk_path
 from bench.openloop import LoadConfig, percentiles
 from bench.servers import Server, expected_answer
 from bench.target import FLOOR_RESPONSE, floor_context, https_config
-from webhook.server import serve as serve_module
-from webhook.server.metrics import WebhookMetrics
-from webhook.server.serve import ServeOptions, build_webhook
-from webhook.settings_store import SettingsStore
+from coschedule.server import serve as serve_module
+from coschedule.server.metrics import WebhookMetrics
+from coschedule.server.serve import ServeOptions, build_webhook
+from coschedule.settings_store import SettingsStore
 
 RATE = 300  # requests per second for one second: a few hundred requests
 
@@ -52,7 +52,7 @@ def servers(ws: suite.Workspace) -> Iterator[dict[str, Server]]:
 
 def test_bench_uvicorn_options_are_the_servers(tmp_path: Path) -> None:
     """The floor and the webhook run under the options ``coschedule serve`` uses."""
-    from webhook import certs
+    from coschedule import certs
 
     certs.write_bundle(certs.generate(["127.0.0.1"]), tmp_path)
     webhook = build_webhook(SettingsStore(None, {}), WebhookMetrics(), tmp_path)

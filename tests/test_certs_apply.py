@@ -9,14 +9,14 @@ from typing import Any
 
 import pytest
 
-from webhook import certs
-from webhook.certs_apply import (
+from coschedule import certs
+from coschedule.certs_apply import (
     STRATEGIC_MERGE,
     ApplyError,
     apply_in_cluster,
     parse_secret_ref,
 )
-from webhook.kube.client import ApiError
+from coschedule.kube.client import ApiError
 
 SECRET = "/api/v1/namespaces/coschedule-system/secrets/coschedule-webhook-tls"
 SECRETS = "/api/v1/namespaces/coschedule-system/secrets"
@@ -157,7 +157,7 @@ def test_secret_ref_needs_namespace_and_name(text: str) -> None:
 
 
 def test_cli_refuses_without_a_cluster(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    from webhook.cli.main import EXIT_USAGE, main
+    from coschedule.cli.main import EXIT_USAGE, main
 
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     monkeypatch.delenv("KUBECONFIG", raising=False)

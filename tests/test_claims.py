@@ -16,18 +16,18 @@ import jsonpatch as reference_jsonpatch
 import orjson
 import pytest
 
+from coschedule.contract import ANNOTATION_CLAIM_TEMPLATES, ANNOTATION_CLAIMS
+from coschedule.decide import claims as claims_mod
+from coschedule.decide.admission import AdmissionContext, Decision, decide
+from coschedule.decide.modes import Mode
+from coschedule.decide.names import claim_placeholder, run_placeholder
+from coschedule.kube.claims import ClaimCache, _claim_transform, _sts_transform
+from coschedule.kube.client import Credentials, KubeClient
+from coschedule.server.admission import AdmissionHandler
+from coschedule.server.metrics import WebhookMetrics
+from coschedule.settings import Settings
+from coschedule.settings_store import SettingsStore
 from tests.fixtures import admission_review, load_pod
-from webhook.contract import ANNOTATION_CLAIM_TEMPLATES, ANNOTATION_CLAIMS
-from webhook.decide import claims as claims_mod
-from webhook.decide.admission import AdmissionContext, Decision, decide
-from webhook.decide.modes import Mode
-from webhook.decide.names import claim_placeholder, run_placeholder
-from webhook.kube.claims import ClaimCache, _claim_transform, _sts_transform
-from webhook.kube.client import Credentials, KubeClient
-from webhook.server.admission import AdmissionHandler
-from webhook.server.metrics import WebhookMetrics
-from webhook.settings import Settings
-from webhook.settings_store import SettingsStore
 
 NS = "ci"
 RUN = "pr-7f3k2"

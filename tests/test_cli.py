@@ -11,15 +11,15 @@ from pathlib import Path
 import pytest
 from cryptography import x509
 
+from coschedule.decide.names import run_placeholder
 from tests.fixtures import pod_path
-from webhook.decide.names import run_placeholder
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def run(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "webhook.cli.main", *args],
+        [sys.executable, "-m", "coschedule.cli.main", *args],
         capture_output=True,
         text=True,
         input=stdin,

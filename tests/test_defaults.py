@@ -13,9 +13,8 @@ from typing import Any
 import jsonpatch as reference_jsonpatch
 import pytest
 
-from tests.fixtures import DEFAULT_TOLERATIONS, FIXTURE_NAMES, load_pod
-from webhook.decide.admission import AdmissionContext, Decision, NamespaceInfo, decide
-from webhook.decide.defaults import (
+from coschedule.decide.admission import AdmissionContext, Decision, NamespaceInfo, decide
+from coschedule.decide.defaults import (
     DefaultsRule,
     Requirement,
     Selector,
@@ -23,10 +22,11 @@ from webhook.decide.defaults import (
     merge_defaults,
     parse_scheduling_defaults,
 )
-from webhook.decide.modes import Mode
-from webhook.decide.pod import MalformedPod
-from webhook.settings import ConfigError, Settings, parse_settings, read_raw_config
-from webhook.settings_store import SettingsStore
+from coschedule.decide.modes import Mode
+from coschedule.decide.pod import MalformedPod
+from coschedule.settings import ConfigError, Settings, parse_settings, read_raw_config
+from coschedule.settings_store import SettingsStore
+from tests.fixtures import DEFAULT_TOLERATIONS, FIXTURE_NAMES, load_pod
 
 ARM64 = """
 - namespaces: [ci]

@@ -160,7 +160,7 @@ def test_dockerignore_sends_only_what_the_build_needs() -> None:
     ]
     assert lines[0] == "*", "allow-list: everything is excluded first"
     allowed = {line[1:].rstrip("/") for line in lines if line.startswith("!")}
-    assert allowed == {"pyproject.toml", "README.md", "webhook"}
+    assert allowed == {"pyproject.toml", "README.md", "coschedule"}
     copied = {
         source
         for stage in _stages()

@@ -8,10 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+from coschedule.explain import explain, render_text
+from coschedule.settings import parse_settings
 from tests.conftest import ROOT
 from tests.fixtures import load_pod
-from webhook.explain import explain, render_text
-from webhook.settings import parse_settings
 
 DEFAULTS = """
 - namespaces: [ci]
@@ -87,7 +87,7 @@ def test_cli_json_and_text_with_a_config_dir(tmp_path: Path) -> None:
 
     def run(*extra: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [sys.executable, "-m", "webhook.cli.main", "explain", "-f", str(manifest),
+            [sys.executable, "-m", "coschedule.cli.main", "explain", "-f", str(manifest),
              "--config-dir", str(config), *extra],
             capture_output=True, text=True, cwd=ROOT, check=False,
         )  # fmt: skip

@@ -26,10 +26,10 @@ from typing import Any
 import pytest
 import yaml
 
+from coschedule import certs, contract
+from coschedule.cli.main import build_parser
+from coschedule.settings import KNOWN_KEYS, Settings, parse_settings
 from tests.fixtures import load_pod
-from webhook import certs, contract
-from webhook.cli.main import build_parser
-from webhook.settings import KNOWN_KEYS, Settings, parse_settings
 
 ROOT = Path(__file__).resolve().parent.parent
 MANIFESTS = ROOT / "manifests"
@@ -500,7 +500,7 @@ def test_service_accounts_mount_no_token_by_default(rendered: list[Obj]) -> None
 
 def test_the_entry_point_is_the_packaged_command() -> None:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text("utf-8"))
-    assert project["project"]["scripts"]["coschedule"] == "webhook.cli.main:main"
+    assert project["project"]["scripts"]["coschedule"] == "coschedule.cli.main:main"
 
 
 @pytest.mark.parametrize(

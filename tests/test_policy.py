@@ -9,11 +9,10 @@ from typing import Any
 import jsonpatch as reference_jsonpatch
 import pytest
 
-from tests.fixtures import DEFAULT_TOLERATIONS, FIXTURE_NAMES, load_pod
-from webhook.decide.admission import REQUIRED, AdmissionContext, Decision, decide
-from webhook.decide.modes import Mode
-from webhook.decide.pod import MalformedPod
-from webhook.decide.policy import (
+from coschedule.decide.admission import REQUIRED, AdmissionContext, Decision, decide
+from coschedule.decide.modes import Mode
+from coschedule.decide.pod import MalformedPod
+from coschedule.decide.policy import (
     CONTROL_PLANE,
     HARD_ANTI_AFFINITY_TOPOLOGY,
     RESERVED_TOLERATIONS,
@@ -23,7 +22,8 @@ from webhook.decide.policy import (
     check_policy,
     parse_policy,
 )
-from webhook.settings import ConfigError, Settings, parse_settings, read_raw_config
+from coschedule.settings import ConfigError, Settings, parse_settings, read_raw_config
+from tests.fixtures import DEFAULT_TOLERATIONS, FIXTURE_NAMES, load_pod
 
 OFF, WARN, DENY = PolicyMode.OFF, PolicyMode.WARN, PolicyMode.DENY
 ALL_WARN = PolicySettings(WARN, WARN, WARN)

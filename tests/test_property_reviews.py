@@ -14,11 +14,11 @@ import orjson
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from coschedule.server.admission import AdmissionHandler
+from coschedule.server.app import HttpsApp, Probes, probes_app
+from coschedule.server.metrics import WebhookMetrics
+from coschedule.settings_store import SettingsStore
 from tests.fixtures import FIXTURE_NAMES, admission_review, load_pod
-from webhook.server.admission import AdmissionHandler
-from webhook.server.app import HttpsApp, Probes, probes_app
-from webhook.server.metrics import WebhookMetrics
-from webhook.settings_store import SettingsStore
 
 json_values = st.recursive(
     st.none()

@@ -14,10 +14,10 @@ import jsonpatch as reference_jsonpatch
 import orjson
 import pytest
 
+from coschedule import certs
+from coschedule.decide.names import claim_placeholder, run_placeholder
 from tests.conftest import RunningServer, start_server, stop_server, trust
 from tests.fixtures import admission_review, load_pod
-from webhook import certs
-from webhook.decide.names import claim_placeholder, run_placeholder
 
 JSON = {"Content-Type": "application/json"}
 

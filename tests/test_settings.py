@@ -6,14 +6,14 @@ from pathlib import Path
 
 import pytest
 
-from webhook.decide.modes import Mode
-from webhook.settings import (
+from coschedule.decide.modes import Mode
+from coschedule.settings import (
     DEFAULT_GROUP_LABELS,
     ConfigError,
     parse_settings,
     read_raw_config,
 )
-from webhook.settings_store import SettingsStore
+from coschedule.settings_store import SettingsStore
 
 # (disable-affinity-assistant, coschedule) -> (with both keys, coschedule alone); None: invalid.
 MATRIX = [

@@ -9,8 +9,8 @@ import jsonpatch as reference_jsonpatch
 import orjson
 import pytest
 
-from webhook.wire import jsonpatch
-from webhook.wire.review import BadReview, decode_review, encode_response
+from coschedule.wire import jsonpatch
+from coschedule.wire.review import BadReview, decode_review, encode_response
 
 
 @pytest.mark.parametrize(

@@ -17,10 +17,10 @@ from typing import Any
 import httpx
 import yaml
 
+from coschedule import certs
 from tests.e2e.cluster import ControlPlane, Proc, free_port, wait_healthy
 from tests.e2e.kube import Api, Obj, path_for
 from tests.e2e.pki import write_kubeconfig
-from webhook import certs
 
 ROOT = Path(__file__).resolve().parents[2]
 MANIFESTS = ROOT / "manifests"
@@ -200,7 +200,7 @@ class Coschedule:
             [
                 sys.executable,
                 "-m",
-                "webhook.cli.main",
+                "coschedule.cli.main",
                 "serve",
                 "--kubeconfig",
                 str(self.webhook_kubeconfig),
@@ -251,7 +251,7 @@ class Coschedule:
             [
                 sys.executable,
                 "-m",
-                "webhook.cli.main",
+                "coschedule.cli.main",
                 "reconcile",
                 "--kubeconfig",
                 str(self.reconciler_kubeconfig),

@@ -9,7 +9,7 @@ from pathlib import Path
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
-from webhook import certs
+from coschedule import certs
 
 APISERVER_SANS: tuple[str, ...] = (
     "127.0.0.1",

@@ -7,11 +7,11 @@ from collections.abc import Callable
 
 import pytest
 
+from coschedule.decide.names import run_placeholder
 from tests.e2e.conftest import E2E
 from tests.e2e.kube import wait_for
 from tests.e2e.runs import node, placeholder_pod_name, wait_bound, wait_placeholder_bound
 from tests.e2e.world import TektonRun, bound_claim, describe_namespace, unique
-from webhook.decide.names import run_placeholder
 
 pytestmark = pytest.mark.e2e
 

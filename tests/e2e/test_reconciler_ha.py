@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
+from coschedule.decide.names import run_placeholder
 from tests.e2e.conftest import E2E, RECONCILER_REPLICAS
 from tests.e2e.kube import dump, wait_for
 from tests.e2e.runs import (
@@ -17,7 +18,6 @@ from tests.e2e.runs import (
     wait_statefulset_gone,
 )
 from tests.e2e.world import TektonRun, describe_namespace, unique
-from webhook.decide.names import run_placeholder
 
 pytestmark = pytest.mark.e2e
 

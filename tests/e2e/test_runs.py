@@ -8,6 +8,7 @@ from collections.abc import Callable
 
 import pytest
 
+from coschedule.decide.names import claim_placeholder, run_placeholder
 from tests.e2e.conftest import E2E
 from tests.e2e.kube import dump, wait_for
 from tests.e2e.runs import (
@@ -29,7 +30,6 @@ from tests.e2e.world import (
     unique,
 )
 from tests.fixtures import load_pod
-from webhook.decide.names import claim_placeholder, run_placeholder
 
 pytestmark = pytest.mark.e2e
 

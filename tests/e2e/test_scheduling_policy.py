@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 import yaml
 
+from coschedule.decide.names import run_placeholder
+from coschedule.settings import ConfigError, parse_settings
 from tests.e2e.conftest import E2E
 from tests.e2e.kube import Obj, dump, wait_for
 from tests.e2e.runs import node, wait_bound, wait_placeholder_bound
 from tests.e2e.world import ARCH, ARM_NODE, TektonRun, bare_pod, unique
-from webhook.decide.names import run_placeholder
-from webhook.settings import ConfigError, parse_settings
 
 pytestmark = pytest.mark.e2e
 

@@ -8,6 +8,7 @@ from collections.abc import Callable
 
 import pytest
 
+from coschedule.decide.names import run_placeholder
 from tests.e2e.conftest import E2E
 from tests.e2e.kube import Api, Obj, dump, wait_for
 from tests.e2e.runs import (
@@ -18,7 +19,6 @@ from tests.e2e.runs import (
     wait_statefulset_gone,
 )
 from tests.e2e.world import WFFC_CLASS, TektonRun, bound_claim, describe_namespace, unique
-from webhook.decide.names import run_placeholder
 
 pytestmark = pytest.mark.e2e
 

@@ -9,8 +9,8 @@ from collections.abc import AsyncIterator, Callable
 import kmock
 import pytest
 
+from coschedule.kube.client import Credentials, KubeClient
 from tests.reconcile.apiserver import MiniApi
-from webhook.kube.client import Credentials, KubeClient
 
 
 @pytest.fixture

@@ -1,6 +1,6 @@
 """Marked pods as the webhook leaves them: fixture pods through the real admission path.
 
-``webhook.decide.admission.decide`` + ``webhook.wire.jsonpatch.apply`` on the realistic
+``coschedule.decide.admission.decide`` + ``coschedule.wire.jsonpatch.apply`` on the realistic
 fixtures, then what the apiserver adds after admission (uid, creationTimestamp, status).
 """
 
@@ -9,13 +9,13 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from coschedule.decide.admission import AdmissionContext, decide
+from coschedule.decide.modes import Mode
+from coschedule.reconcile import shapes
+from coschedule.reconcile.model import BadMark, MarkedPod
+from coschedule.settings import Settings
+from coschedule.wire.jsonpatch import apply
 from tests.fixtures import load_pod
-from webhook.decide.admission import AdmissionContext, decide
-from webhook.decide.modes import Mode
-from webhook.reconcile import shapes
-from webhook.reconcile.model import BadMark, MarkedPod
-from webhook.settings import Settings
-from webhook.wire.jsonpatch import apply
 
 
 def marked_pod(

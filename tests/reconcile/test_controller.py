@@ -9,15 +9,15 @@ from typing import Any
 
 import pytest
 
+from coschedule.decide.modes import Mode
+from coschedule.kube.client import KubeClient
+from coschedule.reconcile.controller import Controller
+from coschedule.reconcile.metrics import ReconcileMetrics
+from coschedule.settings import Settings
 from tests.fixtures import DEFAULT_TOLERATIONS
 from tests.reconcile.apiserver import MiniApi
 from tests.reconcile.conftest import eventually
 from tests.reconcile.pods import marked_pod, placeholder_of
-from webhook.decide.modes import Mode
-from webhook.kube.client import KubeClient
-from webhook.reconcile.controller import Controller
-from webhook.reconcile.metrics import ReconcileMetrics
-from webhook.settings import Settings
 
 SETTINGS = Settings(mode=Mode.PIPELINERUNS, idle_grace_seconds=300)
 PIPELINERUN_UID = "eae46c7f-0708-576c-b5d5-0c2976e408c5"
@@ -364,9 +364,9 @@ async def test_readiness_and_metrics_on_the_health_port(
 
     import httpx
 
-    from webhook.kube.client import Credentials
-    from webhook.reconcile.main import serve_reconciler
-    from webhook.settings_store import SettingsStore
+    from coschedule.kube.client import Credentials
+    from coschedule.reconcile.main import serve_reconciler
+    from coschedule.settings_store import SettingsStore
 
     seed_cluster(api)
     args = argparse.Namespace(

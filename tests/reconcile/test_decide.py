@@ -7,13 +7,11 @@ from typing import Any
 
 import pytest
 
-from tests.fixtures import DEFAULT_TOLERATIONS
-from tests.reconcile.pods import marked_pod, parsed, placeholder_of
-from webhook.decide.modes import Mode
-from webhook.decide.names import claim_placeholder, run_placeholder
-from webhook.reconcile import owners, shapes
-from webhook.reconcile.decide import OWNER_RECHECK_SECONDS, owner_check_due, plan
-from webhook.reconcile.model import (
+from coschedule.decide.modes import Mode
+from coschedule.decide.names import claim_placeholder, run_placeholder
+from coschedule.reconcile import owners, shapes
+from coschedule.reconcile.decide import OWNER_RECHECK_SECONDS, owner_check_due, plan
+from coschedule.reconcile.model import (
     BadMark,
     ClaimTemplate,
     CreateStatefulSet,
@@ -32,15 +30,17 @@ from webhook.reconcile.model import (
     Requeue,
     Taint,
 )
-from webhook.reconcile.placeholder import (
+from coschedule.reconcile.placeholder import (
     ANNOTATION_TEMPLATE_HASH,
     build_statefulset,
     group_spec,
     pod_template,
     template_hash,
 )
-from webhook.reconcile.tolerations import eviction_reason, tolerates
-from webhook.settings import Settings
+from coschedule.reconcile.tolerations import eviction_reason, tolerates
+from coschedule.settings import Settings
+from tests.fixtures import DEFAULT_TOLERATIONS
+from tests.reconcile.pods import marked_pod, parsed, placeholder_of
 
 NOW = 1_800_000_000.0
 PIPELINERUN = OwnerRef("tekton.dev/v1", "PipelineRun", "pr-7f3k2", "uid-pr")

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from webhook.reconcile import shapes
-from webhook.reconcile.indexes import KeyIndex
+from coschedule.reconcile import shapes
+from coschedule.reconcile.indexes import KeyIndex
 
 
 def ppod(name: str, instance: str, node: str) -> dict[str, Any]:

@@ -9,11 +9,11 @@ from typing import Any
 
 import pytest
 
+from coschedule.kube import informer as informer_module
+from coschedule.kube.client import KubeClient
+from coschedule.kube.informer import Informer
 from tests.reconcile.apiserver import MiniApi
 from tests.reconcile.conftest import eventually
-from webhook.kube import informer as informer_module
-from webhook.kube.client import KubeClient
-from webhook.kube.informer import Informer
 
 
 def pod(name: str, **labels: str) -> dict[str, Any]:

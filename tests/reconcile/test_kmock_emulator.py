@@ -13,13 +13,13 @@ from typing import Any
 import kmock
 import pytest
 
+from coschedule.decide.modes import Mode
+from coschedule.kube.client import Credentials, KubeClient
+from coschedule.reconcile.controller import Controller
+from coschedule.reconcile.metrics import ReconcileMetrics
+from coschedule.settings import Settings
 from tests.reconcile.conftest import eventually
 from tests.reconcile.pods import marked_pod, placeholder_of
-from webhook.decide.modes import Mode
-from webhook.kube.client import Credentials, KubeClient
-from webhook.reconcile.controller import Controller
-from webhook.reconcile.metrics import ReconcileMetrics
-from webhook.settings import Settings
 
 PODS = kmock.resource("", "v1", "pods")
 NODES = kmock.resource("", "v1", "nodes")

@@ -9,10 +9,10 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from coschedule.kube.client import KubeClient
+from coschedule.kube.leader import ElectionConfig, LeaderElector
 from tests.reconcile.apiserver import MiniApi
 from tests.reconcile.conftest import eventually
-from webhook.kube.client import KubeClient
-from webhook.kube.leader import ElectionConfig, LeaderElector
 
 LEASE = ("leases", "coschedule-system", "coschedule-reconciler")
 

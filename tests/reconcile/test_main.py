@@ -12,14 +12,14 @@ from pathlib import Path
 
 import httpx
 
+from coschedule.kube.client import Credentials
+from coschedule.reconcile.main import serve_reconciler
+from coschedule.reconcile.metrics import ReconcileMetrics
+from coschedule.settings_store import SettingsStore
 from tests.reconcile.apiserver import MiniApi
 from tests.reconcile.conftest import eventually
 from tests.reconcile.pods import marked_pod, placeholder_of
 from tests.reconcile.test_controller import seed_cluster
-from webhook.kube.client import Credentials
-from webhook.reconcile.main import serve_reconciler
-from webhook.reconcile.metrics import ReconcileMetrics
-from webhook.settings_store import SettingsStore
 
 ROOT = Path(__file__).resolve().parents[2]
 LEASE = ("leases", "coschedule-system", "coschedule-reconciler")
@@ -92,7 +92,7 @@ current-context: here
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "webhook.cli.main",
+        "coschedule.cli.main",
         "reconcile",
         "--kubeconfig",
         str(kubeconfig),

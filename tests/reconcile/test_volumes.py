@@ -7,14 +7,13 @@ import copy
 from dataclasses import replace
 from typing import Any
 
-from tests.fixtures import load_pod
-from webhook.decide.admission import AdmissionContext, decide
-from webhook.decide.claims import StaticClaims
-from webhook.decide.modes import Mode
-from webhook.decide.names import run_placeholder
-from webhook.reconcile import shapes
-from webhook.reconcile.decide import claim_templates, plan
-from webhook.reconcile.model import (
+from coschedule.decide.admission import AdmissionContext, decide
+from coschedule.decide.claims import StaticClaims
+from coschedule.decide.modes import Mode
+from coschedule.decide.names import run_placeholder
+from coschedule.reconcile import shapes
+from coschedule.reconcile.decide import claim_templates, plan
+from coschedule.reconcile.model import (
     BadMark,
     DeleteClaim,
     DeleteStatefulSet,
@@ -24,9 +23,10 @@ from webhook.reconcile.model import (
     OwnerState,
     OwnerStatus,
 )
-from webhook.reconcile.placeholder import build_statefulset, group_spec
-from webhook.settings import Settings
-from webhook.wire.jsonpatch import apply
+from coschedule.reconcile.placeholder import build_statefulset, group_spec
+from coschedule.settings import Settings
+from coschedule.wire.jsonpatch import apply
+from tests.fixtures import load_pod
 
 NS = "ci"
 RUN = "pr-7f3k2"

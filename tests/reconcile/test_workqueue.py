@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from webhook.reconcile.workqueue import WorkQueue
+from coschedule.reconcile.workqueue import WorkQueue
 
 
 async def test_a_key_is_queued_once_however_often_it_is_added() -> None:

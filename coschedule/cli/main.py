@@ -1,0 +1,311 @@
+"""The ``coschedule`` command: serve, reconcile, certs, explain."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from coschedule import certs as certs_types
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+
+DEFAULT_CONFIG_DIR = "/etc/coschedule/config"
+
+
+def _config_dir(value: str) -> Path | None:
+    path = Path(value)
+    return path if path.is_dir() else None
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from coschedule import certs, logs
+    from coschedule.server.metrics import WebhookMetrics
+    from coschedule.server.serve import ServeOptions, build_webhook, serve
+    from coschedule.settings import ConfigError
+    from coschedule.settings_store import SettingsStore
+
+    logs.setup(args.log_level)
+    metrics = WebhookMetrics()
+    try:
+        store = SettingsStore(
+            _config_dir(args.config_dir), os.environ, on_error=metrics.config_reload_errors.inc
+        )
+    except ConfigError as exc:
+        print(f"coschedule serve: refusing to start: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    cert_dir = Path(args.cert_dir) if args.cert_dir else Path("certs")
+    if args.cert_dir is None:
+        if certs.ensure_self_signed(cert_dir):
+            print(
+                f"coschedule serve: made a self-signed certificate in {cert_dir}/ "
+                f"(CA: {cert_dir / certs.CA_FILE})",
+                file=sys.stderr,
+            )
+    elif not (cert_dir / certs.CERT_FILE).exists() or not (cert_dir / certs.KEY_FILE).exists():
+        print(
+            f"coschedule serve: {cert_dir} has no {certs.CERT_FILE} and {certs.KEY_FILE}; "
+            f"make them with: coschedule certs --dns-name NAME --out {cert_dir}",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
+
+    from coschedule.cluster import ClusterLink, ClusterUnavailable
+
+    try:
+        link = ClusterLink.connect(args.kubeconfig, os.environ, offline=args.no_cluster)
+    except ClusterUnavailable as exc:
+        print(f"coschedule serve: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    store.adjust = link.adjust_settings
+    store.current = link.adjust_settings(store.current)
+    webhook = build_webhook(store, metrics, cert_dir, link.namespaces, link.claims)
+    link.add_probes(webhook.probes)
+    options = ServeOptions(
+        host=args.host, port=args.port, health_port=args.health_port, cert_dir=cert_dir
+    )
+
+    async def main() -> None:
+        async with link.running():
+            await serve(webhook, options)
+
+    _run(main())
+    return EXIT_OK
+
+
+def _run(coro: object) -> None:
+    try:
+        import uvloop
+
+        uvloop.run(coro)  # type: ignore[arg-type]
+    except ImportError:
+        asyncio.run(coro)  # type: ignore[arg-type]
+
+
+def cmd_certs(args: argparse.Namespace) -> int:
+    from coschedule import certs
+
+    names: list[str] = list(args.dns_name or [])
+    if args.service:
+        names += certs.service_dns_names(args.service, args.namespace)
+    if not names:
+        print("coschedule certs: give at least one --dns-name (or --service)", file=sys.stderr)
+        return EXIT_USAGE
+    if args.apply_to_secret or args.patch_webhook:
+        result = _certs_in_cluster(args, names)
+        if isinstance(result, int):
+            return result
+        bundle, fresh = result
+    else:
+        bundle, fresh = certs.generate(names, days=args.days), True
+    out = Path(args.out)
+    certs.write_bundle(bundle, out)
+    made = "wrote" if fresh else "kept the certificate of the Secret; wrote"
+    print(
+        f"{made} {out / certs.CA_FILE}, {out / certs.CERT_FILE}, {out / certs.KEY_FILE} "
+        f"for {', '.join(names)}",
+        file=sys.stderr,
+    )
+    print("caBundle (paste into the MutatingWebhookConfiguration's clientConfig):", file=sys.stderr)
+    print(bundle.ca_bundle)
+    return EXIT_OK
+
+
+def _certs_in_cluster(
+    args: argparse.Namespace, names: list[str]
+) -> tuple[certs_types.CertBundle, bool] | int:
+    """``--apply-to-secret`` / ``--patch-webhook``: install the certificate via the API."""
+    import datetime as dt
+
+    from coschedule import certs
+    from coschedule.certs_apply import ApplyError, apply_in_cluster, parse_secret_ref
+    from coschedule.kube.client import KubeClient, KubeConfigError, require
+
+    try:
+        secret = parse_secret_ref(args.apply_to_secret) if args.apply_to_secret else None
+    except ValueError as exc:
+        print(f"coschedule certs: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        creds = require(args.kubeconfig, os.environ, "--apply-to-secret/--patch-webhook")
+    except KubeConfigError as exc:
+        print(f"coschedule certs: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+
+    async def run() -> tuple[certs_types.CertBundle, bool]:
+        client = KubeClient(creds, user_agent="coschedule-certs")
+        try:
+            return await apply_in_cluster(
+                client,
+                names,
+                secret=secret,
+                webhook_config=args.patch_webhook,
+                generate=lambda n: certs.generate(n, days=args.days),
+                renew_before=dt.timedelta(days=args.renew_before_days),
+            )
+        finally:
+            await client.aclose()
+
+    try:
+        result = asyncio.run(run())
+    except ApplyError as exc:
+        print(f"coschedule certs: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    what = []
+    if secret is not None:
+        what.append(f"Secret {secret[0]}/{secret[1]} {'written' if result[1] else 'kept'}")
+    if args.patch_webhook:
+        what.append(f"caBundle of MutatingWebhookConfiguration {args.patch_webhook} set")
+    print(f"coschedule certs: {'; '.join(what)}", file=sys.stderr)
+    return result
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    import orjson
+
+    from coschedule.decide.modes import MODE_CHOICES, Mode
+    from coschedule.decide.pod import MalformedPod
+    from coschedule.explain import UnreadablePod, explain, read_pod, render_text, static_claims
+    from coschedule.settings import ConfigError, load_settings
+
+    try:
+        text = sys.stdin.read() if args.file == "-" else Path(args.file).read_text("utf-8")
+        pod = read_pod(text)
+    except (OSError, UnicodeDecodeError, UnreadablePod) as exc:
+        print(f"coschedule explain: cannot read {args.file}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    mode = Mode.parse(args.mode) if args.mode is not None else None
+    if args.mode is not None and mode is None:
+        print(
+            f"coschedule explain: --mode {args.mode!r} is not one of {MODE_CHOICES}",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
+    try:
+        settings = load_settings(_config_dir(args.config_dir) if args.config_dir else None)
+    except ConfigError as exc:
+        print(f"coschedule explain: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    claims = None
+    if args.claims:
+        meta = pod.get("metadata")
+        namespace = args.namespace or (meta.get("namespace") if isinstance(meta, dict) else None)
+        try:
+            claims = static_claims(Path(args.claims).read_text("utf-8"), namespace or "default")
+        except (OSError, UnicodeDecodeError, UnreadablePod) as exc:
+            print(f"coschedule explain: cannot read {args.claims}: {exc}", file=sys.stderr)
+            return EXIT_USAGE
+    try:
+        _, report = explain(
+            pod,
+            settings,
+            mode=mode,
+            namespace_mode=args.namespace_mode,
+            namespace=args.namespace,
+            claims=claims,
+        )
+    except MalformedPod as exc:
+        print(f"coschedule explain: unreadable pod: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    if args.output == "json":
+        print(orjson.dumps(report, option=orjson.OPT_INDENT_2).decode())
+    else:
+        print(render_text(report))
+    return EXIT_OK
+
+
+def cmd_reconcile(args: argparse.Namespace) -> int:
+    from coschedule.reconcile.main import run_reconciler
+
+    return run_reconciler(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="coschedule",
+        description="Keep the pods of one workflow run on one node.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="serve the admission webhook over HTTPS")
+    serve.add_argument("--host", default="0.0.0.0")
+    serve.add_argument("--port", type=int, default=8443)
+    serve.add_argument("--health-port", type=int, default=8080)
+    serve.add_argument(
+        "--cert-dir",
+        default=None,
+        help="folder with tls.crt and tls.key (default: certs/, made if absent)",
+    )
+    serve.add_argument("--config-dir", default=DEFAULT_CONFIG_DIR)
+    serve.add_argument("--kubeconfig", default=None)
+    serve.add_argument(
+        "--no-cluster",
+        action="store_true",
+        help="run on the cluster-wide settings alone, even if a cluster is found",
+    )
+    serve.add_argument("--log-level", default="info")
+    serve.set_defaults(func=cmd_serve)
+
+    rec = sub.add_parser("reconcile", help="run the placeholder reconciler")
+    rec.add_argument("--kubeconfig", default=None)
+    rec.add_argument("--config-dir", default=DEFAULT_CONFIG_DIR)
+    rec.add_argument("--health-port", type=int, default=8081)
+    rec.add_argument(
+        "--namespace", default=None, help="namespace of the Lease (default: the pod's own)"
+    )
+    rec.add_argument("--leader-elect", action=argparse.BooleanOptionalAction, default=True)
+    rec.add_argument("--log-level", default="info")
+    rec.set_defaults(func=cmd_reconcile)
+
+    certs = sub.add_parser("certs", help="make a CA and a serving certificate")
+    certs.add_argument("--dns-name", action="append", help="a SAN (repeatable)")
+    certs.add_argument("--service", help="add the DNS names of this Service")
+    certs.add_argument("--namespace", default="coschedule-system")
+    certs.add_argument("--out", default="certs")
+    certs.add_argument("--days", type=int, default=365)
+    certs.add_argument(
+        "--apply-to-secret",
+        metavar="NAMESPACE/NAME",
+        help="also write the certificate to this kubernetes.io/tls Secret (kept while it "
+        "is still valid for --renew-before-days and covers the names)",
+    )
+    certs.add_argument(
+        "--patch-webhook",
+        metavar="NAME",
+        help="also set the caBundle of this MutatingWebhookConfiguration (only this one)",
+    )
+    certs.add_argument("--renew-before-days", type=int, default=30)
+    certs.add_argument("--kubeconfig", default=None)
+    certs.set_defaults(func=cmd_certs)
+
+    exp = sub.add_parser("explain", help="show what the webhook would do to a pod, and why")
+    exp.add_argument("-f", "--file", required=True, help="pod manifest (YAML or JSON), - for stdin")
+    exp.add_argument("--mode", help="the cluster mode to assume")
+    exp.add_argument("--namespace-mode", help="the namespace's coschedule.dev/mode label")
+    exp.add_argument("--namespace", help="the namespace (default: the pod's)")
+    exp.add_argument("--config-dir", default=None, help="read the cluster config from here")
+    exp.add_argument(
+        "-c",
+        "--claims",
+        help="PVCs (and placeholder StatefulSets) as the cluster has them, YAML or JSON "
+        "(e.g. kubectl get pvc -o yaml): shows the claim rewrite as the webhook would do it",
+    )
+    exp.add_argument("-o", "--output", choices=("text", "json"), default="text")
+    exp.set_defaults(func=cmd_explain)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    result: int = args.func(args)
+    return result
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,97 @@
+"""What ``serve`` knows of the cluster: nothing (offline), or watch-fed caches.
+
+Offline, every namespace counts as enabled (the MutatingWebhookConfiguration's
+namespaceSelector chooses them in a cluster) and claims are never rewritten, since no
+reconciler would build the StatefulSet that owns the new claims.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, replace
+
+from coschedule.kube.claims import ClaimCache
+from coschedule.kube.client import Credentials, KubeClient, KubeConfigError, discover
+from coschedule.kube.informer import Informer
+from coschedule.kube.namespaces import NamespaceCache
+from coschedule.server.app import Probes
+from coschedule.settings import Settings
+
+log = logging.getLogger("coschedule.cluster")
+
+
+class ClusterUnavailable(RuntimeError):
+    """Credentials were given or found but cannot be used."""
+
+
+@dataclass(slots=True)
+class ClusterLink:
+    client: KubeClient | None = None
+    namespaces: NamespaceCache | None = None
+    claims: ClaimCache | None = None
+
+    @classmethod
+    def connect(
+        cls, kubeconfig: str | None, environ: Mapping[str, str], *, offline: bool = False
+    ) -> ClusterLink:
+        if offline:
+            return cls()
+        try:
+            creds: Credentials | None = discover(kubeconfig, environ)
+        except KubeConfigError as exc:
+            raise ClusterUnavailable(str(exc)) from None
+        if creds is None:
+            log.info("no cluster credentials found: serving on the cluster config alone")
+            return cls()
+        client = KubeClient(creds, user_agent="coschedule-webhook")
+        informer = Informer(client, "/api/v1/namespaces", name="namespaces")
+        return cls(client, NamespaceCache(informer), ClaimCache(client))
+
+    @property
+    def online(self) -> bool:
+        return self.client is not None
+
+    def adjust_settings(self, settings: Settings) -> Settings:
+        return settings if self.online else replace(settings, rewrite_claims=False)
+
+    def add_probes(self, probes: Probes) -> None:
+        cache = self.namespaces
+        if cache is None:
+            return
+
+        def namespaces_synced() -> tuple[bool, str | None]:
+            synced = cache.synced
+            return synced, None if synced else "namespace cache not synced yet"
+
+        probes.checks["namespace-cache"] = namespaces_synced
+        claims = self.claims
+        if claims is not None:
+
+            def claims_synced() -> tuple[bool, str | None]:
+                synced = claims.synced
+                return synced, None if synced else "claim cache not synced yet"
+
+            probes.checks["claim-cache"] = claims_synced
+
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncIterator[None]:
+        tasks: list[asyncio.Task[None]] = []
+        if self.namespaces is not None:
+            tasks.append(asyncio.create_task(self.namespaces.informer.run()))
+        if self.claims is not None:
+            tasks.append(asyncio.create_task(self.claims.claims.run()))
+            tasks.append(asyncio.create_task(self.claims.statefulsets.run()))
+            tasks.append(asyncio.create_task(self.claims.pods.run()))
+        try:
+            yield
+        finally:
+            for task in tasks:
+                task.cancel()
+            for task in tasks:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+            if self.client is not None:
+                await self.client.aclose()

@@ -1,0 +1,146 @@
+"""``coschedule explain``: what the webhook would do to a pod, offline, and why."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any
+
+import orjson
+import yaml
+
+from coschedule.decide.admission import AdmissionContext, Decision, NamespaceInfo, decide
+from coschedule.decide.claims import ClaimView, StaticClaims
+from coschedule.decide.modes import Mode
+from coschedule.settings import Settings
+from coschedule.wire import jsonpatch
+
+
+class UnreadablePod(ValueError):
+    """The input is not a pod manifest (exit code 2)."""
+
+
+def read_pod(text: str) -> dict[str, Any]:
+    """A Pod from YAML or JSON; an AdmissionReview's ``request.object`` is taken too."""
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise UnreadablePod(f"not YAML or JSON: {exc}") from None
+    if isinstance(doc, dict) and doc.get("kind") == "AdmissionReview":
+        request = doc.get("request")
+        doc = request.get("object") if isinstance(request, dict) else None
+    if not isinstance(doc, dict):
+        raise UnreadablePod("expected a Pod manifest (a mapping)")
+    if doc.get("kind", "Pod") != "Pod":
+        raise UnreadablePod(f"expected kind Pod, not {doc.get('kind')!r}")
+    return doc
+
+
+def read_cluster_objects(text: str) -> list[dict[str, Any]]:
+    """PVCs and StatefulSets for ``explain --claims``: YAML documents or a ``List``."""
+    try:
+        docs = list(yaml.safe_load_all(text))
+    except yaml.YAMLError as exc:
+        raise UnreadablePod(f"claims file is not YAML or JSON: {exc}") from None
+    objects: list[dict[str, Any]] = []
+    for doc in docs:
+        if isinstance(doc, dict) and doc.get("kind", "").endswith("List"):
+            objects += [item for item in doc.get("items") or () if isinstance(item, dict)]
+        elif isinstance(doc, dict):
+            objects.append(doc)
+    return objects
+
+
+def static_claims(text: str, namespace: str) -> StaticClaims:
+    return StaticClaims.from_objects(read_cluster_objects(text), namespace)
+
+
+def explain(
+    pod: Mapping[str, Any],
+    settings: Settings,
+    *,
+    mode: Mode | None = None,
+    namespace_mode: str | None = None,
+    namespace: str | None = None,
+    claims: ClaimView | None = None,
+) -> tuple[Decision, dict[str, Any]]:
+    """The decision and a machine-readable report (the text form is rendered from it)."""
+    if mode is not None:
+        settings = replace(settings, mode=mode, mode_reason=f"--mode {mode.value}")
+    meta = pod.get("metadata")
+    ns = namespace or (meta.get("namespace") if isinstance(meta, dict) else None) or "default"
+    info = None
+    if namespace_mode is not None:
+        info = NamespaceInfo(
+            {"coschedule.dev/enabled": "true", "coschedule.dev/mode": namespace_mode}
+        )
+    decision = decide(pod, AdmissionContext(settings, ns, info, claims))
+    report: dict[str, Any] = {
+        "allowed": decision.allowed,
+        "mode": decision.mode_label,
+        "placeholder": decision.placeholder,
+        "reasons": decision.reasons,
+        "patch": decision.ops,
+    }
+    if decision.warnings:
+        report["warnings"] = decision.warnings
+    scheduling = decision.scheduling
+    if scheduling is not None and scheduling.contributions:
+        report["schedulingDefaults"] = [
+            {"rule": c.rule, "ruleScope": c.rule_label, "field": c.field, "value": c.value}
+            for c in scheduling.contributions
+        ]
+    if decision.findings:
+        report["policy"] = [
+            {"rule": f.rule, "mode": f.mode.value, "field": f.field, "message": f.message}
+            for f in decision.findings
+        ]
+    if not decision.allowed:
+        report["rule"] = decision.rule
+        report["message"] = decision.message
+    elif decision.ops:
+        patched = jsonpatch.apply(pod, decision.ops)
+        patched_spec = patched.get("spec") or {}
+        report["affinity"] = patched_spec.get("affinity")
+        if "schedulingDefaults" in report:
+            report["scheduling"] = {
+                key: patched_spec[key]
+                for key in ("nodeSelector", "tolerations", "schedulerName")
+                if key in patched_spec
+            }
+    return decision, report
+
+
+def render_text(report: Mapping[str, Any]) -> str:
+    lines = [
+        f"decision:    {'allowed' if report['allowed'] else 'DENIED'}",
+        f"mode:        {report['mode']}",
+        f"placeholder: {report['placeholder'] or '-'}",
+        "why:",
+        *(f"  - {reason}" for reason in report["reasons"]),
+    ]
+    if not report["allowed"]:
+        lines += ["message:", f"  {report['message']}"]
+    for warning in report.get("warnings", ()):
+        lines.append(f"warning:     {warning}")
+    if report.get("schedulingDefaults"):
+        lines.append("scheduling defaults merged:")
+        lines += [
+            f"  - {c['field']} {c['value']}  <- scheduling-defaults {c['ruleScope']}"
+            for c in report["schedulingDefaults"]
+        ]
+    if report.get("policy"):
+        lines.append("policy rules fired:")
+        lines += [f"  - policy-{f['rule']} ({f['mode']}): {f['message']}" for f in report["policy"]]
+    if report["patch"]:
+        lines.append("patch (JSONPatch):")
+        lines += [f"  {orjson.dumps(op).decode()}" for op in report["patch"]]
+    if report.get("affinity") is not None:
+        lines.append("resulting affinity:")
+        rendered = yaml.safe_dump(report["affinity"], sort_keys=False, default_flow_style=False)
+        lines += [f"  {line}" for line in rendered.rstrip().splitlines()]
+    if report.get("scheduling"):
+        lines.append("resulting scheduling fields:")
+        rendered = yaml.safe_dump(report["scheduling"], sort_keys=False, default_flow_style=False)
+        lines += [f"  {line}" for line in rendered.rstrip().splitlines()]
+    return "\n".join(lines)

@@ -1,0 +1,197 @@
+"""List-then-watch caches of plain dicts (client-go's reflector, in a page of asyncio).
+
+List, then watch from the list's resourceVersion with bookmarks; on 410 Gone relist and
+turn the difference into events; on any other error back off with jitter and resume.
+Handlers see every change once, in order, as ``(event_type, obj)``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from coschedule.kube.client import ApiError, KubeClient
+
+log = logging.getLogger("coschedule.informer")
+
+Obj = dict[str, Any]
+Handler = Callable[[str, Obj], None]
+
+WATCH_TIMEOUT_SECONDS = 290  # the server ends each watch; we resume from the last version
+BACKOFF_START = 0.5
+BACKOFF_MAX = 30.0
+
+
+def object_key(obj: Mapping[str, Any]) -> str:
+    meta = obj.get("metadata") or {}
+    namespace = meta.get("namespace")
+    name = meta.get("name", "")
+    return f"{namespace}/{name}" if namespace else str(name)
+
+
+def strip_managed_fields(obj: Obj) -> Obj:
+    """Drop what no decision reads and what costs the most memory in a big cache."""
+    meta = obj.get("metadata")
+    if isinstance(meta, dict):
+        meta.pop("managedFields", None)
+    return obj
+
+
+class Expired(Exception):
+    """The watch's resourceVersion is too old (410 Gone): relist."""
+
+
+class Informer:
+    def __init__(
+        self,
+        client: KubeClient,
+        path: str,
+        *,
+        name: str,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+        transform: Callable[[Obj], Obj] = strip_managed_fields,
+        on_relist: Callable[[], None] | None = None,
+        page_size: int = 500,
+    ) -> None:
+        self.client = client
+        self.path = path
+        self.name = name
+        self.selectors: dict[str, str] = {}
+        if label_selector:
+            self.selectors["labelSelector"] = label_selector
+        if field_selector:
+            self.selectors["fieldSelector"] = field_selector
+        self.transform = transform
+        self.on_relist = on_relist
+        self.page_size = page_size
+        self.store: dict[str, Obj] = {}
+        self.handlers: list[Handler] = []
+        self.synced = asyncio.Event()
+        self.resource_version = ""
+        self.lists = 0  # how many full lists were made: relists must stay rare
+
+    def add_handler(self, handler: Handler) -> None:
+        self.handlers.append(handler)
+
+    def get(self, key: str) -> Obj | None:
+        return self.store.get(key)
+
+    def _emit(self, event_type: str, obj: Obj) -> None:
+        for handler in self.handlers:
+            try:
+                handler(event_type, obj)
+            except Exception:  # one bad handler must not stop the cache
+                log.exception("informer handler failed", extra={"informer": self.name})
+
+    async def _list(self) -> None:
+        items: dict[str, Obj] = {}
+        params: dict[str, Any] = {**self.selectors, "limit": self.page_size}
+        while True:
+            page = await self.client.list(self.path, params)
+            for item in page.get("items") or ():
+                if isinstance(item, dict):
+                    obj = self.transform(item)
+                    items[object_key(obj)] = obj
+            meta = page.get("metadata") or {}
+            token = meta.get("continue")
+            if not token:
+                self.resource_version = str(meta.get("resourceVersion", ""))
+                break
+            params = {**self.selectors, "limit": self.page_size, "continue": token}
+        old = self.store
+        self.store = items
+        self.lists += 1
+        for key, obj in old.items():
+            if key not in items:
+                self._emit("DELETED", obj)
+        for key, obj in items.items():
+            previous = old.get(key)
+            if previous is None:
+                self._emit("ADDED", obj)
+            elif previous.get("metadata", {}).get("resourceVersion") != obj.get("metadata", {}).get(
+                "resourceVersion"
+            ):
+                self._emit("MODIFIED", obj)
+        self.synced.set()
+
+    async def _watch(self) -> None:
+        params = {
+            **self.selectors,
+            "resourceVersion": self.resource_version,
+            "allowWatchBookmarks": "true",
+            "timeoutSeconds": WATCH_TIMEOUT_SECONDS,
+        }
+        async for event in self.client.watch(self.path, params):
+            event_type = event.get("type")
+            obj = event.get("object")
+            if not isinstance(obj, dict):
+                continue
+            if event_type == "ERROR":
+                if obj.get("code") == 410:
+                    raise Expired(str(obj.get("message", "")))
+                raise ApiError(
+                    int(obj.get("code") or 500),
+                    str(obj.get("reason", "")),
+                    str(obj.get("message", "")),
+                )
+            version = (obj.get("metadata") or {}).get("resourceVersion")
+            if version:
+                self.resource_version = str(version)
+            if event_type == "BOOKMARK":
+                continue
+            obj = self.transform(obj)
+            key = object_key(obj)
+            if event_type == "DELETED":
+                self.store.pop(key, None)
+            elif event_type in ("ADDED", "MODIFIED"):
+                self.store[key] = obj
+            else:
+                continue
+            self._emit(str(event_type), obj)
+
+    async def run(self) -> None:
+        """Forever: list, watch, resume; relist only when the server says 410."""
+        backoff = BACKOFF_START
+        need_list = True
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                if need_list:
+                    await self._list()
+                    need_list = False
+                started = loop.time()
+                await self._watch()
+                if loop.time() - started < 1.0:
+                    # A watch the server ends at once, again and again, must not spin.
+                    await asyncio.sleep(_jitter(backoff))
+                    backoff = min(backoff * 2, BACKOFF_MAX)
+                else:
+                    backoff = BACKOFF_START
+            except asyncio.CancelledError:
+                raise
+            except Expired as exc:
+                log.info("watch expired, relisting", extra={"informer": self.name, "why": str(exc)})
+                need_list = True
+                if self.on_relist is not None:
+                    self.on_relist()
+            except ApiError as exc:
+                if exc.status == 410:
+                    need_list = True
+                    if self.on_relist is not None:
+                        self.on_relist()
+                    continue
+                log.warning("watch failed", extra={"informer": self.name, "error": str(exc)})
+                await asyncio.sleep(_jitter(backoff))
+                backoff = min(backoff * 2, BACKOFF_MAX)
+            except Exception as exc:
+                log.warning("watch failed", extra={"informer": self.name, "error": repr(exc)})
+                await asyncio.sleep(_jitter(backoff))
+                backoff = min(backoff * 2, BACKOFF_MAX)
+
+
+def _jitter(seconds: float) -> float:
+    return seconds * (0.5 + random.random())

@@ -1,0 +1,391 @@
+"""The reconciler's wiring: informers -> keyed work queue -> ``plan`` -> API calls.
+
+Every event maps to placeholder keys (``namespace/name``): a marked pod to its label, a
+placeholder pod or StatefulSet to its instance, a node to the placeholder pods on it. A
+worker takes a key, gathers what the caches hold for it, asks ``plan`` and carries out the
+actions. Only the leader runs workers; followers keep caches and the queue warm.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+
+from coschedule.contract import (
+    ANNOTATION_CLAIMS,
+    ANNOTATION_MODE,
+    ANNOTATION_RUN,
+    COMPONENT_AFFINITY_ASSISTANT,
+    LABEL_COMPONENT,
+    LABEL_MANAGED_BY,
+    LABEL_PLACEHOLDER,
+    MANAGED_BY,
+)
+from coschedule.kube.client import ApiError, KubeClient
+from coschedule.kube.informer import Informer, Obj, object_key
+from coschedule.reconcile import decide, shapes
+from coschedule.reconcile.executor import Executor, NotLeader
+from coschedule.reconcile.indexes import KeyIndex
+from coschedule.reconcile.metrics import ReconcileMetrics
+from coschedule.reconcile.model import (
+    BadMark,
+    ClaimTemplate,
+    MarkedPod,
+    Observed,
+    ObservedSet,
+    OwnerState,
+)
+from coschedule.reconcile.resolver import OwnerLookupFailed, OwnerResolver
+from coschedule.reconcile.topology import TopologyLabels
+from coschedule.reconcile.workqueue import WorkQueue
+from coschedule.settings import Settings
+
+log = logging.getLogger("coschedule.reconcile")
+
+PLACEHOLDER_POD_SELECTOR = (
+    f"{LABEL_MANAGED_BY}={MANAGED_BY},{LABEL_COMPONENT}={COMPONENT_AFFINITY_ASSISTANT}"
+)
+STATEFULSET_SELECTOR = f"{LABEL_MANAGED_BY}={MANAGED_BY}"
+OWNER_RETRY_SECONDS = 5.0
+DEFAULT_WORKERS = 4
+
+
+class Controller:
+    def __init__(
+        self,
+        client: KubeClient,
+        settings: Callable[[], Settings],
+        metrics: ReconcileMetrics,
+        *,
+        workers: int = DEFAULT_WORKERS,
+        clock: Callable[[], float] = time.time,
+        retry_base: float | None = None,
+        owner_recheck: float = decide.OWNER_RECHECK_SECONDS,
+    ) -> None:
+        self.client = client
+        self.settings = settings
+        self.metrics = metrics
+        self.clock = clock
+        self.workers = workers
+        self.owner_recheck = owner_recheck
+        self.queue = WorkQueue() if retry_base is None else WorkQueue(retry_base=retry_base)
+        self.owners = OwnerResolver(client, clock)
+        self.pods = self._informer(
+            "/api/v1/pods", "pods", LABEL_PLACEHOLDER, shapes.slim_marked_pod
+        )
+        self.placeholder_pods = self._informer(
+            "/api/v1/pods",
+            "placeholder-pods",
+            PLACEHOLDER_POD_SELECTOR,
+            shapes.slim_placeholder_pod,
+        )
+        self.nodes = self._informer("/api/v1/nodes", "nodes", None, shapes.slim_node)
+        self.statefulsets = self._informer(
+            "/apis/apps/v1/statefulsets",
+            "statefulsets",
+            STATEFULSET_SELECTOR,
+            shapes.slim_statefulset,
+        )
+        self.informers = [self.pods, self.placeholder_pods, self.nodes, self.statefulsets]
+        self.index = KeyIndex()
+        self.topology = TopologyLabels(
+            settings().topology_key, self.metrics.nodes_missing_topology.set
+        )
+        self._idle_since: dict[str, float] = {}
+        self._bad_logged: dict[str, str] = {}
+        self._leading = False
+        self.executor = Executor(
+            client,
+            metrics,
+            self.queue,
+            leading=lambda: self._leading,
+            run_of=self._run_of,
+            pod_version=self._pod_version,
+            torn_down=self._forget,
+        )
+        self._worker_tasks: list[asyncio.Task[None]] = []
+        self._informer_tasks: list[asyncio.Task[None]] = []
+        self.pods.add_handler(self._on_pod)
+        self.placeholder_pods.add_handler(self._on_placeholder_pod)
+        self.nodes.add_handler(self._on_node)
+        self.statefulsets.add_handler(self._on_statefulset)
+
+    def _informer(
+        self, path: str, name: str, selector: str | None, transform: Callable[[Obj], Obj]
+    ) -> Informer:
+        return Informer(
+            self.client,
+            path,
+            name=name,
+            label_selector=selector,
+            transform=transform,
+            on_relist=lambda: self.metrics.relists.labels(name).inc(),
+        )
+
+    # ---- lifecycle ----------------------------------------------------------------------
+
+    @property
+    def synced(self) -> bool:
+        return all(informer.synced.is_set() for informer in self.informers)
+
+    def readiness(self) -> tuple[bool, str | None]:
+        waiting = [i.name for i in self.informers if not i.synced.is_set()]
+        return (not waiting, f"caches not synced: {', '.join(waiting)}" if waiting else None)
+
+    def start_informers(self) -> None:
+        self._informer_tasks = [asyncio.create_task(i.run()) for i in self.informers]
+
+    async def wait_synced(self) -> None:
+        await asyncio.gather(*(i.synced.wait() for i in self.informers))
+
+    def start_leading(self) -> None:
+        """Leader election's callback: act on every known key, from the caches."""
+        if self._leading:
+            return
+        self._leading = True
+        self.metrics.leader.set(1)
+        self._worker_tasks = [asyncio.create_task(self._lead())]
+
+    async def _lead(self) -> None:
+        # Acting on half-filled caches would create what exists or delete what is needed.
+        await self.wait_synced()
+        for key in self.known_keys():
+            self.queue.add(key)
+        self._worker_tasks += [asyncio.create_task(self._worker()) for _ in range(self.workers)]
+
+    def stop_leading(self) -> None:
+        """Stop acting at once: cancel workers mid-call (the new leader re-reconciles)."""
+        self._leading = False
+        self.metrics.leader.set(0)
+        for task in self._worker_tasks:
+            task.cancel()
+        self._worker_tasks = []
+        self.queue.cancel_timers()
+
+    async def stop(self) -> None:
+        workers = self._worker_tasks
+        self.stop_leading()
+        for task in self._informer_tasks:
+            task.cancel()
+        for task in [*workers, *self._informer_tasks]:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._informer_tasks = []
+
+    def known_keys(self) -> set[str]:
+        return self.index.keys() | set(self.statefulsets.store)
+
+    def settings_changed(self) -> None:
+        """After a config reload: the topology key may have changed; recount nodes."""
+        self.topology.rekey(self.settings().topology_key, list(self.nodes.store.values()))
+
+    def _forget(self, key: str) -> None:
+        """Drop what we remembered about a group that is gone."""
+        self.owners.forget(key)
+        self._idle_since.pop(key, None)
+
+    def _pod_version(self, pod_key: str) -> str:
+        obj = self.placeholder_pods.store.get(pod_key) or {}
+        return str((obj.get("metadata") or {}).get("resourceVersion") or "")
+
+    # ---- event handlers: map every change to placeholder keys ----------------------------
+
+    def _enqueue(self, keys: list[str]) -> None:
+        for key in keys:
+            self.queue.add(key)
+
+    def _on_pod(self, event: str, obj: Obj) -> None:
+        if event == "DELETED":
+            self._bad_logged.pop(object_key(obj), None)
+        self._enqueue(self.index.marked_pod(event, obj))
+
+    def _on_placeholder_pod(self, event: str, obj: Obj) -> None:
+        if event == "DELETED":
+            self.executor.forget_pod(object_key(obj))
+        self._enqueue(self.index.placeholder_pod(event, obj))
+
+    def _on_node(self, event: str, obj: Obj) -> None:
+        self.topology.node(event, obj)
+        self._enqueue(self.index.node(event, obj))
+
+    def _on_statefulset(self, event: str, obj: Obj) -> None:
+        # The informer's label selector keeps only ours in the store.
+        self.metrics.placeholders.set(len(self.statefulsets.store))
+        self.queue.add(object_key(obj))
+
+    # ---- workers --------------------------------------------------------------------------
+
+    async def _worker(self) -> None:
+        while True:
+            key = await self.queue.get()
+            try:
+                await self.reconcile_key(key)
+            finally:
+                self.queue.done(key)
+
+    async def reconcile_key(self, key: str) -> None:
+        """One reconcile; failures are logged and retried with backoff, never raised."""
+        self.metrics.reconciles.inc()
+        try:
+            await self.reconcile(key)
+        except asyncio.CancelledError:
+            raise
+        except NotLeader:
+            return
+        except ApiError as exc:
+            self.metrics.errors.labels(str(exc.status)).inc()
+            delay = self.queue.retry(key)
+            log.log(
+                logging.INFO if exc.status == 409 else logging.WARNING,
+                f"API error {exc.status} {exc.reason}; retrying",
+                extra={
+                    "placeholder": key,
+                    "run": self._run_of(key),
+                    "error": exc.message,
+                    "retry_in": round(delay, 3),
+                },
+            )
+        except OwnerLookupFailed as exc:
+            self.metrics.errors.labels("owner").inc()
+            delay = self.queue.retry(key)
+            log.warning(
+                "owner lookup failed; retrying",
+                extra={
+                    "placeholder": key,
+                    "run": self._run_of(key),
+                    "error": str(exc),
+                    "retry_in": round(delay, 3),
+                },
+            )
+        except Exception as exc:  # the loop never dies; the key is retried later
+            self.metrics.errors.labels("0").inc()
+            delay = self.queue.retry(key)
+            log.exception(
+                "reconcile failed",
+                extra={"placeholder": key, "run": self._run_of(key), "error": repr(exc)},
+            )
+        else:
+            self.queue.forget(key)
+
+    def _run_of(self, key: str) -> str:
+        """The run (or, in workspaces mode, the claim) a placeholder serves, for log lines."""
+        for pod_key in self.index.group_pods.get(key, ()):
+            meta = (self.pods.store.get(pod_key) or {}).get("metadata") or {}
+            annotations = meta.get("annotations") or {}
+            if annotations.get(ANNOTATION_MODE) == "workspaces":
+                return f"claim/{annotations.get(ANNOTATION_CLAIMS, '')}"
+            if annotations.get(ANNOTATION_RUN):
+                return str(annotations[ANNOTATION_RUN])
+        meta = (self.statefulsets.store.get(key) or {}).get("metadata") or {}
+        return str((meta.get("annotations") or {}).get(ANNOTATION_RUN) or "")
+
+    def observe_pods(self, key: str) -> list[MarkedPod]:
+        pods: list[MarkedPod] = []
+        for pod_key in sorted(self.index.group_pods.get(key, ())):
+            obj = self.pods.store.get(pod_key)
+            if obj is None:
+                continue
+            parsed = shapes.parse_marked(obj)
+            if isinstance(parsed, BadMark):
+                self._log_bad(pod_key, obj, parsed)
+                continue
+            pods.append(parsed)
+        return pods
+
+    def _log_bad(self, pod_key: str, obj: Obj, bad: BadMark) -> None:
+        version = str((obj.get("metadata") or {}).get("resourceVersion") or "")
+        if self._bad_logged.get(pod_key) == version:
+            return
+        self._bad_logged[pod_key] = version
+        log.error(
+            "skipping a pod with malformed coschedule marks",
+            extra={"pod": pod_key, "placeholder": bad.placeholder, "why": bad.reason},
+        )
+
+    async def reconcile(self, key: str) -> None:
+        namespace, _, name = key.partition("/")
+        settings = self.settings()
+        now = self.clock()
+        pods = self.observe_pods(key)
+        sts_obj = self.statefulsets.store.get(key)
+        sts = shapes.parse_statefulset(sts_obj) if sts_obj is not None else None
+        ppods = [
+            shapes.parse_placeholder_pod(obj)
+            for pod_key in sorted(self.index.instance_pods.get(key, ()))
+            if (obj := self.placeholder_pods.store.get(pod_key)) is not None
+        ]
+        nodes = {
+            p.node_name: shapes.parse_node(obj)
+            for p in ppods
+            if p.node_name and (obj := self.nodes.store.get(p.node_name)) is not None
+        }
+        live = any(p.live for p in pods)
+        if not pods and sts is None and not ppods:
+            self._forget(key)
+            return
+        owner = await self._owner(key, namespace, pods, sts, live, now)
+        if live:
+            self._idle_since.pop(key, None)
+            idle = None
+        else:
+            idle = self._idle_since.setdefault(key, now)
+        templates, claims_to_delete = self.volume_claims(key, pods, sts)
+        observed = Observed(
+            namespace=namespace,
+            name=name,
+            pods=tuple(pods),
+            statefulset=sts,
+            placeholder_pods=tuple(ppods),
+            nodes=nodes,
+            owner=owner,
+            idle_since=idle,
+            claim_templates=templates,
+            claims_to_delete=claims_to_delete,
+        )
+        actions = decide.plan(observed, settings, now, owner_recheck=self.owner_recheck)
+        await self.executor.execute(key, actions, sts_obj)
+
+    def volume_claims(
+        self, key: str, pods: list[MarkedPod], sts: ObservedSet | None
+    ) -> tuple[tuple[ClaimTemplate, ...], tuple[str, ...]]:
+        templates, made, conflicts = decide.claim_templates(pods, sts)
+        for template in conflicts:
+            log.warning(
+                "pods disagree on a claim template; the earliest pod's wins",
+                extra={"placeholder": key, "template": template},
+            )
+        return templates, made
+
+    async def _owner(
+        self,
+        key: str,
+        namespace: str,
+        pods: list[MarkedPod],
+        sts: ObservedSet | None,
+        live: bool,
+        now: float,
+    ) -> OwnerState | None:
+        per_run = pods[0].mode.per_run if pods else False
+        from_sts = decide.known_root(sts)
+        if not per_run and from_sts is None:
+            return None
+        try:
+            state = await self.owners.resolve(key, namespace, pods, from_sts)
+        except OwnerLookupFailed as exc:
+            if not live or sts is not None:
+                raise  # nothing waits on it: retry with backoff, decide nothing meanwhile
+            # Pods wait for their placeholder: create it now without an owner; the owner
+            # is patched in once the lookup works (the StatefulSet then drifts from it).
+            log.warning(
+                "owner lookup failed; creating the placeholder without an owner for now",
+                extra={"placeholder": key, "run": self._run_of(key), "error": str(exc)},
+            )
+            self.queue.add_after(key, OWNER_RETRY_SECONDS)
+            return None
+        quiet_for = now - decide.quiet_since(pods, self._idle_since.get(key), now)
+        if decide.owner_check_due(live, state, now, self.owner_recheck, quiet_for):
+            state = await self.owners.check(key, namespace)
+        return state

@@ -1,0 +1,188 @@
+"""Carrying out ``plan``'s actions against the API, one key at a time.
+
+API errors propagate (the controller retries the key with backoff); Events never do. Before
+each call the leader check runs, so a replica that lost the Lease stops at once.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+from datetime import UTC, datetime
+from typing import Any
+
+from coschedule.contract import LABEL_INSTANCE
+from coschedule.kube.client import ApiError, KubeClient, object_path
+from coschedule.kube.informer import Obj
+from coschedule.reconcile.metrics import ReconcileMetrics
+from coschedule.reconcile.model import (
+    Action,
+    CreateStatefulSet,
+    DeleteClaim,
+    DeletePlaceholderPod,
+    DeleteStatefulSet,
+    PatchStatefulSet,
+    RecordEvent,
+    Requeue,
+    Skip,
+)
+from coschedule.reconcile.workqueue import WorkQueue
+
+log = logging.getLogger("coschedule.reconcile")
+
+BACKGROUND = {"apiVersion": "v1", "kind": "DeleteOptions", "propagationPolicy": "Background"}
+
+
+class NotLeader(Exception):
+    """Leadership was lost mid-reconcile: stop acting at once."""
+
+
+class Executor:
+    def __init__(
+        self,
+        client: KubeClient,
+        metrics: ReconcileMetrics,
+        queue: WorkQueue,
+        *,
+        leading: Callable[[], bool],
+        run_of: Callable[[str], str],
+        pod_version: Callable[[str], str],
+        torn_down: Callable[[str], None],
+    ) -> None:
+        self.client = client
+        self.metrics = metrics
+        self.queue = queue
+        self.leading = leading
+        self.run_of = run_of
+        self.pod_version = pod_version
+        self.torn_down = torn_down
+        # Placeholder pod -> the resourceVersion we deleted: until the watch shows it
+        # terminating, a second look must not delete (and count, and announce) it again.
+        self.evicted: dict[str, str] = {}
+
+    def forget_pod(self, pod_key: str) -> None:
+        self.evicted.pop(pod_key, None)
+
+    def _extra(self, key: str, **more: Any) -> dict[str, Any]:
+        return {"placeholder": key, "run": self.run_of(key), **more}
+
+    async def execute(self, key: str, actions: Iterable[Action], sts_obj: Obj | None) -> None:
+        uid = str(((sts_obj or {}).get("metadata") or {}).get("uid") or "")
+        skipped_eviction = restored = False
+        for action in actions:
+            if isinstance(action, Requeue):
+                self.queue.add_after(key, action.after)
+                log.debug("requeued", extra={"placeholder": key, "why": action.why})
+                continue
+            if isinstance(action, Skip):
+                log.debug("nothing to do", extra={"placeholder": key, "why": action.why})
+                continue
+            if not self.leading():
+                raise NotLeader
+            if isinstance(action, CreateStatefulSet):
+                created_uid = await self._create(key, action)
+                restored = created_uid is None
+                uid = created_uid or uid
+            elif isinstance(action, PatchStatefulSet):
+                await self.client.patch(
+                    object_path("apps/v1", "statefulsets", action.namespace, action.name),
+                    action.patch,
+                )
+                log.info("patched placeholder", extra=self._extra(key, why=action.why))
+            elif isinstance(action, DeletePlaceholderPod):
+                skipped_eviction = not await self._evict(key, action)
+            elif isinstance(action, DeleteStatefulSet):
+                await self.client.delete(
+                    object_path("apps/v1", "statefulsets", action.namespace, action.name),
+                    body=BACKGROUND,
+                )
+                self.torn_down(key)
+                log.info("deleted placeholder: run done", extra=self._extra(key, why=action.why))
+            elif isinstance(action, DeleteClaim):
+                await self.client.delete(
+                    object_path("v1", "persistentvolumeclaims", action.namespace, action.name)
+                )
+                log.info("deleted claim", extra=self._extra(key, claim=action.name))
+            elif isinstance(action, RecordEvent):
+                if action.reason == "PlaceholderMoved" and skipped_eviction:
+                    continue
+                if action.reason == "PlaceholderCreated" and restored:
+                    continue
+                await self._event(action, uid)
+
+    async def _evict(self, key: str, action: DeletePlaceholderPod) -> bool:
+        """Delete the placeholder pod; False when this very version was deleted already."""
+        pod_key = f"{action.namespace}/{action.name}"
+        version = self.pod_version(pod_key)
+        if self.evicted.get(pod_key) == version:
+            return False
+        await self.client.delete(object_path("v1", "pods", action.namespace, action.name))
+        self.evicted[pod_key] = version
+        self.metrics.evictions.labels(action.reason).inc()
+        log.info(
+            "deleted placeholder pod so that it moves",
+            extra=self._extra(key, node=action.node, reason=action.reason, why=action.message),
+        )
+        return True
+
+    async def _create(self, key: str, action: CreateStatefulSet) -> str | None:
+        """Create; the new uid, or None when an existing one of ours was relabelled."""
+        path = object_path("apps/v1", "statefulsets", action.namespace)
+        try:
+            created = await self.client.create(path, action.body)
+        except ApiError as exc:
+            if exc.status != 409:
+                raise
+            # There, but not in our cache: a hand edit dropped our managed-by label (so our
+            # watch no longer selects it), or the cache lags. Relabel it if it is ours.
+            existing = await self.client.get(f"{path}/{action.name}") or {}
+            labels = (existing.get("metadata") or {}).get("labels") or {}
+            if labels.get(LABEL_INSTANCE) == action.name:
+                await self.client.patch(
+                    f"{path}/{action.name}",
+                    {"metadata": {"labels": action.body["metadata"]["labels"]}},
+                )
+                log.warning("placeholder lost its labels; restored", extra=self._extra(key))
+                return None
+            log.error(
+                "a StatefulSet with the placeholder's name exists and is not ours",
+                extra=self._extra(key),
+            )
+            raise
+        log.info("created placeholder", extra=self._extra(key))
+        return str((created.get("metadata") or {}).get("uid") or "")
+
+    async def _event(self, action: RecordEvent, uid: str) -> None:
+        stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        involved: dict[str, Any] = {
+            "apiVersion": "apps/v1",
+            "kind": "StatefulSet",
+            "name": action.statefulset,
+            "namespace": action.namespace,
+        }
+        if uid:
+            involved["uid"] = uid
+        body = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{action.statefulset}.", "namespace": action.namespace},
+            "involvedObject": involved,
+            "reason": action.reason,
+            "message": action.message,
+            "type": action.type,
+            "source": {"component": "coschedule-reconciler"},
+            "reportingComponent": "coschedule.dev/reconciler",
+            "firstTimestamp": stamp,
+            "lastTimestamp": stamp,
+            "count": 1,
+        }
+        try:
+            await self.client.create(object_path("v1", "events", action.namespace), body)
+        except Exception as exc:  # an Event is a courtesy: never retry a reconcile for it
+            log.warning(
+                "could not record an Event",
+                extra={
+                    "placeholder": f"{action.namespace}/{action.statefulset}",
+                    "error": str(exc),
+                },
+            )

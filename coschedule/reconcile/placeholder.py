@@ -1,0 +1,222 @@
+"""The placeholder StatefulSet, built from a group's pods and the settings. Pure.
+
+The pod template's hash is stored in an annotation: the apiserver defaults many template
+fields, so comparing templates field by field would see a difference on every reconcile;
+comparing the hash of what we asked for does not, and still notices when we want a change.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from coschedule.contract import (
+    ANNOTATION_CLAIMS,
+    ANNOTATION_MODE,
+    ANNOTATION_RUN,
+    COMPONENT_AFFINITY_ASSISTANT,
+    LABEL_COMPONENT,
+    LABEL_INSTANCE,
+    LABEL_MANAGED_BY,
+    MANAGED_BY,
+)
+from coschedule.decide.claims import TEMPLATE_CLAIM
+from coschedule.decide.modes import Mode
+from coschedule.reconcile.model import ClaimTemplate, MarkedPod, Obj, OwnerRef
+from coschedule.settings import Settings
+
+ANNOTATION_TEMPLATE_HASH = "coschedule.dev/template-hash"
+CONTAINER_NAME = "affinity-assistant"
+RUN_AS_USER = 65532  # the distroless "nonroot" user; pause runs as anyone
+TEMPLATE_MOUNT_ROOT = "/claim-templates"
+UPDATE_STRATEGY = "OnDelete"
+
+
+@dataclass(frozen=True, slots=True)
+class GroupSpec:
+    """What the group's pods say the placeholder must look like."""
+
+    namespace: str
+    name: str
+    mode: Mode
+    run: str
+    topology_key: str
+    claims: tuple[str, ...]
+    node_selector: Mapping[str, str]
+    tolerations: tuple[Mapping[str, Any], ...]
+
+
+def first_pod(pods: Sequence[MarkedPod]) -> MarkedPod:
+    """Deterministic: the oldest pod, ties broken by name."""
+    return min(pods, key=lambda p: (p.created, p.name))
+
+
+def group_spec(namespace: str, name: str, pods: Sequence[MarkedPod]) -> GroupSpec | None:
+    if not pods:
+        return None
+    first = first_pod(pods)
+    if first.mode is Mode.WORKSPACES:
+        claims = first.claims[:1]
+    else:
+        # Every claim any pod of the run mounts; sorted so the volume list never reorders.
+        claims = tuple(sorted({claim for pod in pods for claim in pod.claims}))
+    return GroupSpec(
+        namespace=namespace,
+        name=name,
+        mode=first.mode,
+        run=first.run,
+        topology_key=first.topology_key,
+        claims=claims,
+        node_selector=dict(first.node_selector),
+        tolerations=first.tolerations,
+    )
+
+
+def labels(name: str) -> dict[str, str]:
+    return {
+        LABEL_COMPONENT: COMPONENT_AFFINITY_ASSISTANT,
+        LABEL_INSTANCE: name,
+        LABEL_MANAGED_BY: MANAGED_BY,
+    }
+
+
+def selector(name: str) -> dict[str, str]:
+    return {LABEL_COMPONENT: COMPONENT_AFFINITY_ASSISTANT, LABEL_INSTANCE: name}
+
+
+def _anti_affinity(mode: Mode, topology_key: str) -> dict[str, Any]:
+    term = {
+        "labelSelector": {"matchLabels": {LABEL_COMPONENT: COMPONENT_AFFINITY_ASSISTANT}},
+        "topologyKey": topology_key,
+    }
+    if mode is Mode.ISOLATE_PIPELINERUN:
+        return {"requiredDuringSchedulingIgnoredDuringExecution": [term]}
+    return {
+        "preferredDuringSchedulingIgnoredDuringExecution": [
+            {"weight": 100, "podAffinityTerm": term}
+        ]
+    }
+
+
+def pod_template(
+    group: GroupSpec, settings: Settings, claim_templates: Sequence[ClaimTemplate] = ()
+) -> Obj:
+    container: Obj = {
+        "name": CONTAINER_NAME,
+        "image": settings.placeholder_image,
+        "resources": {k: dict(v) for k, v in settings.placeholder_resources.items()},
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "runAsNonRoot": True,
+            "runAsUser": RUN_AS_USER,
+            "capabilities": {"drop": ["ALL"]},
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+    }
+    if claim_templates:
+        container["volumeMounts"] = [
+            {"name": t.name, "mountPath": f"{TEMPLATE_MOUNT_ROOT}/{t.name}"}
+            for t in claim_templates
+        ]
+    spec: Obj = {
+        "containers": [container],
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "terminationGracePeriodSeconds": 1,
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": RUN_AS_USER,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "affinity": {"podAntiAffinity": _anti_affinity(group.mode, group.topology_key)},
+    }
+    if settings.placeholder_priority_class:
+        spec["priorityClassName"] = settings.placeholder_priority_class
+    if group.node_selector:
+        spec["nodeSelector"] = dict(group.node_selector)
+    if group.tolerations:
+        spec["tolerations"] = [dict(t) for t in group.tolerations]
+    # Claims our own volumeClaimTemplates make are mounted through the templates.
+    made = {template_claim(t.name, group.name) for t in claim_templates}
+    plain = [claim for claim in group.claims if claim not in made]
+    if plain:
+        spec["volumes"] = [
+            {"name": f"claim-{index}", "persistentVolumeClaim": {"claimName": claim}}
+            for index, claim in enumerate(plain)
+        ]
+    return {"metadata": {"labels": labels(group.name)}, "spec": spec}
+
+
+def template_claim(template: str, placeholder: str) -> str:
+    """The claim the StatefulSet controller makes from a template for the one replica."""
+    return f"{template}-{placeholder}-0"
+
+
+def template_hash(template: Obj) -> str:
+    # The pod template only: volumeClaimTemplates are immutable, decided once at creation.
+    return hashlib.sha256(orjson.dumps(template, option=orjson.OPT_SORT_KEYS)).hexdigest()[:16]
+
+
+def set_annotations(group: GroupSpec, digest: str) -> dict[str, str]:
+    result = {
+        ANNOTATION_MODE: group.mode.value,
+        ANNOTATION_CLAIMS: ",".join(group.claims),
+        ANNOTATION_TEMPLATE_HASH: digest,
+    }
+    if group.mode.per_run:  # a claim's group may hold pods of many runs
+        result[ANNOTATION_RUN] = group.run
+    return result
+
+
+def build_statefulset(
+    group: GroupSpec,
+    settings: Settings,
+    owner: OwnerRef | None = None,
+    claim_templates: Sequence[ClaimTemplate] = (),
+) -> Obj:
+    """The whole StatefulSet to create for ``group``."""
+    template = pod_template(group, settings, claim_templates)
+    metadata: Obj = {
+        "name": group.name,
+        "namespace": group.namespace,
+        "labels": labels(group.name),
+        "annotations": set_annotations(group, template_hash(template)),
+    }
+    if owner is not None:
+        metadata["ownerReferences"] = [owner.as_owner_reference()]
+    spec: Obj = {
+        "replicas": 1,
+        "podManagementPolicy": "Parallel",
+        # A template change (new claims, a new image) must not restart a placeholder under
+        # a live run: it would be rescheduled, maybe away from the run's volumes. It takes
+        # effect when the pod is next recreated, e.g. moved off a cordoned node.
+        "updateStrategy": {"type": UPDATE_STRATEGY},
+        # No Service object needs to exist; the field is required.
+        "serviceName": group.name,
+        "selector": {"matchLabels": selector(group.name)},
+        "template": template,
+    }
+    if claim_templates:
+        spec["volumeClaimTemplates"] = [_claim_template(t, owner) for t in claim_templates]
+    return {"apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": metadata, "spec": spec}
+
+
+def _claim_template(template: ClaimTemplate, owner: OwnerRef | None) -> Obj:
+    """A volumeClaimTemplate. The StatefulSet controller copies its metadata into the claim
+    it makes, so the run's owner there makes deleting the run delete the claim (as with the
+    engine's own claims) even if the StatefulSet went first; and unlike
+    ``persistentVolumeClaimRetentionPolicy: Delete``, a StatefulSet deleted by hand mid-run
+    does not take the run's data with it: the recreated one adopts the same claim."""
+    metadata: Obj = {
+        "name": template.name,
+        "labels": {LABEL_MANAGED_BY: MANAGED_BY},
+        "annotations": {TEMPLATE_CLAIM: template.claim or template.name},
+    }
+    if owner is not None:
+        metadata["ownerReferences"] = [owner.as_owner_reference()]
+    return {"metadata": metadata, "spec": dict(template.spec)}

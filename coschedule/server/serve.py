@@ -1,0 +1,139 @@
+"""``coschedule serve``: HTTPS on 8443 and plain HTTP probes on 8080, in one event loop,
+with the config folder and the certificate files watched for changes."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import uvicorn
+
+from coschedule.server.admission import AdmissionHandler, ClaimCacheView, NamespaceLookup
+from coschedule.server.app import HttpsApp, Probes, probes_app
+from coschedule.server.metrics import WebhookMetrics
+from coschedule.server.tls import ServingCertificate
+from coschedule.settings_store import SettingsStore
+
+log = logging.getLogger("coschedule.serve")
+
+RELOAD_INTERVAL_SECONDS = 2.0  # the design allows 10 s for a reload to take effect
+
+
+@dataclass(frozen=True, slots=True)
+class ServeOptions:
+    host: str = "0.0.0.0"
+    port: int = 8443
+    health_port: int = 8080
+    cert_dir: Path = Path("certs")
+    reload_interval: float = RELOAD_INTERVAL_SECONDS
+
+
+class _Server(uvicorn.Server):
+    """Signals are handled once for both listeners, by ``serve``."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+@dataclass(slots=True)
+class Webhook:
+    """The wired parts of a serving process, built before any socket opens."""
+
+    settings: SettingsStore
+    metrics: WebhookMetrics
+    certificate: ServingCertificate
+    probes: Probes
+    handler: AdmissionHandler
+
+    def reload_once(self) -> None:
+        self.settings.maybe_reload()
+        self.certificate.maybe_reload()
+
+
+def build_webhook(
+    settings: SettingsStore,
+    metrics: WebhookMetrics,
+    cert_dir: Path,
+    namespaces: NamespaceLookup | None = None,
+    claims: ClaimCacheView | None = None,
+) -> Webhook:
+    certificate = ServingCertificate(cert_dir, metrics)
+    certificate.load()
+    probes = Probes()
+
+    def cert_check() -> tuple[bool, str | None]:
+        return certificate.state.loaded, certificate.state.error
+
+    def config_check() -> tuple[bool, str | None]:
+        # Loaded at start or the process would not be here; a refused reload is detail only.
+        return True, settings.error
+
+    probes.checks["certificate"] = cert_check
+    probes.checks["config"] = config_check
+    handler = AdmissionHandler(settings, metrics, namespaces, claims)
+    return Webhook(settings, metrics, certificate, probes, handler)
+
+
+async def serve(webhook: Webhook, options: ServeOptions) -> None:
+    https_config = uvicorn.Config(
+        HttpsApp(webhook.handler, probes_app(webhook.probes, None)),
+        host=options.host,
+        port=options.port,
+        ssl_context_factory=lambda _config, _default: webhook.certificate.context,
+        log_config=None,
+        access_log=False,
+        server_header=False,
+        lifespan="off",
+        timeout_keep_alive=30,  # kube-apiserver keeps connections to webhooks open
+    )
+    health_config = uvicorn.Config(
+        probes_app(webhook.probes, webhook.metrics.registry),
+        host=options.host,
+        port=options.health_port,
+        log_config=None,
+        access_log=False,
+        server_header=False,
+        lifespan="off",
+    )
+    servers = [_Server(https_config), _Server(health_config)]
+
+    loop = asyncio.get_running_loop()
+
+    def stop() -> None:
+        log.info("shutting down")
+        for server in servers:
+            server.should_exit = True
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop)
+
+    async def reload_loop() -> None:
+        while True:
+            await asyncio.sleep(options.reload_interval)
+            try:
+                webhook.reload_once()
+            except Exception:  # the loop must outlive any one bad reload
+                log.exception("reload failed")
+
+    reloader = asyncio.create_task(reload_loop())
+    log.info(
+        "serving",
+        extra={
+            "https_port": options.port,
+            "health_port": options.health_port,
+            "mode": webhook.settings.current.mode.value,
+        },
+    )
+    try:
+        await asyncio.gather(*(server.serve() for server in servers))
+    finally:
+        reloader.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await reloader

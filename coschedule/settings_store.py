@@ -1,0 +1,61 @@
+"""Hot reload of the config folder: the settings in force, swapped whole, never half-applied.
+
+A refused reload keeps the last good settings and reports why (log, metric, readyz detail).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+from coschedule.settings import ConfigError, Settings, parse_settings, read_raw_config
+
+log = logging.getLogger("coschedule.config")
+
+
+class SettingsStore:
+    def __init__(
+        self,
+        config_dir: Path | None,
+        environ: Mapping[str, str],
+        *,
+        on_error: Callable[[], None] | None = None,
+        adjust: Callable[[Settings], Settings] | None = None,
+    ) -> None:
+        """Load once; raise ConfigError at start (the process must refuse to start)."""
+        self.config_dir = config_dir
+        self.environ = dict(environ)
+        self.on_error = on_error
+        self.adjust = adjust or (lambda s: s)
+        self._raw = read_raw_config(config_dir, self.environ)
+        self.current: Settings = self.adjust(parse_settings(self._raw))
+        self.error: str | None = None
+
+    def maybe_reload(self) -> bool:
+        """Re-read the folder; swap settings when it changed and is valid. True on a swap."""
+        try:
+            raw = read_raw_config(self.config_dir, self.environ)
+        except OSError as exc:
+            self._refuse(f"cannot read config folder {self.config_dir}: {exc}", None)
+            return False
+        if raw == self._raw:
+            return False
+        try:
+            settings = self.adjust(parse_settings(raw))
+        except ConfigError as exc:
+            self._refuse(str(exc), raw)
+            return False
+        self._raw = raw
+        self.current = settings
+        self.error = None
+        log.info("config reloaded", extra={"mode": settings.mode.value})
+        return True
+
+    def _refuse(self, message: str, raw: dict[str, str] | None) -> None:
+        if raw is not None:
+            self._raw = raw  # report a bad folder once, not on every poll
+        self.error = f"config reload refused, last good config kept: {message}"
+        log.error(self.error)
+        if self.on_error is not None:
+            self.on_error()
