@@ -42,13 +42,35 @@ def read_cluster_objects(text: str) -> list[dict[str, Any]]:
         docs = list(yaml.safe_load_all(text))
     except yaml.YAMLError as exc:
         raise UnreadablePod(f"claims file is not YAML or JSON: {exc}") from None
-    objects: list[dict[str, Any]] = []
+    objects: list[Any] = []
+    lists = 0
     for doc in docs:
-        if isinstance(doc, dict) and doc.get("kind", "").endswith("List"):
-            objects += [item for item in doc.get("items") or () if isinstance(item, dict)]
-        elif isinstance(doc, dict):
+        if doc is None:  # an empty document between two "---"
+            continue
+        if isinstance(doc, dict) and str(doc.get("kind", "")).endswith("List"):
+            lists += 1
+            items = doc.get("items")
+            objects += items if isinstance(items, list) else [items]
+        else:
             objects.append(doc)
+    if not objects and not lists:
+        raise UnreadablePod(f"claims file has no objects; expected {_CLAIM_FILE_KINDS}")
+    for index, obj in enumerate(objects):
+        kind = obj.get("kind") if isinstance(obj, dict) else None
+        if kind not in CLAIM_FILE_KINDS:
+            # Taking it anyway would answer for a cluster without the claims the user meant
+            # to show: a misleading "retry" denial.
+            what = f"kind {kind!r}" if isinstance(obj, dict) else f"a {type(obj).__name__}"
+            raise UnreadablePod(
+                f"claims file object {index + 1} is {what}; expected {_CLAIM_FILE_KINDS}"
+            )
     return objects
+
+
+CLAIM_FILE_KINDS = ("PersistentVolumeClaim", "StatefulSet", "Pod")
+_CLAIM_FILE_KINDS = (
+    "PersistentVolumeClaims, StatefulSets or Pods (kubectl get pvc,sts,pods -o yaml)"
+)
 
 
 def static_claims(text: str, namespace: str) -> StaticClaims:

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
+from typing import TypeVar
 
 from coschedule.config_error import ConfigError as ConfigError
 from coschedule.decide.defaults import DefaultsRule, parse_scheduling_defaults
@@ -59,6 +61,8 @@ KNOWN_KEYS: frozenset[str] = frozenset(
 )
 
 ENV_PREFIX = "COSCHEDULE_"
+
+_T = TypeVar("_T")
 
 # A label key: optional DNS-subdomain prefix, then a name of at most 63 characters.
 _LABEL_NAME = r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
@@ -198,51 +202,87 @@ def _parse_topology_key(text: str) -> str:
 
 
 def parse_settings(raw: Mapping[str, str]) -> Settings:
-    """Build settings from ``{key: text}``; raise ConfigError naming the offending key(s)."""
+    """Build settings from ``{key: text}``; raise ConfigError naming every offending key.
+
+    Each key is checked on its own and all the problems are reported together, so a
+    ConfigMap with three mistakes is fixed in one round, not three.
+    """
+    errors: list[str] = []
+
+    def check(parse: Callable[[], _T]) -> _T | None:
+        try:
+            return parse()
+        except ConfigError as exc:
+            errors.append(str(exc))
+            return None
+
     unknown = sorted(key for key in raw if key not in KNOWN_KEYS)
     if unknown:
-        raise ConfigError(
+        errors.append(
             f"unknown config key(s): {', '.join(unknown)}; known keys are "
             f"{', '.join(sorted(KNOWN_KEYS))}"
         )
-    mode, mode_reason = resolve_mode(raw)
-    kwargs: dict[str, object] = {"mode": mode, "mode_reason": mode_reason}
-    if (text := raw.get("topology-key")) is not None and text.strip():
-        kwargs["topology_key"] = _parse_topology_key(text)
-    if (text := raw.get("group-labels")) is not None:
-        kwargs["group_labels"] = _parse_group_labels(text)
+    kwargs: dict[str, object] = {}
+    if (resolved := check(lambda: resolve_mode(raw))) is not None:
+        kwargs["mode"], kwargs["mode_reason"] = resolved
+    if (topology := raw.get("topology-key")) is not None and topology.strip():
+        kwargs["topology_key"] = check(lambda: _parse_topology_key(topology))
+    if (labels := raw.get("group-labels")) is not None:
+        kwargs["group_labels"] = check(lambda: _parse_group_labels(labels))
     if (text := raw.get("placeholder-image")) is not None and text.strip():
         kwargs["placeholder_image"] = text.strip()
-    if (text := raw.get("placeholder-resources")) is not None and text.strip():
-        kwargs["placeholder_resources"] = _parse_resources(text)
-    if (text := raw.get("placeholder-priority-class")) is not None:
-        name = text.strip()
-        if name and not _DNS_SUBDOMAIN_RE.match(name):
-            raise ConfigError(
-                f'config key "placeholder-priority-class": {name!r} is not a valid name'
-            )
-        kwargs["placeholder_priority_class"] = name
-    if (text := raw.get("idle-grace-seconds")) is not None and text.strip():
-        try:
-            grace = int(text.strip())
-        except ValueError:
-            raise ConfigError(
-                f'config key "idle-grace-seconds": {text.strip()!r} is not a whole number'
-            ) from None
-        if grace < 0:
-            raise ConfigError('config key "idle-grace-seconds": must be 0 or more')
-        kwargs["idle_grace_seconds"] = grace
-    if (text := raw.get("rewrite-claims")) is not None:
-        kwargs["rewrite_claims"] = _parse_bool("rewrite-claims", text)
-    if (text := raw.get("group-shared-claims")) is not None:
-        kwargs["group_shared_claims"] = _parse_bool("group-shared-claims", text)
-    policy = parse_policy(raw)
+    if (resources := raw.get("placeholder-resources")) is not None and resources.strip():
+        kwargs["placeholder_resources"] = check(lambda: _parse_resources(resources))
+    if (priority := raw.get("placeholder-priority-class")) is not None:
+        kwargs["placeholder_priority_class"] = check(lambda: _parse_priority_class(priority))
+    if (grace := raw.get("idle-grace-seconds")) is not None and grace.strip():
+        kwargs["idle_grace_seconds"] = check(lambda: _parse_grace(grace))
+    for key, attr in (
+        ("rewrite-claims", "rewrite_claims"),
+        ("group-shared-claims", "group_shared_claims"),
+    ):
+        if (flag := raw.get(key)) is not None:
+            kwargs[attr] = check(partial(_parse_bool, key, flag))
+    valid_policy: dict[str, str] = {}
+    for key in POLICY_KEYS:
+        if key in raw and check(partial(parse_policy, {key: raw[key]})) is not None:
+            valid_policy[key] = raw[key]
+    policy = parse_policy(valid_policy)
     kwargs["policy"] = policy
     if (text := raw.get("scheduling-defaults")) is not None and text.strip():
-        rules = parse_scheduling_defaults(text)
-        _check_defaults_against_policy(rules, policy)
+        rules = check(lambda: parse_scheduling_defaults(text))
+        if rules is not None and len(valid_policy) == sum(k in raw for k in POLICY_KEYS):
+            # Only against the policy as written: a broken policy key is already reported.
+            check(lambda: _check_defaults_against_policy(rules, policy))
         kwargs["scheduling_defaults"] = rules
+    if errors:
+        raise ConfigError("; ".join(errors) if len(errors) == 1 else _numbered(errors))
     return Settings(**kwargs)  # type: ignore[arg-type]
+
+
+def _numbered(errors: list[str]) -> str:
+    return f"{len(errors)} config problems: " + " ".join(
+        f"({n}) {error};" for n, error in enumerate(errors, 1)
+    ).rstrip(";")
+
+
+def _parse_priority_class(text: str) -> str:
+    name = text.strip()
+    if name and not _DNS_SUBDOMAIN_RE.match(name):
+        raise ConfigError(f'config key "placeholder-priority-class": {name!r} is not a valid name')
+    return name
+
+
+def _parse_grace(text: str) -> int:
+    try:
+        grace = int(text.strip())
+    except ValueError:
+        raise ConfigError(
+            f'config key "idle-grace-seconds": {text.strip()!r} is not a whole number'
+        ) from None
+    if grace < 0:
+        raise ConfigError('config key "idle-grace-seconds": must be 0 or more')
+    return grace
 
 
 def _check_defaults_against_policy(rules: tuple[DefaultsRule, ...], policy: PolicySettings) -> None:

@@ -8,10 +8,35 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Protocol
+
+from prometheus_client import Counter, Gauge
 
 from coschedule.settings import ConfigError, Settings, parse_settings, read_raw_config
 
 log = logging.getLogger("coschedule.config")
+
+
+class ReloadMetrics(Protocol):
+    """The two config instruments both processes export."""
+
+    @property
+    def config_reload_errors(self) -> Counter: ...
+    @property
+    def config_last_reload_success(self) -> Gauge: ...
+
+
+def metric_hooks(metrics: ReloadMetrics) -> tuple[Callable[[], None], Callable[[], None]]:
+    """``(on_error, on_loaded)`` that keep the reload counter and gauge true."""
+
+    def refused() -> None:
+        metrics.config_reload_errors.inc()
+        metrics.config_last_reload_success.set(0)
+
+    def loaded() -> None:
+        metrics.config_last_reload_success.set(1)
+
+    return refused, loaded
 
 
 class SettingsStore:
@@ -21,16 +46,27 @@ class SettingsStore:
         environ: Mapping[str, str],
         *,
         on_error: Callable[[], None] | None = None,
+        on_loaded: Callable[[], None] | None = None,
         adjust: Callable[[Settings], Settings] | None = None,
+        note: str | None = None,
     ) -> None:
         """Load once; raise ConfigError at start (the process must refuse to start)."""
         self.config_dir = config_dir
         self.environ = dict(environ)
         self.on_error = on_error
+        self.on_loaded = on_loaded
+        # Shown on readyz even when all is well, e.g. "no config folder: defaults in force".
+        self.note = note
         self.adjust = adjust or (lambda s: s)
         self._raw = read_raw_config(config_dir, self.environ)
         self.current: Settings = self.adjust(parse_settings(self._raw))
         self.error: str | None = None
+        if on_loaded is not None:
+            on_loaded()
+
+    def detail(self) -> str | None:
+        """The readyz detail: a refused reload first, else the note."""
+        return self.error or self.note
 
     def maybe_reload(self) -> bool:
         """Re-read the folder; swap settings when it changed and is valid. True on a swap."""
@@ -49,6 +85,8 @@ class SettingsStore:
         self._raw = raw
         self.current = settings
         self.error = None
+        if self.on_loaded is not None:
+            self.on_loaded()
         log.info("config reloaded", extra={"mode": settings.mode.value})
         return True
 

@@ -66,6 +66,7 @@ def start_server(
     config: dict[str, str] | None = None,
     extra_args: list[str] | None = None,
     env: dict[str, str] | None = None,
+    config_dir_flag: bool = True,
 ) -> RunningServer:
     cert_dir = tmp_path / "tls"
     if not (cert_dir / certs.CERT_FILE).exists():
@@ -94,8 +95,7 @@ def start_server(
             str(health_port),
             "--cert-dir",
             str(cert_dir),
-            "--config-dir",
-            str(config_dir),
+            *(["--config-dir", str(config_dir)] if config_dir_flag else []),
             *(extra_args or []),
         ],
         stdout=log_path.open("wb"),

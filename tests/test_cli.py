@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import base64
 import json
 import subprocess
@@ -155,7 +156,7 @@ def test_certs_without_names_exits_2(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("args", "prefix"),
     [
-        (["reconcile", "--config-dir", "/nonexistent"], "coschedule reconcile:"),
+        (["reconcile"], "coschedule reconcile:"),
         (
             ["certs", "--dns-name", "a", "--out", "/tmp/x", "--patch-webhook", "w"],
             "coschedule certs:",
@@ -167,3 +168,113 @@ def test_commands_that_need_a_cluster_say_so_and_exit_2(args: list[str], prefix:
     assert result.returncode == 2
     assert prefix in result.stderr
     assert "needs a cluster" in result.stderr
+
+
+# ---- rough edges (issue 14.5): a message and exit 2, never a traceback -----------------------
+
+
+def refused(result: subprocess.CompletedProcess[str], *fragments: str) -> None:
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    assert "Traceback" not in result.stderr
+    for fragment in fragments:
+        assert fragment in result.stderr
+
+
+def test_certs_out_on_a_file_is_refused(tmp_path: Path) -> None:
+    target = tmp_path / "a-file"
+    target.write_text("keep me")
+    refused(run("certs", "--dns-name", "a", "--out", str(target)), "is a file, not a folder")
+    assert target.read_text() == "keep me"
+
+
+@pytest.mark.parametrize("out", ["{tmp}/a-file/below", "/proc/coschedule-certs"])
+def test_certs_out_unwritable_is_refused(tmp_path: Path, out: str) -> None:
+    (tmp_path / "a-file").write_text("")
+    path = out.format(tmp=tmp_path)
+    refused(run("certs", "--dns-name", "a", "--out", path), f"cannot write to --out {path}")
+
+
+@pytest.mark.parametrize("days", ["0", "-3", "soon"])
+def test_certs_days_below_one_is_refused(tmp_path: Path, days: str) -> None:
+    result = run("certs", "--dns-name", "a", "--out", str(tmp_path / "c"), "--days", days)
+    refused(result, "argument --days")
+    assert not (tmp_path / "c").exists()
+
+
+@pytest.mark.parametrize("command", ["serve", "reconcile"])
+def test_bogus_log_level_is_a_usage_error(command: str) -> None:
+    refused(run(command, "--log-level", "bogus"), "argument --log-level", "debug, info")
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["serve", "--port", "99999"],
+        ["serve", "--port", "0"],
+        ["serve", "--health-port", "65536"],
+        ["reconcile", "--health-port", "-1"],
+    ],
+)
+def test_ports_outside_1_to_65535_are_refused(args: list[str]) -> None:
+    refused(run(*args), f"argument {args[1]}", "1..65535")
+
+
+@pytest.mark.parametrize(
+    ("content", "fragment"),
+    [
+        ("apiVersion: v1\nkind: ConfigMap\nmetadata: {name: x}\n", "kind 'ConfigMap'"),
+        ("just some text\n", "a str"),
+        ("", "has no objects"),
+        ("kind: List\nitems:\n- {kind: Service, metadata: {name: s}}\n", "kind 'Service'"),
+    ],
+)
+def test_explain_claims_file_that_is_not_claims_is_refused(
+    tmp_path: Path, content: str, fragment: str
+) -> None:
+    claims = tmp_path / "claims.yaml"
+    claims.write_text(content)
+    result = run("explain", "-f", str(pod_path("tekton-taskrun")), "-c", str(claims))
+    refused(result, f"cannot read {claims}", fragment)
+
+
+def test_explain_claims_empty_list_is_fine(tmp_path: Path) -> None:
+    claims = tmp_path / "claims.yaml"
+    claims.write_text("apiVersion: v1\nkind: List\nitems: []\n")  # kubectl: no PVCs
+    result = run("explain", "-f", str(pod_path("tekton-taskrun")), "-c", str(claims))
+    assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.parametrize("command", ["serve", "reconcile", "explain"])
+def test_explicit_config_dir_that_is_missing_is_refused(command: str, tmp_path: Path) -> None:
+    missing = tmp_path / "nope"
+    extra = ["-f", str(pod_path("tekton-taskrun"))] if command == "explain" else []
+    result = run(command, "--config-dir", str(missing), *extra)
+    refused(result, f"--config-dir {missing}: no such folder")
+
+
+def test_version_is_the_package_version() -> None:
+    import tomllib
+
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    result = subprocess.run(
+        [str(Path(sys.executable).parent / "coschedule"), "--version"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == f"coschedule {version}"
+
+
+def test_every_flag_has_help() -> None:
+    from coschedule.cli.main import build_parser
+
+    parser = build_parser()
+    missing = []
+    subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    for name, sub in subparsers.choices.items():
+        assert sub.description or any(choice.dest == name for choice in subparsers._choices_actions)
+        for action in sub._actions:
+            if action.help is None or not action.help.strip():
+                missing.append(f"{name} {'/'.join(action.option_strings)}")
+    assert missing == []

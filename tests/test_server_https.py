@@ -185,6 +185,7 @@ def test_probes_on_both_ports_and_metrics(server: RunningServer) -> None:
     assert "coschedule_admission_duration_seconds_count 2.0" in metrics
     assert "coschedule_admission_patch_ops_count 1.0" in metrics
     assert "coschedule_config_reload_errors_total 0.0" in metrics
+    assert "coschedule_config_last_reload_successful 1.0" in metrics
     # /metrics is on the plain port only.
     with server.client() as client:
         assert client.get("/metrics").status_code == 404
@@ -253,6 +254,7 @@ def test_config_hot_reload_and_refused_reload(server: RunningServer) -> None:
         )
     )
     assert placeholder() == run
+    assert "coschedule_config_last_reload_successful 0.0" in metrics_text(server)
     ready = httpx.get(server.health_url + "/readyz")
     assert ready.status_code == 200  # the last good config still serves
     detail = ready.json()["checks"]["config"]["detail"]
@@ -383,3 +385,38 @@ def test_policy_from_the_environment_and_bad_defaults_refuse_start(tmp_path: Pat
             tmp_path / "bad",
             config={"scheduling-defaults": "- tolerations: [{key: a, effect: Sometimes}]"},
         )
+
+
+def metrics_text(server: RunningServer) -> str:
+    return httpx.get(server.health_url + "/metrics").text
+
+
+def test_unknown_paths_and_methods_answer_the_error_shape(server: RunningServer) -> None:
+    with server.client() as client:
+        answers = [client.get("/nope"), client.post("/readyz"), client.get("/metrics")]
+    answers += [httpx.get(server.health_url + "/nope"), httpx.post(server.health_url + "/livez")]
+    answers.append(httpx.delete(server.health_url + "/metrics"))
+    assert [a.status_code for a in answers] == [404, 405, 404, 404, 405, 405]
+    for answer in answers:
+        assert answer.headers["content-type"] == "application/json"
+        body = answer.json()
+        assert set(body) == {"error"}, body
+    assert answers[0].json()["error"] == "/nope: not found"
+    assert answers[1].json()["error"] == "/readyz: method POST not allowed"
+    assert answers[4].headers["allow"] == "GET"
+
+
+@pytest.mark.skipif(
+    Path("/etc/coschedule/config").is_dir(), reason="this machine has the default config folder"
+)
+def test_missing_default_config_dir_is_said_in_the_log_and_readyz(tmp_path: Path) -> None:
+    running = start_server(tmp_path, config_dir_flag=False)
+    try:
+        ready = httpx.get(running.health_url + "/readyz")
+        assert ready.status_code == 200  # defaults are a working config: make run must work
+        detail = ready.json()["checks"]["config"]["detail"]
+        assert "/etc/coschedule/config not found" in detail
+        assert "built-in defaults" in detail
+        assert "/etc/coschedule/config not found" in running.log()
+    finally:
+        stop_server(running)

@@ -167,3 +167,56 @@ def test_start_refuses_invalid_combination(tmp_path: Path) -> None:
     (tmp_path / "disable-affinity-assistant").write_text("false")
     with pytest.raises(ConfigError, match="disable-affinity-assistant"):
         SettingsStore(tmp_path, {})
+
+
+def test_every_invalid_key_is_reported_in_one_error() -> None:
+    raw = {
+        "coschedule": "sometimes",
+        "topology-key": "not a key!",
+        "idle-grace-seconds": "soon",
+        "group-shared-claims": "perhaps",
+        "policy-control-plane": "loudly",
+        "topologykey": "x",
+        "placeholder-image": "registry.k8s.io/pause:3.10",  # valid: not named
+    }
+    with pytest.raises(ConfigError) as caught:
+        parse_settings(raw)
+    message = str(caught.value)
+    assert message.startswith("6 config problems:")
+    for fragment in (
+        '"coschedule"',
+        '"topology-key"',
+        '"idle-grace-seconds"',
+        '"group-shared-claims"',
+        '"policy-control-plane"',
+        "unknown config key(s): topologykey",
+    ):
+        assert fragment in message
+    assert "placeholder-image" not in message.split("known keys are")[0]
+
+
+def test_one_invalid_key_reads_as_before() -> None:
+    with pytest.raises(ConfigError) as caught:
+        parse_settings({"idle-grace-seconds": "-1"})
+    assert str(caught.value) == 'config key "idle-grace-seconds": must be 0 or more'
+
+
+def test_reload_gauge_and_counter_hooks(tmp_path: Path) -> None:
+    from coschedule.server.metrics import WebhookMetrics
+    from coschedule.settings_store import metric_hooks
+
+    metrics = WebhookMetrics()
+    on_error, on_loaded = metric_hooks(metrics)
+    store = SettingsStore(tmp_path, {}, on_error=on_error, on_loaded=on_loaded)
+
+    def gauge() -> float | None:
+        return metrics.registry.get_sample_value("coschedule_config_last_reload_successful")
+
+    assert gauge() == 1.0
+    (tmp_path / "idle-grace-seconds").write_text("soon")
+    store.maybe_reload()
+    assert gauge() == 0.0
+    assert metrics.registry.get_sample_value("coschedule_config_reload_errors_total") == 1.0
+    (tmp_path / "idle-grace-seconds").write_text("60")
+    store.maybe_reload()
+    assert gauge() == 1.0

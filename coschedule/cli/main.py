@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from coschedule.cli import options
+
 if TYPE_CHECKING:
     from coschedule import certs as certs_types
 
@@ -16,26 +18,21 @@ EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
 
-DEFAULT_CONFIG_DIR = "/etc/coschedule/config"
-
-
-def _config_dir(value: str) -> Path | None:
-    path = Path(value)
-    return path if path.is_dir() else None
-
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from coschedule import certs, logs
     from coschedule.server.metrics import WebhookMetrics
     from coschedule.server.serve import ServeOptions, build_webhook, serve
     from coschedule.settings import ConfigError
-    from coschedule.settings_store import SettingsStore
+    from coschedule.settings_store import SettingsStore, metric_hooks
 
     logs.setup(args.log_level)
     metrics = WebhookMetrics()
+    config_dir, note = options.config_dir_or_exit("serve", args.config_dir)
+    on_error, on_loaded = metric_hooks(metrics)
     try:
         store = SettingsStore(
-            _config_dir(args.config_dir), os.environ, on_error=metrics.config_reload_errors.inc
+            config_dir, os.environ, on_error=on_error, on_loaded=on_loaded, note=note
         )
     except ConfigError as exc:
         print(f"coschedule serve: refusing to start: {exc}", file=sys.stderr)
@@ -67,13 +64,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
     store.current = link.adjust_settings(store.current)
     webhook = build_webhook(store, metrics, cert_dir, link.namespaces, link.claims)
     link.add_probes(webhook.probes)
-    options = ServeOptions(
+    serve_options = ServeOptions(
         host=args.host, port=args.port, health_port=args.health_port, cert_dir=cert_dir
     )
 
     async def main() -> None:
         async with link.running():
-            await serve(webhook, options)
+            await serve(webhook, serve_options)
 
     _run(main())
     return EXIT_OK
@@ -97,6 +94,11 @@ def cmd_certs(args: argparse.Namespace) -> int:
     if not names:
         print("coschedule certs: give at least one --dns-name (or --service)", file=sys.stderr)
         return EXIT_USAGE
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        # Checked before anything is made or sent to a cluster.
+        print(f"coschedule certs: --out {out} is a file, not a folder", file=sys.stderr)
+        return EXIT_USAGE
     if args.apply_to_secret or args.patch_webhook:
         result = _certs_in_cluster(args, names)
         if isinstance(result, int):
@@ -104,8 +106,12 @@ def cmd_certs(args: argparse.Namespace) -> int:
         bundle, fresh = result
     else:
         bundle, fresh = certs.generate(names, days=args.days), True
-    out = Path(args.out)
-    certs.write_bundle(bundle, out)
+    try:
+        certs.write_bundle(bundle, out)
+    except OSError as exc:
+        why = "is not a folder" if out.exists() and not out.is_dir() else exc.strerror or exc
+        print(f"coschedule certs: cannot write to --out {out}: {why}", file=sys.stderr)
+        return EXIT_USAGE
     made = "wrote" if fresh else "kept the certificate of the Secret; wrote"
     print(
         f"{made} {out / certs.CA_FILE}, {out / certs.CERT_FILE}, {out / certs.KEY_FILE} "
@@ -188,7 +194,13 @@ def cmd_explain(args: argparse.Namespace) -> int:
         )
         return EXIT_USAGE
     try:
-        settings = load_settings(_config_dir(args.config_dir) if args.config_dir else None)
+        if args.config_dir is not None and not Path(args.config_dir).is_dir():
+            print(
+                f"coschedule explain: --config-dir {args.config_dir}: no such folder",
+                file=sys.stderr,
+            )
+            return EXIT_USAGE
+        settings = load_settings(Path(args.config_dir) if args.config_dir else None)
     except ConfigError as exc:
         print(f"coschedule explain: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -231,44 +243,78 @@ def build_parser() -> argparse.ArgumentParser:
         prog="coschedule",
         description="Keep the pods of one workflow run on one node.",
     )
+    parser.add_argument("--version", action="version", version=options.version())
     sub = parser.add_subparsers(dest="command", required=True)
+    config_help = (
+        f"the coschedule-config ConfigMap as a folder, one file per key (default: "
+        f"{options.DEFAULT_CONFIG_DIR}; when that is absent, built-in defaults and "
+        "COSCHEDULE_* variables)"
+    )
+    kubeconfig_help = "kubeconfig file (default: $KUBECONFIG, ~/.kube/config, or in-cluster)"
+    log_help = f"log level: {', '.join(options.LOG_LEVELS)}"
 
     serve = sub.add_parser("serve", help="serve the admission webhook over HTTPS")
-    serve.add_argument("--host", default="0.0.0.0")
-    serve.add_argument("--port", type=int, default=8443)
-    serve.add_argument("--health-port", type=int, default=8080)
+    serve.add_argument("--host", default="0.0.0.0", help="address to listen on")
+    serve.add_argument(
+        "--port", type=options.port, default=8443, help="HTTPS port: /mutate and probes"
+    )
+    serve.add_argument(
+        "--health-port",
+        type=options.port,
+        default=8080,
+        help="plain HTTP port: probes and /metrics",
+    )
     serve.add_argument(
         "--cert-dir",
         default=None,
         help="folder with tls.crt and tls.key (default: certs/, made if absent)",
     )
-    serve.add_argument("--config-dir", default=DEFAULT_CONFIG_DIR)
-    serve.add_argument("--kubeconfig", default=None)
+    serve.add_argument("--config-dir", default=None, help=config_help)
+    serve.add_argument("--kubeconfig", default=None, help=kubeconfig_help)
     serve.add_argument(
         "--no-cluster",
         action="store_true",
         help="run on the cluster-wide settings alone, even if a cluster is found",
     )
-    serve.add_argument("--log-level", default="info")
+    serve.add_argument("--log-level", type=options.log_level, default="info", help=log_help)
     serve.set_defaults(func=cmd_serve)
 
     rec = sub.add_parser("reconcile", help="run the placeholder reconciler")
-    rec.add_argument("--kubeconfig", default=None)
-    rec.add_argument("--config-dir", default=DEFAULT_CONFIG_DIR)
-    rec.add_argument("--health-port", type=int, default=8081)
+    rec.add_argument("--kubeconfig", default=None, help=kubeconfig_help)
+    rec.add_argument("--config-dir", default=None, help=config_help)
+    rec.add_argument(
+        "--health-port",
+        type=options.port,
+        default=8081,
+        help="plain HTTP port: probes and /metrics",
+    )
     rec.add_argument(
         "--namespace", default=None, help="namespace of the Lease (default: the pod's own)"
     )
-    rec.add_argument("--leader-elect", action=argparse.BooleanOptionalAction, default=True)
-    rec.add_argument("--log-level", default="info")
+    rec.add_argument(
+        "--leader-elect",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="act only while holding the coschedule-reconciler Lease (run 2+ replicas)",
+    )
+    rec.add_argument("--log-level", type=options.log_level, default="info", help=log_help)
     rec.set_defaults(func=cmd_reconcile)
 
     certs = sub.add_parser("certs", help="make a CA and a serving certificate")
     certs.add_argument("--dns-name", action="append", help="a SAN (repeatable)")
     certs.add_argument("--service", help="add the DNS names of this Service")
-    certs.add_argument("--namespace", default="coschedule-system")
-    certs.add_argument("--out", default="certs")
-    certs.add_argument("--days", type=int, default=365)
+    certs.add_argument(
+        "--namespace", default="coschedule-system", help="the namespace of --service"
+    )
+    certs.add_argument(
+        "--out", default="certs", help="folder to write ca.crt, tls.crt and tls.key into"
+    )
+    certs.add_argument(
+        "--days",
+        type=options.positive_days,
+        default=365,
+        help="validity of the new certificates, in days (1 or more)",
+    )
     certs.add_argument(
         "--apply-to-secret",
         metavar="NAMESPACE/NAME",
@@ -280,8 +326,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="NAME",
         help="also set the caBundle of this MutatingWebhookConfiguration (only this one)",
     )
-    certs.add_argument("--renew-before-days", type=int, default=30)
-    certs.add_argument("--kubeconfig", default=None)
+    certs.add_argument(
+        "--renew-before-days",
+        type=options.days_or_zero,
+        default=30,
+        help="replace the Secret's certificate when it expires within this many days",
+    )
+    certs.add_argument("--kubeconfig", default=None, help=kubeconfig_help)
     certs.set_defaults(func=cmd_certs)
 
     exp = sub.add_parser("explain", help="show what the webhook would do to a pod, and why")
@@ -289,14 +340,20 @@ def build_parser() -> argparse.ArgumentParser:
     exp.add_argument("--mode", help="the cluster mode to assume")
     exp.add_argument("--namespace-mode", help="the namespace's coschedule.dev/mode label")
     exp.add_argument("--namespace", help="the namespace (default: the pod's)")
-    exp.add_argument("--config-dir", default=None, help="read the cluster config from here")
+    exp.add_argument(
+        "--config-dir",
+        default=None,
+        help="read the cluster config from this folder (default: built-in defaults)",
+    )
     exp.add_argument(
         "-c",
         "--claims",
         help="PVCs (and placeholder StatefulSets) as the cluster has them, YAML or JSON "
         "(e.g. kubectl get pvc -o yaml): shows the claim rewrite as the webhook would do it",
     )
-    exp.add_argument("-o", "--output", choices=("text", "json"), default="text")
+    exp.add_argument(
+        "-o", "--output", choices=("text", "json"), default="text", help="report format"
+    )
     exp.set_defaults(func=cmd_explain)
     return parser
 

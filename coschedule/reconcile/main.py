@@ -10,17 +10,17 @@ import os
 import signal
 import sys
 from collections.abc import Iterator
-from pathlib import Path
 
 import uvicorn
 
+from coschedule.cli.options import config_dir_or_exit
 from coschedule.kube.client import Credentials, KubeClient, KubeConfigError, require
 from coschedule.kube.leader import ElectionConfig, LeaderElector
 from coschedule.reconcile.controller import Controller
 from coschedule.reconcile.metrics import ReconcileMetrics
 from coschedule.server.app import Probes, probes_app
 from coschedule.settings import ConfigError
-from coschedule.settings_store import SettingsStore
+from coschedule.settings_store import SettingsStore, metric_hooks
 
 log = logging.getLogger("coschedule.reconcile")
 
@@ -41,9 +41,12 @@ def run_reconciler(args: argparse.Namespace) -> int:
 
     logs.setup(args.log_level)
     metrics = ReconcileMetrics()
-    config_dir = Path(args.config_dir) if Path(args.config_dir).is_dir() else None
+    config_dir, note = config_dir_or_exit("reconcile", args.config_dir)
+    on_error, on_loaded = metric_hooks(metrics)
     try:
-        store = SettingsStore(config_dir, os.environ, on_error=metrics.config_reload_errors.inc)
+        store = SettingsStore(
+            config_dir, os.environ, on_error=on_error, on_loaded=on_loaded, note=note
+        )
     except ConfigError as exc:
         print(f"coschedule reconcile: refusing to start: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -67,7 +70,7 @@ async def serve_reconciler(
     controller = Controller(client, lambda: store.current, metrics)
     probes = Probes()
     probes.checks["caches"] = controller.readiness
-    probes.checks["config"] = lambda: (True, store.error)
+    probes.checks["config"] = lambda: (True, store.detail())
     health = _Server(
         uvicorn.Config(
             probes_app(probes, metrics.registry),

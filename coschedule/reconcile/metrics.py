@@ -46,6 +46,11 @@ class ReconcileMetrics:
             "Config folder reloads refused; the last good config stays in force.",
             registry=self.registry,
         )
+        self.config_last_reload_success = Gauge(
+            "coschedule_config_last_reload_successful",
+            "1 when the config in force is the one in the folder, 0 after a refused reload.",
+            registry=self.registry,
+        )
         self.leader = Gauge(
             "coschedule_reconciler_leader",
             "1 while this replica holds the leader Lease and acts, else 0.",

@@ -10,11 +10,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import orjson
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from fastapi.responses import PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from coschedule.server.admission import AdmissionHandler, Receive, Scope, Send
+from coschedule.wire.review import error_body
 
 # A readiness check answers (ready, detail). Detail is shown even when ready, e.g. a refused
 # config reload: the last good config still serves, so the pod stays ready.
@@ -38,6 +40,21 @@ class Probes:
 def probes_app(probes: Probes, registry: CollectorRegistry | None) -> FastAPI:
     """Probes; with a registry, ``/metrics`` too (the plain HTTP port only)."""
     app = FastAPI(title="coschedule", docs_url=None, redoc_url=None, openapi_url=None)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        # The project's one error shape, {"error": ...}, not FastAPI's {"detail": ...}.
+        path = request.url.path
+        message = {
+            404: f"{path}: not found",
+            405: f"{path}: method {request.method} not allowed",
+        }.get(exc.status_code, str(exc.detail))
+        return Response(
+            error_body(message),
+            status_code=exc.status_code,
+            headers=exc.headers,
+            media_type="application/json",
+        )
 
     @app.get("/livez")
     @app.get("/healthz")

@@ -72,7 +72,7 @@ def build_webhook(
 
     def config_check() -> tuple[bool, str | None]:
         # Loaded at start or the process would not be here; a refused reload is detail only.
-        return True, settings.error
+        return True, settings.detail()
 
     probes.checks["certificate"] = cert_check
     probes.checks["config"] = config_check

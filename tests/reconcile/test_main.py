@@ -89,6 +89,7 @@ current-context: here
 """
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith(("COSCHEDULE_", "KUBE"))}
+    (tmp_path / "config").mkdir()
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
@@ -97,7 +98,7 @@ current-context: here
         "--kubeconfig",
         str(kubeconfig),
         "--config-dir",
-        str(tmp_path / "absent"),
+        str(tmp_path / "config"),
         "--health-port",
         str(unused_tcp_port),
         cwd=ROOT,
