@@ -8,6 +8,7 @@ ServiceAccount, whose projected token is re-read as it rotates.
 from __future__ import annotations
 
 import base64
+import contextlib
 import os
 import ssl
 import tempfile
@@ -21,6 +22,8 @@ from urllib.parse import quote
 import httpx
 import orjson
 import yaml
+
+from coschedule.kube.reachability import ApiReachability, is_unreachable
 
 SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 TOKEN_REREAD_SECONDS = 60.0
@@ -218,6 +221,7 @@ class KubeClient:
         self, creds: Credentials, *, timeout: float = 30.0, user_agent: str = "coschedule"
     ) -> None:
         self.creds = creds
+        self.reachability = ApiReachability(creds.server)
         self._http = httpx.AsyncClient(
             base_url=creds.server,
             verify=_ssl_context(creds),
@@ -240,9 +244,15 @@ class KubeClient:
     ) -> dict[str, Any]:
         content = orjson.dumps(body) if body is not None else None
         headers = {"Content-Type": content_type} if content is not None else None
-        response = await self._http.request(
-            method, path, params=params, content=content, headers=headers
-        )
+        try:
+            response = await self._http.request(
+                method, path, params=params, content=content, headers=headers
+            )
+        except httpx.TransportError as exc:
+            if is_unreachable(exc):
+                self.reachability.failed(exc)
+            raise
+        self.reachability.answered()
         if response.status_code >= 300:
             raise _error(response)
         doc = orjson.loads(response.content) if response.content else {}
@@ -296,7 +306,7 @@ class KubeClient:
         """Stream watch events (``{"type": ..., "object": {...}}``) until the server ends it."""
         query = {**params, "watch": "true"}
         timeout = httpx.Timeout(None, connect=5.0)  # a watch is long by design
-        async with self._http.stream("GET", path, params=query, timeout=timeout) as response:
+        async with self._stream(path, query, timeout) as response:
             if response.status_code >= 300:
                 await response.aread()
                 raise _error(response)
@@ -306,3 +316,16 @@ class KubeClient:
                 event = orjson.loads(line)
                 if isinstance(event, dict):
                     yield event
+
+    @contextlib.asynccontextmanager
+    async def _stream(
+        self, path: str, query: Mapping[str, Any], limits: httpx.Timeout
+    ) -> AsyncIterator[httpx.Response]:
+        try:
+            async with self._http.stream("GET", path, params=query, timeout=limits) as response:
+                self.reachability.answered()
+                yield response
+        except httpx.TransportError as exc:
+            if is_unreachable(exc):
+                self.reachability.failed(exc)
+            raise

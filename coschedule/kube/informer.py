@@ -10,10 +10,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from coschedule.kube.client import ApiError, KubeClient
+from coschedule.kube.reachability import describe, is_unreachable
 
 log = logging.getLogger("coschedule.informer")
 
@@ -73,6 +74,7 @@ class Informer:
         self.synced = asyncio.Event()
         self.resource_version = ""
         self.lists = 0  # how many full lists were made: relists must stay rare
+        self.last_error: str | None = None  # of the last failed list or watch, for readyz
 
     def add_handler(self, handler: Handler) -> None:
         self.handlers.append(handler)
@@ -163,6 +165,7 @@ class Informer:
                 if need_list:
                     await self._list()
                     need_list = False
+                    self.last_error = None
                 started = loop.time()
                 await self._watch()
                 if loop.time() - started < 1.0:
@@ -184,14 +187,29 @@ class Informer:
                     if self.on_relist is not None:
                         self.on_relist()
                     continue
+                self.last_error = str(exc)
                 log.warning("watch failed", extra={"informer": self.name, "error": str(exc)})
                 await asyncio.sleep(_jitter(backoff))
                 backoff = min(backoff * 2, BACKOFF_MAX)
             except Exception as exc:
-                log.warning("watch failed", extra={"informer": self.name, "error": repr(exc)})
+                self.last_error = describe(exc)
+                if not is_unreachable(exc):  # the client's reachability says that, once
+                    log.warning("watch failed", extra={"informer": self.name, "error": repr(exc)})
                 await asyncio.sleep(_jitter(backoff))
                 backoff = min(backoff * 2, BACKOFF_MAX)
 
 
 def _jitter(seconds: float) -> float:
     return seconds * (0.5 + random.random())
+
+
+def caches_readiness(informers: Sequence[Informer], client: KubeClient) -> tuple[bool, str | None]:
+    """Ready when every cache has synced; else which have not, and why (for readyz)."""
+    waiting = [informer for informer in informers if not informer.synced.is_set()]
+    if not waiting:
+        return True, None
+    detail = f"caches not synced: {', '.join(informer.name for informer in waiting)}"
+    why = client.reachability.waiting_detail() or next(
+        (f"{i.name}: {i.last_error}" for i in waiting if i.last_error), None
+    )
+    return False, f"{detail}; {why}" if why else detail

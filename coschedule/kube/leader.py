@@ -21,6 +21,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from coschedule.kube.client import ApiError, KubeClient, object_path
+from coschedule.kube.reachability import is_unreachable
 
 log = logging.getLogger("coschedule.leader")
 
@@ -128,7 +129,8 @@ class LeaderElector:
             async with asyncio.timeout(self.config.renew_deadline / 2):
                 return await self._attempt()
         except TimeoutError:
-            log.warning("lease call timed out", extra={"identity": self.identity})
+            if not self.client.reachability.waiting:  # else already said, once
+                log.warning("lease call timed out", extra={"identity": self.identity})
             return False
 
     async def _attempt(self) -> bool:
@@ -183,7 +185,8 @@ class LeaderElector:
             log.log(level, "lease update failed", extra={"status": exc.status, "error": str(exc)})
             return False
         except Exception as exc:  # network trouble: try again next period
-            log.warning("lease update failed", extra={"error": repr(exc)})
+            if not is_unreachable(exc):  # the client's reachability says that, once
+                log.warning("lease update failed", extra={"error": repr(exc)})
             return False
 
     async def release(self) -> None:

@@ -25,7 +25,7 @@ from coschedule.contract import (
     MANAGED_BY,
 )
 from coschedule.kube.client import ApiError, KubeClient
-from coschedule.kube.informer import Informer, Obj, object_key
+from coschedule.kube.informer import Informer, Obj, caches_readiness, object_key
 from coschedule.reconcile import decide, shapes
 from coschedule.reconcile.executor import Executor, NotLeader
 from coschedule.reconcile.indexes import KeyIndex
@@ -132,8 +132,7 @@ class Controller:
         return all(informer.synced.is_set() for informer in self.informers)
 
     def readiness(self) -> tuple[bool, str | None]:
-        waiting = [i.name for i in self.informers if not i.synced.is_set()]
-        return (not waiting, f"caches not synced: {', '.join(waiting)}" if waiting else None)
+        return caches_readiness(self.informers, self.client)
 
     def start_informers(self) -> None:
         self._informer_tasks = [asyncio.create_task(i.run()) for i in self.informers]
