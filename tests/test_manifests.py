@@ -29,6 +29,7 @@ import yaml
 from coschedule import certs, contract
 from coschedule.cli.main import build_parser
 from coschedule.settings import KNOWN_KEYS, Settings, parse_settings
+from tests.chart import render_chart
 from tests.fixtures import load_pod
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -36,8 +37,12 @@ MANIFESTS = ROOT / "manifests"
 BASE = "base"
 CERT_MANAGER = "overlays/cert-manager"
 SELF_SIGNED = "overlays/self-signed"
-TARGETS = (BASE, CERT_MANAGER, SELF_SIGNED)
-OVERLAYS = (CERT_MANAGER, SELF_SIGNED)
+# The Helm chart with its defaults, for each certificate source: every check below holds
+# for it as for the kustomize overlays (tests/test_chart.py has the chart's own).
+CHART_SELF_SIGNED = "chart:self-signed"
+CHART_CERT_MANAGER = "chart:cert-manager"
+TARGETS = (BASE, CERT_MANAGER, SELF_SIGNED, CHART_SELF_SIGNED, CHART_CERT_MANAGER)
+OVERLAYS = (CERT_MANAGER, SELF_SIGNED, CHART_SELF_SIGNED, CHART_CERT_MANAGER)
 
 K8S_VERSIONS = ("1.30", "1.36")
 NAMESPACE = "coschedule-system"
@@ -83,7 +88,11 @@ def _render_text(target: str) -> str:
 
 
 def render(target: str) -> list[Obj]:
-    """The objects of one kustomization, fresh copies (tests may not share mutations)."""
+    """The objects of one kustomization (or of the chart: ``chart:SOURCE``), fresh copies
+    (tests may not share mutations)."""
+    if target.startswith("chart:"):
+        source = target.removeprefix("chart:")
+        return render_chart({"certificates": {"source": source}})
     docs = [doc for doc in yaml.safe_load_all(_render_text(target)) if doc]
     assert all(isinstance(doc, dict) for doc in docs)
     return copy.deepcopy(docs)
@@ -231,17 +240,15 @@ def _check_cert_manager(obj: Obj, docs: list[Obj]) -> list[str]:
     return problems
 
 
-@pytest.mark.parametrize("version", K8S_VERSIONS)
-def test_every_object_is_valid_against_the_kubernetes_schemas(
-    rendered: list[Obj], version: str
-) -> None:
+def schema_problems(docs: list[Obj], version: str) -> list[str]:
+    """Every object through kubernetes-validate (strict); cert-manager's structurally."""
     kv = pytest.importorskip(
         "kubernetes_validate", reason="kubernetes-validate (dev dependency) is not installed"
     )
     problems: list[str] = []
-    for obj in rendered:
+    for obj in docs:
         if obj["apiVersion"].startswith("cert-manager.io/"):
-            problems += [f"{ident(obj)}: {p}" for p in _check_cert_manager(obj, rendered)]
+            problems += [f"{ident(obj)}: {p}" for p in _check_cert_manager(obj, docs)]
             continue
         try:
             kv.validate(obj, version, strict=True)
@@ -250,6 +257,14 @@ def test_every_object_is_valid_against_the_kubernetes_schemas(
             problems.append(f"{ident(obj)}: {path}: {exc.message}")
         except kv.SchemaNotFoundError as exc:
             problems.append(f"{ident(obj)}: {exc.message}")
+    return problems
+
+
+@pytest.mark.parametrize("version", K8S_VERSIONS)
+def test_every_object_is_valid_against_the_kubernetes_schemas(
+    rendered: list[Obj], version: str
+) -> None:
+    problems = schema_problems(rendered, version)
     assert not problems, f"invalid against Kubernetes {version}:\n" + "\n".join(problems)
 
 

@@ -3,8 +3,11 @@ validation and defaulting run; nothing is stored)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
+from tests.chart import all_options, render_chart_text
 from tests.e2e.conftest import E2E
 from tests.e2e.install import MANIFESTS
 
@@ -37,4 +40,29 @@ def test_overlay_applies_with_server_dry_run(e2e: E2E, overlay: str) -> None:
     else:
         assert "job.batch/coschedule-certs" in out, out
     # Nothing was stored: the dry run did not replace the suite's own registration.
+    assert e2e.api.get("Deployment", "coschedule-webhook", "coschedule-system") is None
+
+
+@pytest.mark.parametrize("source", ["self-signed", "cert-manager"])
+def test_chart_applies_with_server_dry_run(e2e: E2E, source: str, tmp_path: Path) -> None:
+    """charts/coschedule rendered by a real Helm (every option set) applies to the server."""
+    values = all_options()
+    values["certificates"]["source"] = source
+    values["namespace"]["create"] = True
+    manifest = tmp_path / "chart.yaml"
+    manifest.write_text(render_chart_text(values))
+    done = e2e.kubectl_run("apply", "--dry-run=server", "-f", str(manifest))
+    assert done.returncode == 0, f"kubectl apply --dry-run=server (chart) failed:\n{done.stderr}"
+    out = done.stdout
+    for kind, name in [
+        ("namespace", "coschedule-system"),
+        ("deployment.apps", "coschedule-webhook"),
+        ("deployment.apps", "coschedule-reconciler"),
+        ("mutatingwebhookconfiguration.admissionregistration.k8s.io", "coschedule"),
+        ("clusterrole.rbac.authorization.k8s.io", "coschedule-reconciler"),
+        ("configmap", "coschedule-config"),
+        ("certificate.cert-manager.io" if source == "cert-manager" else "job.batch", ""),
+    ]:
+        assert f"{kind}/{name}" in out, f"{kind}/{name} not applied:\n{out}\n{done.stderr}"
+    assert "(server dry run)" in out, out
     assert e2e.api.get("Deployment", "coschedule-webhook", "coschedule-system") is None

@@ -1,0 +1,309 @@
+"""charts/coschedule, rendered and linted by a real Helm (tests/chart.py).
+
+With its defaults the chart renders the kustomize overlays' objects (labels aside); every
+value in values.yaml is exercised by tests/fixtures/chart-all-options.yaml and reaches the
+objects; every rendered object is valid against the Kubernetes 1.30 and 1.36 schemas. The
+structural checks of tests/test_manifests.py run on the chart's defaults too.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import yaml
+
+from coschedule.decide.modes import Mode
+from coschedule.settings import KNOWN_KEYS, parse_settings
+from tests.chart import CHART, NAMESPACE, all_options, helm, lint, render_chart
+from tests.test_manifests import (
+    CERT_MANAGER,
+    K8S_VERSIONS,
+    SELF_SIGNED,
+    Obj,
+    _permissions,
+    _webhook,
+    ident,
+    objects,
+    one,
+    pod_templates,
+    render,
+    schema_problems,
+)
+
+DEFAULTS: Obj = yaml.safe_load((CHART / "values.yaml").read_text("utf-8"))
+# Values whose default is an empty mapping or list: a leaf for "every value is exercised".
+_LEAF_MAPPINGS = {"resources", "nodeSelector", "affinity", "requests", "limits"}
+
+
+def _values(source: str) -> Obj:
+    return {"certificates": {"source": source}}
+
+
+def _without_helm_labels(obj: Obj) -> Obj:
+    """The object as kustomize writes it: Helm's labels are the chart's only addition, and
+    the certs Job carries the release revision in its name."""
+    obj = json.loads(json.dumps(obj))
+    obj["metadata"].pop("labels", None)
+    name, _, revision = obj["metadata"]["name"].rpartition("-")
+    if obj["kind"] == "Job" and revision.isdigit():
+        obj["metadata"]["name"] = name
+    return obj
+
+
+@pytest.mark.parametrize(
+    ("source", "overlay"), [("self-signed", SELF_SIGNED), ("cert-manager", CERT_MANAGER)]
+)
+def test_chart_defaults_render_the_overlay_objects(source: str, overlay: str) -> None:
+    chart = {
+        ident(_without_helm_labels(o)): _without_helm_labels(o)
+        for o in render_chart(_values(source))
+    }
+    kustomize = {ident(o): _without_helm_labels(o) for o in render(overlay)}
+    assert sorted(chart) == sorted(kustomize)
+    for name, obj in kustomize.items():
+        assert chart[name] == obj, name
+
+
+@pytest.mark.parametrize(
+    ("source", "overlay"), [("self-signed", SELF_SIGNED), ("cert-manager", CERT_MANAGER)]
+)
+def test_chart_and_kustomize_grant_the_same_rbac_and_register_the_same_webhook(
+    source: str, overlay: str
+) -> None:
+    chart, kustomize = render_chart(_values(source)), render(overlay)
+
+    def rbac(docs: list[Obj]) -> dict[str, set[tuple[str, str, str, str]]]:
+        roles = objects(docs, "ClusterRole") + objects(docs, "Role")
+        return {ident(role): _permissions(role) for role in roles}
+
+    def bindings(docs: list[Obj]) -> dict[str, Any]:
+        found = objects(docs, "ClusterRoleBinding") + objects(docs, "RoleBinding")
+        return {ident(b): (b["roleRef"], b["subjects"]) for b in found}
+
+    assert rbac(chart) == rbac(kustomize)
+    assert bindings(chart) == bindings(kustomize)
+    hook, expected = _webhook(chart), _webhook(kustomize)
+    for field in (
+        "rules",
+        "namespaceSelector",
+        "objectSelector",
+        "matchConditions",
+        "failurePolicy",
+        "timeoutSeconds",
+        "sideEffects",
+        "reinvocationPolicy",
+        "matchPolicy",
+        "clientConfig",
+    ):
+        assert hook.get(field) == expected.get(field), field
+    assert hook["failurePolicy"] == "Fail"
+
+
+@pytest.mark.parametrize("version", K8S_VERSIONS)
+@pytest.mark.parametrize("source", ["self-signed", "cert-manager"])
+def test_every_option_renders_valid_objects(version: str, source: str) -> None:
+    values = all_options()
+    values["certificates"]["source"] = source
+    problems = schema_problems(render_chart(values), version)
+    assert not problems, f"invalid against Kubernetes {version}:\n" + "\n".join(problems)
+
+
+@pytest.mark.parametrize("kube_version", ["v1.30.0", "v1.36.0"])
+@pytest.mark.parametrize("values", ["defaults", "cert-manager", "all-options"])
+def test_helm_lint_is_clean(values: str, kube_version: str) -> None:
+    given = {
+        "defaults": None,
+        "cert-manager": _values("cert-manager"),
+        "all-options": all_options(),
+    }
+    report = lint(given[values], kube_version)
+    assert report["errors"] == []
+    # Strict: warnings are errors. Severity 1 is information ("icon is recommended").
+    assert [m for m in report["messages"] if m["severity"] >= 2] == []
+
+
+def test_helm_lint_reports_a_broken_chart(tmp_path: Any) -> None:
+    # The linter is real: a template that does not parse is an error.
+    import shutil
+
+    broken = tmp_path / "coschedule"
+    shutil.copytree(CHART, broken)
+    (broken / "templates" / "broken.yaml").write_text("{{ if }}\n")
+    report = helm().lint(str(broken), None, strict=True, namespace=NAMESPACE)
+    assert report["errors"], report
+
+
+def _leaves(values: Obj, prefix: tuple[str, ...] = ()) -> Iterator[tuple[str, ...]]:
+    for key, value in values.items():
+        path = (*prefix, key)
+        if isinstance(value, dict) and value and key not in _LEAF_MAPPINGS:
+            yield from _leaves(value, path)
+        else:
+            yield path
+
+
+def _get(values: Obj, path: tuple[str, ...]) -> Any:
+    for key in path:
+        values = values[key]
+    return values
+
+
+def test_the_all_options_file_sets_every_value() -> None:
+    options = all_options()
+    for path in _leaves(DEFAULTS):
+        dotted = ".".join(path)
+        if path == ("certificates", "source"):
+            continue  # both sources are rendered with every option
+        try:
+            value = _get(options, path)
+        except KeyError:
+            pytest.fail(f"tests/fixtures/chart-all-options.yaml does not set {dotted}")
+        assert value != _get(DEFAULTS, path), f"{dotted} is set to its default"
+    # And nothing the chart does not have (the schema would refuse it anyway).
+    assert set(_leaves(options)) - set(_leaves(DEFAULTS)) == {
+        ("config", "disable-affinity-assistant")
+    }
+
+
+def _pod(docs: list[Obj], kind: str, prefix: str) -> Obj:
+    [(_, pod)] = [
+        (owner, pod)
+        for owner, pod in pod_templates(docs)
+        if owner["kind"] == kind and owner["metadata"]["name"].startswith(prefix)
+    ]
+    return pod
+
+
+def test_every_option_reaches_the_objects() -> None:
+    values = all_options()
+    docs = render_chart(values)
+    image = f"{values['image']['repository']}@{values['image']['digest']}"
+    assert not objects(docs, "Namespace")  # namespace.create: false
+    pods = {
+        "webhook": _pod(docs, "Deployment", "coschedule-webhook"),
+        "reconciler": _pod(docs, "Deployment", "coschedule-reconciler"),
+        "certs": _pod(docs, "Job", "coschedule-certs"),
+    }
+    placements = {
+        "webhook": values["webhook"],
+        "reconciler": values["reconciler"],
+        "certs": values["certificates"]["selfSigned"],
+    }
+    for name, pod in pods.items():
+        spec, given = pod["spec"], placements[name]
+        (container,) = spec["containers"]
+        assert container["image"] == image, name
+        assert container["imagePullPolicy"] == "Always", name
+        assert container["resources"] == given["resources"], name
+        assert spec["imagePullSecrets"] == [{"name": "registry-credentials"}], name
+        for field in ("nodeSelector", "tolerations", "affinity", "priorityClassName"):
+            assert spec[field] == given[field], f"{name} {field}"
+    assert one(docs, "Deployment", "coschedule-webhook")["spec"]["replicas"] == 3
+    assert one(docs, "Deployment", "coschedule-reconciler")["spec"]["replicas"] == 1
+    # One reconciler: no budget that would block every drain; the webhook keeps its own.
+    budgets = {pdb["metadata"]["name"] for pdb in objects(docs, "PodDisruptionBudget")}
+    assert budgets == {"coschedule-webhook"}
+    hook = _webhook(docs)
+    assert hook["failurePolicy"] == "Ignore"
+    assert hook["timeoutSeconds"] == 3
+    args = pods["certs"]["spec"]["containers"][0]["args"]
+    assert "--days=90" in args
+    assert "--renew-before-days=20" in args
+
+    settings = parse_settings(one(docs, "ConfigMap", "coschedule-config")["data"])
+    assert settings.mode is Mode.PIPELINERUNS
+    assert settings.topology_key == "topology.kubernetes.io/zone"
+    assert settings.group_labels == ("coschedule.dev/group", "tekton.dev/pipelineRun")
+    assert settings.placeholder_image == "registry.example.com/mirror/pause:3.10"
+    assert settings.placeholder_resources == {
+        "requests": {"cpu": "2m", "memory": "16Mi"},
+        "limits": {"memory": "32Mi"},
+    }
+    assert settings.placeholder_priority_class == "ci-placeholders"
+    assert settings.idle_grace_seconds == 120
+    assert settings.rewrite_claims is False
+    assert settings.group_shared_claims is True
+    (rule,) = settings.scheduling_defaults
+    assert dict(rule.node_selector) == {"kubernetes.io/arch": "arm64"}
+    assert (
+        settings.policy.reserved_tolerations.value,
+        settings.policy.control_plane.value,
+        settings.policy.hard_anti_affinity_topology.value,
+    ) == ("deny", "off", "warn")
+
+
+def test_cert_manager_options_reach_the_certificates() -> None:
+    values = all_options()
+    values["certificates"]["source"] = "cert-manager"
+    docs = render_chart(values)
+    assert not objects(docs, "Job")
+    ca, serving = (
+        one(docs, "Certificate", "coschedule-ca"),
+        one(docs, "Certificate", "coschedule-webhook"),
+    )
+    assert (ca["spec"]["duration"], ca["spec"]["renewBefore"]) == ("87600h", "17520h")
+    assert (serving["spec"]["duration"], serving["spec"]["renewBefore"]) == ("720h", "240h")
+
+
+def test_tag_and_default_image() -> None:
+    docs = render_chart({"image": {"tag": "9.9.9"}})
+    (container,) = _pod(docs, "Deployment", "coschedule-webhook")["spec"]["containers"]
+    assert container["image"] == "ghcr.io/coschedule/coschedule:9.9.9"
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text("utf-8"))
+    (container,) = _pod(render_chart(), "Deployment", "coschedule-webhook")["spec"]["containers"]
+    assert container["image"] == f"ghcr.io/coschedule/coschedule:{chart['appVersion']}"
+
+
+def test_another_namespace_is_followed_everywhere() -> None:
+    docs = render_chart(_values("cert-manager"), namespace="platform-coschedule")
+    for obj in docs:
+        if "namespace" in obj["metadata"]:
+            assert obj["metadata"]["namespace"] == "platform-coschedule", ident(obj)
+    assert one(docs, "Namespace", "platform-coschedule")
+    hook = _webhook(docs)
+    assert hook["clientConfig"]["service"]["namespace"] == "platform-coschedule"
+    (excluded,) = hook["namespaceSelector"]["matchExpressions"]
+    assert excluded["values"] == ["kube-system", "platform-coschedule"]
+    serving = one(docs, "Certificate", "coschedule-webhook")
+    assert "coschedule-webhook.platform-coschedule.svc" in serving["spec"]["dnsNames"]
+    config = one(docs, "MutatingWebhookConfiguration", "coschedule")
+    annotations = config["metadata"]["annotations"]
+    assert annotations["cert-manager.io/inject-ca-from"] == "platform-coschedule/coschedule-webhook"
+    for binding in objects(docs, "ClusterRoleBinding") + objects(docs, "RoleBinding"):
+        assert {s["namespace"] for s in binding["subjects"]} == {"platform-coschedule"}
+
+
+def test_the_schema_knows_exactly_the_config_keys() -> None:
+    schema = json.loads((CHART / "values.schema.json").read_text("utf-8"))
+    assert set(schema["properties"]["config"]["properties"]) == KNOWN_KEYS
+    assert schema["properties"]["config"]["additionalProperties"] is False
+    assert set(DEFAULTS["config"]) == KNOWN_KEYS - {"disable-affinity-assistant"}
+
+
+@pytest.mark.parametrize(
+    ("values", "fragment"),
+    [
+        ({"config": {"topologykey": "x"}}, "additional properties 'topologykey' not allowed"),
+        ({"webhook": {"failurePolicy": "Maybe"}}, "/webhook/failurePolicy"),
+        ({"certificates": {"source": "vault"}}, "/certificates/source"),
+        ({"image": {"digest": "latest"}}, "/image/digest"),
+        ({"certificates": {"selfSigned": {"days": 0}}}, "/certificates/selfSigned/days"),
+    ],
+)
+def test_bad_values_are_refused_by_the_schema(values: Obj, fragment: str) -> None:
+    with pytest.raises(Exception, match=re.escape(fragment)) as caught:
+        render_chart(values)
+    assert "schema" in str(caught.value)
+
+
+def test_crds_folder_is_rendered_and_validated() -> None:
+    # The ConcurrencyControl CRD lands in crds/; whatever is there is rendered first.
+    files = sorted(p.name for p in (CHART / "crds").iterdir() if p.suffix in (".yaml", ".yml"))
+    crds = objects(render_chart(), "CustomResourceDefinition")
+    assert len(crds) == len(files)
+    for version in K8S_VERSIONS:
+        assert schema_problems(crds, version) == []
