@@ -28,8 +28,13 @@ run: $(STAMP)
 	$(BIN)/coschedule serve --port $(PORT) --health-port $(HEALTH_PORT)
 
 lint: $(STAMP)
-	$(BIN)/ruff check coschedule tests bench
-	$(BIN)/ruff format --check coschedule tests bench
+	$(BIN)/ruff check coschedule tests bench .github/scripts
+	$(BIN)/ruff format --check coschedule tests bench .github/scripts
+	@# The GitHub workflows; actionlint's wheel is for linux x86_64 (see pyproject.toml).
+	@if [ -x $(BIN)/actionlint ]; then \
+		echo "$(BIN)/actionlint .github/workflows/*.yml"; \
+		$(BIN)/actionlint -shellcheck= -pyflakes= .github/workflows/*.yml; \
+	else echo "actionlint: not installed on this platform (linux x86_64 only): skipped"; fi
 
 typecheck: $(STAMP)
 	$(BIN)/mypy
