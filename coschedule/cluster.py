@@ -58,13 +58,17 @@ class ClusterLink:
         return settings if self.online else replace(settings, rewrite_claims=False)
 
     def add_probes(self, probes: Probes) -> None:
-        cache = self.namespaces
-        if cache is None:
+        cache, client = self.namespaces, self.client
+        if cache is None or client is None:
             return
+
+        def not_synced(what: str) -> str:
+            waiting = client.reachability.waiting_detail()
+            return f"{what} not synced yet" + (f"; {waiting}" if waiting else "")
 
         def namespaces_synced() -> tuple[bool, str | None]:
             synced = cache.synced
-            return synced, None if synced else "namespace cache not synced yet"
+            return synced, None if synced else not_synced("namespace cache")
 
         probes.checks["namespace-cache"] = namespaces_synced
         claims = self.claims
@@ -72,7 +76,7 @@ class ClusterLink:
 
             def claims_synced() -> tuple[bool, str | None]:
                 synced = claims.synced
-                return synced, None if synced else "claim cache not synced yet"
+                return synced, None if synced else not_synced("claim cache")
 
             probes.checks["claim-cache"] = claims_synced
 

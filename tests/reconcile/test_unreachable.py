@@ -125,3 +125,56 @@ current-context: here
     )
     others = [w["msg"] for w in warnings if w is not waiting[0]]
     assert all(m == "could not release the Lease" for m in others), others
+
+
+def test_serve_against_a_closed_port_says_why_it_is_not_ready(tmp_path: Path) -> None:
+    from coschedule import certs
+
+    closed, port, health = free_port(), free_port(), free_port()
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        f"""apiVersion: v1
+kind: Config
+clusters: [{{name: gone, cluster: {{server: "https://127.0.0.1:{closed}"}}}}]
+users: [{{name: me, user: {{token: t0k3n}}}}]
+contexts: [{{name: here, context: {{cluster: gone, user: me}}}}]
+current-context: here
+"""
+    )
+    certs.write_bundle(certs.generate(["127.0.0.1"]), tmp_path / "tls")
+    (tmp_path / "config").mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("COSCHEDULE_", "KUBE"))}
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "coschedule.cli.main",
+            "serve",
+            "--host=127.0.0.1",
+            f"--port={port}",
+            f"--health-port={health}",
+            f"--cert-dir={tmp_path / 'tls'}",
+            f"--config-dir={tmp_path / 'config'}",
+            f"--kubeconfig={kubeconfig}",
+        ],
+        cwd=ROOT,
+        env={**env, "PYTHONPATH": str(ROOT)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        detail = ""
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and "waiting for the API server" not in detail:
+            try:
+                answer = httpx.get(f"http://127.0.0.1:{health}/readyz", timeout=1)
+                assert answer.status_code == 503
+                detail = answer.json()["checks"]["namespace-cache"]["detail"]
+            except httpx.TransportError:
+                pass
+            time.sleep(0.1)
+        assert detail.startswith("namespace cache not synced yet; waiting for the API server")
+        assert detail.endswith(": connection refused")
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
