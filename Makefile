@@ -32,8 +32,8 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check coschedule tests bench .github/scripts
 	@# The GitHub workflows; actionlint's wheel is for linux x86_64 (see pyproject.toml).
 	@if [ -x $(BIN)/actionlint ]; then \
-		echo "$(BIN)/actionlint .github/workflows/*.yml"; \
-		$(BIN)/actionlint -shellcheck= -pyflakes= .github/workflows/*.yml; \
+		echo "$(BIN)/actionlint -shellcheck=$(BIN)/shellcheck .github/workflows/*.yml"; \
+		$(BIN)/actionlint -shellcheck=$(BIN)/shellcheck -pyflakes= .github/workflows/*.yml; \
 	else echo "actionlint: not installed on this platform (linux x86_64 only): skipped"; fi
 
 typecheck: $(STAMP)

