@@ -40,6 +40,7 @@ DEFAULT_PLACEHOLDER_RESOURCES: Mapping[str, Mapping[str, str]] = {
     "limits": {"memory": "16Mi"},
 }
 DEFAULT_IDLE_GRACE_SECONDS = 300
+DEFAULT_STUCK_GRACE_SECONDS = 30
 
 # The keys this version understands. An unknown key is an error rather than silently
 # ignored: a typo in a ConfigMap must not fall back to a default nobody asked for.
@@ -53,6 +54,7 @@ KNOWN_KEYS: frozenset[str] = frozenset(
         "placeholder-resources",
         "placeholder-priority-class",
         "idle-grace-seconds",
+        "stuck-grace-seconds",
         "rewrite-claims",
         "group-shared-claims",
         "scheduling-defaults",
@@ -84,6 +86,9 @@ class Settings:
     )
     placeholder_priority_class: str = ""
     idle_grace_seconds: int = DEFAULT_IDLE_GRACE_SECONDS
+    # How long a run's pod may stay Unschedulable because of the run's node before the
+    # reconciler moves the run (when that loses nothing) or explains why not.
+    stuck_grace_seconds: int = DEFAULT_STUCK_GRACE_SECONDS
     # Claim rewrite needs the reconciler to build the StatefulSet that owns the new claims.
     # Without a cluster nothing would, so ``serve`` turns it off there (see the design).
     rewrite_claims: bool = True
@@ -201,6 +206,16 @@ def _parse_topology_key(text: str) -> str:
     return key
 
 
+def _parse_seconds(key: str, text: str) -> int:
+    try:
+        seconds = int(text.strip())
+    except ValueError:
+        raise ConfigError(f'config key "{key}": {text.strip()!r} is not a whole number') from None
+    if seconds < 0:
+        raise ConfigError(f'config key "{key}": must be 0 or more')
+    return seconds
+
+
 def parse_settings(raw: Mapping[str, str]) -> Settings:
     """Build settings from ``{key: text}``; raise ConfigError naming every offending key.
 
@@ -235,8 +250,9 @@ def parse_settings(raw: Mapping[str, str]) -> Settings:
         kwargs["placeholder_resources"] = check(lambda: _parse_resources(resources))
     if (priority := raw.get("placeholder-priority-class")) is not None:
         kwargs["placeholder_priority_class"] = check(lambda: _parse_priority_class(priority))
-    if (grace := raw.get("idle-grace-seconds")) is not None and grace.strip():
-        kwargs["idle_grace_seconds"] = check(lambda: _parse_grace(grace))
+    for key in ("idle-grace-seconds", "stuck-grace-seconds"):
+        if (seconds := raw.get(key)) is not None and seconds.strip():
+            kwargs[key.replace("-", "_")] = check(partial(_parse_seconds, key, seconds))
     for key, attr in (
         ("rewrite-claims", "rewrite_claims"),
         ("group-shared-claims", "group_shared_claims"),
@@ -271,18 +287,6 @@ def _parse_priority_class(text: str) -> str:
     if name and not _DNS_SUBDOMAIN_RE.match(name):
         raise ConfigError(f'config key "placeholder-priority-class": {name!r} is not a valid name')
     return name
-
-
-def _parse_grace(text: str) -> int:
-    try:
-        grace = int(text.strip())
-    except ValueError:
-        raise ConfigError(
-            f'config key "idle-grace-seconds": {text.strip()!r} is not a whole number'
-        ) from None
-    if grace < 0:
-        raise ConfigError('config key "idle-grace-seconds": must be 0 or more')
-    return grace
 
 
 def _check_defaults_against_policy(rules: tuple[DefaultsRule, ...], policy: PolicySettings) -> None:

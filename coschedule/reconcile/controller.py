@@ -26,7 +26,7 @@ from coschedule.contract import (
 )
 from coschedule.kube.client import ApiError, KubeClient
 from coschedule.kube.informer import Informer, Obj, caches_readiness, object_key
-from coschedule.reconcile import decide, shapes
+from coschedule.reconcile import decide, shapes, stuck
 from coschedule.reconcile.executor import Executor, NotLeader
 from coschedule.reconcile.indexes import KeyIndex
 from coschedule.reconcile.metrics import ReconcileMetrics
@@ -39,6 +39,7 @@ from coschedule.reconcile.model import (
     OwnerState,
 )
 from coschedule.reconcile.resolver import OwnerLookupFailed, OwnerResolver
+from coschedule.reconcile.stuck_runs import StuckRuns
 from coschedule.reconcile.topology import TopologyLabels
 from coschedule.reconcile.workqueue import WorkQueue
 from coschedule.settings import Settings
@@ -74,7 +75,7 @@ class Controller:
         self.queue = WorkQueue() if retry_base is None else WorkQueue(retry_base=retry_base)
         self.owners = OwnerResolver(client, clock)
         self.pods = self._informer(
-            "/api/v1/pods", "pods", LABEL_PLACEHOLDER, shapes.slim_marked_pod
+            "/api/v1/pods", "pods", LABEL_PLACEHOLDER, stuck.with_scheduling(shapes.slim_marked_pod)
         )
         self.placeholder_pods = self._informer(
             "/api/v1/pods",
@@ -82,7 +83,9 @@ class Controller:
             PLACEHOLDER_POD_SELECTOR,
             shapes.slim_placeholder_pod,
         )
-        self.nodes = self._informer("/api/v1/nodes", "nodes", None, shapes.slim_node)
+        self.nodes = self._informer(
+            "/api/v1/nodes", "nodes", None, stuck.with_allocatable(shapes.slim_node)
+        )
         self.statefulsets = self._informer(
             "/apis/apps/v1/statefulsets",
             "statefulsets",
@@ -106,6 +109,7 @@ class Controller:
             pod_version=self._pod_version,
             torn_down=self._forget,
         )
+        self.stuck = StuckRuns(client, metrics.registry, self.queue, leading=lambda: self._leading)
         self._worker_tasks: list[asyncio.Task[None]] = []
         self._informer_tasks: list[asyncio.Task[None]] = []
         self.pods.add_handler(self._on_pod)
@@ -185,6 +189,7 @@ class Controller:
         """Drop what we remembered about a group that is gone."""
         self.owners.forget(key)
         self._idle_since.pop(key, None)
+        self.stuck.forget(key)
 
     def _pod_version(self, pod_key: str) -> str:
         obj = self.placeholder_pods.store.get(pod_key) or {}
@@ -346,6 +351,20 @@ class Controller:
         )
         actions = decide.plan(observed, settings, now, owner_recheck=self.owner_recheck)
         await self.executor.execute(key, actions, sts_obj)
+        raw_pods = {
+            p.name: obj
+            for p in pods
+            if (obj := self.pods.store.get(f"{p.namespace}/{p.name}")) is not None
+        }
+        await self.stuck.reconcile(
+            observed,
+            raw_pods,
+            sts_obj,
+            self.nodes.store,
+            self.placeholder_pods.store.values(),
+            settings,
+            now,
+        )
 
     def volume_claims(
         self, key: str, pods: list[MarkedPod], sts: ObservedSet | None

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from coschedule.contract import ANNOTATION_MODE
 from coschedule.decide.modes import Mode
-from coschedule.reconcile import owners
+from coschedule.reconcile import owners, relocation
 from coschedule.reconcile.model import (
     Action,
     ClaimTemplate,
@@ -187,7 +187,7 @@ def drift(
         meta["labels"] = wrong
         reasons.append(f"labels {sorted(wrong)}")
     if group is not None:
-        template = pod_template(group, settings, claim_templates)
+        template = relocation.steer(pod_template(group, settings, claim_templates), sts.annotations)
         digest = template_hash(template)
         if sts.annotations.get(ANNOTATION_TEMPLATE_HASH) != digest:
             spec["template"] = template

@@ -67,6 +67,7 @@ class MarkedPod:
     # The run's claim templates as the webhook decided them for this pod (volume
     # co-location); None when the webhook followed an existing StatefulSet or did not rewrite.
     claim_templates: tuple[ClaimTemplate, ...] | None = None
+    scheduler_name: str = ""  # spec.schedulerName; the placeholder follows it
 
 
 @dataclass(frozen=True, slots=True)

@@ -34,6 +34,7 @@ CONTAINER_NAME = "affinity-assistant"
 RUN_AS_USER = 65532  # the distroless "nonroot" user; pause runs as anyone
 TEMPLATE_MOUNT_ROOT = "/claim-templates"
 UPDATE_STRATEGY = "OnDelete"
+DEFAULT_SCHEDULER = "default-scheduler"
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +49,7 @@ class GroupSpec:
     claims: tuple[str, ...]
     node_selector: Mapping[str, str]
     tolerations: tuple[Mapping[str, Any], ...]
+    scheduler_name: str = ""
 
 
 def first_pod(pods: Sequence[MarkedPod]) -> MarkedPod:
@@ -73,6 +75,7 @@ def group_spec(namespace: str, name: str, pods: Sequence[MarkedPod]) -> GroupSpe
         claims=claims,
         node_selector=dict(first.node_selector),
         tolerations=first.tolerations,
+        scheduler_name=first.scheduler_name,
     )
 
 
@@ -141,6 +144,10 @@ def pod_template(
         spec["nodeSelector"] = dict(group.node_selector)
     if group.tolerations:
         spec["tolerations"] = [dict(t) for t in group.tolerations]
+    # The group's scheduler places the placeholder too: one scheduler sees the run's pods
+    # and their pin. The default one is left implicit so existing templates do not drift.
+    if group.scheduler_name and group.scheduler_name != DEFAULT_SCHEDULER:
+        spec["schedulerName"] = group.scheduler_name
     # Claims our own volumeClaimTemplates make are mounted through the templates.
     made = {template_claim(t.name, group.name) for t in claim_templates}
     plain = [claim for claim in group.claims if claim not in made]

@@ -107,6 +107,8 @@ def slim_marked_pod(obj: Obj) -> Obj:
         slim_spec["nodeSelector"] = spec["nodeSelector"]
     if spec.get("tolerations"):
         slim_spec["tolerations"] = spec["tolerations"]
+    if spec.get("schedulerName"):
+        slim_spec["schedulerName"] = spec["schedulerName"]
     slim_status: Obj = {"phase": status.get("phase") or ""}
     finished = _finished_at(status)
     if finished:
@@ -242,6 +244,7 @@ def parse_marked(obj: Mapping[str, Any]) -> MarkedPod | BadMark:
         live=status.get("phase") not in _DONE_PHASES and not meta.get("deletionTimestamp"),
         finished_at=parse_time(status.get("finishedAt")),
         claim_templates=templates,
+        scheduler_name=str(spec.get("schedulerName") or ""),
     )
 
 

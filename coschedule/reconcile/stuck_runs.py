@@ -1,0 +1,499 @@
+"""Stuck runs, carried out: gather what the pure decisions in ``stuck`` need, then move the
+placeholder or explain, once per change.
+
+Runs after ``plan``'s actions for a group, on the leader, only when the group has a live
+pod and a bound placeholder. The caches give the pods, the placeholder and the nodes; what
+they do not hold is read only when a pod is stuck (rare): the claims and volumes of the
+run (GET) and the pods bound to the nodes considered (LIST by ``spec.nodeName``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from datetime import UTC, datetime
+from decimal import Decimal
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from coschedule.decide.modes import Mode
+from coschedule.decide.volume_topology import volume_topology
+from coschedule.kube.client import KubeClient, object_path
+from coschedule.reconcile import fit, relocation, stuck
+from coschedule.reconcile.executor import NotLeader
+from coschedule.reconcile.model import Obj, Observed, OwnerRef
+from coschedule.reconcile.placeholder import (
+    ANNOTATION_TEMPLATE_HASH,
+    group_spec,
+    pod_template,
+    template_claim,
+    template_hash,
+)
+from coschedule.reconcile.scheduler_message import Cause
+from coschedule.reconcile.workqueue import WorkQueue
+from coschedule.settings import Settings
+
+log = logging.getLogger("coschedule.reconcile")
+
+RECHECK_MARGIN = 0.05  # look just after a grace period ends, not just before
+_TERMINATED = ("Succeeded", "Failed")
+
+
+class StuckRuns:
+    def __init__(
+        self,
+        client: KubeClient,
+        registry: CollectorRegistry,
+        queue: WorkQueue,
+        *,
+        leading: Callable[[], bool],
+    ) -> None:
+        self.client = client
+        self.queue = queue
+        self.leading = leading
+        self.relocations = Counter(
+            "coschedule_relocations_total",
+            "Placeholders moved because their node could not take the run's next pod, by "
+            "the cause on that node.",
+            ["reason"],
+            registry=registry,
+        )
+        self.stuck_groups = Gauge(
+            "coschedule_stuck_groups",
+            "Groups with a pod stuck because of the group's node that coschedule cannot "
+            "move (explained in Events on the pod and the run).",
+            registry=registry,
+        )
+        for cause in (Cause.RESOURCES, Cause.PODS, Cause.TAINT, Cause.VOLUME):
+            self.relocations.labels(cause.value)
+        self._stuck: set[str] = set()
+        self._explained: dict[str, tuple[Any, ...]] = {}
+        self._deleted: dict[str, str] = {}  # placeholder pod key -> resourceVersion deleted
+
+    def forget(self, key: str) -> None:
+        self._unstick(key)
+        self._explained.pop(key, None)
+
+    def _unstick(self, key: str) -> None:
+        self._stuck.discard(key)
+        self.stuck_groups.set(len(self._stuck))
+
+    def _check_leader(self) -> None:
+        if not self.leading():
+            raise NotLeader
+
+    # ---- the loop step ----------------------------------------------------------------
+
+    async def reconcile(
+        self,
+        observed: Observed,
+        raw_pods: Mapping[str, Obj],
+        sts_obj: Obj | None,
+        nodes: Mapping[str, Obj],
+        placeholder_pods: Iterable[Obj],
+        settings: Settings,
+        now: float,
+    ) -> None:
+        key = observed.key
+        sts = observed.statefulset
+        live = [p for p in observed.pods if p.live]
+        group = group_spec(observed.namespace, observed.name, observed.pods)
+        if sts is None or sts.deleting or not live or group is None:
+            self.forget(key)
+            return
+        topology_key = group.topology_key
+        state = relocation.parse(sts.annotations)
+        placed = [p for p in observed.placeholder_pods if not p.deleting and p.node_name]
+        if state is not None:
+            versions = {
+                str((obj.get("metadata") or {}).get("name")): str(
+                    (obj.get("metadata") or {}).get("resourceVersion") or ""
+                )
+                for obj in placeholder_pods
+                if (obj.get("metadata") or {}).get("namespace") == observed.namespace
+            }
+            await self._strays(key, observed, placed, nodes, state, versions)
+        here = [p for p in placed if p.node_name in nodes]
+        if not here:
+            return  # the placeholder is being (re)scheduled: its pods wait for it, not stuck
+        node = stuck.node_view(nodes[here[0].node_name])
+        grace = float(settings.stuck_grace_seconds)
+        if state is not None and now < state.at + grace:
+            # Just moved: give the scheduler a grace period to place the run's pods there.
+            self.queue.add_after(key, state.at + grace - now + RECHECK_MARGIN)
+            return
+        claims_of = {p.name: p.claims for p in observed.pods}
+        pending = [
+            found
+            for name, obj in raw_pods.items()
+            if (found := stuck.pending_pod(obj, claims_of.get(name, ()))) is not None
+        ]
+        pod, wait = stuck.find_stuck(pending, now, grace)
+        if wait is not None:
+            self.queue.add_after(key, wait + RECHECK_MARGIN)
+        if pod is None:
+            if key in self._stuck:
+                log.info("run no longer stuck", extra={"placeholder": key, "run": group.run})
+            self.forget(key)
+            return
+        await self._decide(
+            observed,
+            raw_pods,
+            sts_obj,
+            nodes,
+            placeholder_pods,
+            settings,
+            now,
+            pod,
+            node,
+            state,
+            topology_key,
+        )
+
+    async def _decide(
+        self,
+        observed: Observed,
+        raw_pods: Mapping[str, Obj],
+        sts_obj: Obj | None,
+        nodes: Mapping[str, Obj],
+        placeholder_pods: Iterable[Obj],
+        settings: Settings,
+        now: float,
+        pod: stuck.PendingPod,
+        node: stuck.NodeView,
+        state: relocation.Relocations | None,
+        topology_key: str,
+    ) -> None:
+        group = group_spec(observed.namespace, observed.name, observed.pods)
+        sts = observed.statefulset
+        assert group is not None
+        assert sts is not None
+        claims = await self._claims(
+            observed.namespace,
+            [*group.claims, *(template_claim(t, sts.name) for t in sts.templates)],
+        )
+        findings = stuck.diagnose(pod, node, await self._usage(node.name), claims)
+        diagnosed = bool(findings)
+        if not findings:
+            findings = stuck.from_message(pod, node.name)
+        running = [
+            stuck.Running(name, str((obj.get("spec") or {}).get("nodeName")))
+            for name, obj in sorted(raw_pods.items())
+            if (obj.get("spec") or {}).get("nodeName")
+            and (obj.get("status") or {}).get("phase") not in _TERMINATED
+            and not (obj.get("metadata") or {}).get("deletionTimestamp")
+        ]
+        blockers = stuck.unsafe(running)
+        options: list[str] = []
+        if running:
+            options.append(
+                "wait for the running task to finish: coschedule moves the run's placeholder "
+                "once no pod of the run runs"
+            )
+        if not diagnosed:
+            blockers.append(
+                "the scheduler's reasons are not ones coschedule can check, so it cannot tell "
+                "where the pod would fit"
+            )
+        target: stuck.NodeView | None = None
+        if not blockers:
+            target = await self._target(
+                observed,
+                pod,
+                node,
+                nodes,
+                placeholder_pods,
+                settings,
+                state,
+                topology_key,
+                claims,
+                group.mode,
+                blockers,
+                options,
+            )
+        if target is not None:
+            await self._relocate(
+                observed, sts_obj, settings, now, pod, node, target, state, topology_key, findings
+            )
+            return
+        await self._explain(observed, sts_obj, pod, node, findings, blockers, options)
+
+    async def _target(
+        self,
+        observed: Observed,
+        pod: stuck.PendingPod,
+        node: stuck.NodeView,
+        nodes: Mapping[str, Obj],
+        placeholder_pods: Iterable[Obj],
+        settings: Settings,
+        state: relocation.Relocations | None,
+        topology_key: str,
+        claims: Sequence[stuck.ClaimState],
+        mode: Mode,
+        blockers: list[str],
+        options: list[str],
+    ) -> stuck.NodeView | None:
+        others = {
+            str((obj.get("spec") or {}).get("nodeName"))
+            for obj in placeholder_pods
+            if (obj.get("spec") or {}).get("nodeName")
+            and (obj.get("metadata") or {}).get("name") != f"{observed.name}-0"
+        }
+        left = set(state.left) if state is not None else set()
+        group = group_spec(observed.namespace, observed.name, observed.pods)
+        assert group is not None
+        candidates = stuck.static_candidates(
+            pod,
+            [stuck.node_view(obj) for obj in nodes.values()],
+            topology_key=topology_key,
+            current=node,
+            left=left,
+            claims=claims,
+            excluded=others if mode is Mode.ISOLATE_PIPELINERUN else (),
+            placeholder_tolerations=group.tolerations,
+        )
+        if candidates.volume_blocked:
+            blockers.append(
+                "the run's volumes can only be used where it is: "
+                + ", ".join(candidates.volume_blocked)
+            )
+            options.extend(stuck.volume_options(candidates.volume_blocked))
+            return None
+        usage = {n.name: await self._usage(n.name) for n in candidates.nodes}
+        requests = fit.resources(settings.placeholder_resources.get("requests"))
+        requests[fit.PODS] = Decimal(1)
+        target, rejected = stuck.choose_target(pod, candidates.nodes, usage, requests, others)
+        if target is None:
+            why = {**candidates.rejected, **rejected}
+            listed = "; ".join(f"{name}: {reason}" for name, reason in sorted(why.items()))
+            blockers.append("no other node can take the pod" + (f" ({listed})" if listed else ""))
+            options.append("add capacity: a node where the pod fits next to the placeholder")
+        return target
+
+    # ---- acting -----------------------------------------------------------------------
+
+    async def _relocate(
+        self,
+        observed: Observed,
+        sts_obj: Obj | None,
+        settings: Settings,
+        now: float,
+        pod: stuck.PendingPod,
+        node: stuck.NodeView,
+        target: stuck.NodeView,
+        state: relocation.Relocations | None,
+        topology_key: str,
+        findings: Sequence[stuck.Finding],
+    ) -> None:
+        sts = observed.statefulset
+        group = group_spec(observed.namespace, observed.name, observed.pods)
+        assert sts is not None
+        assert group is not None
+        domain = node.domain(topology_key) or node.name
+        hostname = target.labels.get(relocation.HOSTNAME, target.name)
+        moved = (
+            state.moved(topology_key, domain, hostname, now)
+            if state is not None
+            else relocation.first(topology_key, domain, hostname, now)
+        )
+        annotations = {relocation.ANNOTATION_RELOCATIONS: moved.encode()}
+        template = relocation.steer(
+            pod_template(group, settings, observed.claim_templates), annotations
+        )
+        annotations[ANNOTATION_TEMPLATE_HASH] = template_hash(template)
+        patch = {
+            "metadata": {"annotations": annotations, "resourceVersion": sts.resource_version},
+            "spec": {"template": template},
+        }
+        cause = findings[0].cause
+        because = "; ".join(f.text for f in findings)
+        self._check_leader()
+        await self.client.patch(
+            object_path("apps/v1", "statefulsets", observed.namespace, observed.name), patch
+        )
+        for placeholder in observed.placeholder_pods:
+            if placeholder.node_name == node.name and not placeholder.deleting:
+                self._check_leader()
+                await self.client.delete(
+                    object_path("v1", "pods", observed.namespace, placeholder.name)
+                )
+        self.relocations.labels(cause.value).inc()
+        self.forget(observed.key)
+        message = (
+            f"moved the placeholder of {_run(observed)} from node {node.name} towards node "
+            f"{target.name}: pod {pod.name} could not be scheduled on {node.name} ({because}) "
+            "and no pod of the run was running there"
+        )
+        log.info(
+            "relocated placeholder",
+            extra={
+                "placeholder": observed.key,
+                "run": group.run,
+                "from": node.name,
+                "to": target.name,
+                "reason": cause.value,
+                "pod": pod.key,
+                "why": because,
+            },
+        )
+        uid = str(((sts_obj or {}).get("metadata") or {}).get("uid") or sts.uid)
+        await self._event(
+            observed.namespace,
+            {"apiVersion": "apps/v1", "kind": "StatefulSet", "name": sts.name, "uid": uid},
+            "PlaceholderRelocated",
+            message,
+        )
+        owner = observed.owner.root if observed.owner is not None else None
+        if owner is not None:
+            await self._event(observed.namespace, _involved(owner), "RunRelocated", message)
+        await self._event(
+            observed.namespace,
+            {"apiVersion": "v1", "kind": "Pod", "name": pod.name, "uid": pod.uid},
+            "RunRelocated",
+            message,
+        )
+
+    async def _explain(
+        self,
+        observed: Observed,
+        sts_obj: Obj | None,
+        pod: stuck.PendingPod,
+        node: stuck.NodeView,
+        findings: Sequence[stuck.Finding],
+        blockers: Sequence[str],
+        options: Sequence[str],
+    ) -> None:
+        key = observed.key
+        self._stuck.add(key)
+        self.stuck_groups.set(len(self._stuck))
+        fingerprint = (pod.name, node.name, tuple(f.cause for f in findings), tuple(blockers))
+        if self._explained.get(key) == fingerprint:
+            return
+        self._explained[key] = fingerprint
+        text = stuck.explanation(pod, _run(observed), node.name, findings, blockers, options)
+        log.warning(
+            "run stuck",
+            extra={
+                "placeholder": key,
+                "run": _run(observed),
+                "pod": pod.key,
+                "node": node.name,
+                "reason": findings[0].cause.value if findings else "",
+                "explain": text,
+            },
+        )
+        await self._event(
+            observed.namespace,
+            {"apiVersion": "v1", "kind": "Pod", "name": pod.name, "uid": pod.uid},
+            "RunStuck",
+            text,
+            "Warning",
+        )
+        owner = observed.owner.root if observed.owner is not None else None
+        if owner is not None:
+            await self._event(observed.namespace, _involved(owner), "RunStuck", text, "Warning")
+
+    async def _strays(
+        self,
+        key: str,
+        observed: Observed,
+        placed: Sequence[Any],
+        nodes: Mapping[str, Obj],
+        state: relocation.Relocations,
+        versions: Mapping[str, str],
+    ) -> None:
+        """A placeholder pod recreated in a domain it left (the StatefulSet controller used
+        the template from before the move): delete it again, once per pod version."""
+        for placeholder in placed:
+            node_obj = nodes.get(placeholder.node_name)
+            labels = ((node_obj or {}).get("metadata") or {}).get("labels") or {}
+            domain = labels.get(state.topology_key, placeholder.node_name)
+            if domain not in state.left:
+                continue
+            pod_key = f"{observed.namespace}/{placeholder.name}"
+            version = versions.get(placeholder.name, "")
+            if self._deleted.get(pod_key) == version:
+                continue
+            self._check_leader()
+            await self.client.delete(
+                object_path("v1", "pods", observed.namespace, placeholder.name)
+            )
+            self._deleted[pod_key] = version
+            log.info(
+                "deleted a placeholder pod back on a node it left",
+                extra={"placeholder": key, "node": placeholder.node_name},
+            )
+
+    # ---- reading what the caches do not hold -------------------------------------------
+
+    async def _usage(self, node: str) -> dict[str, Decimal]:
+        """What the non-terminated pods bound to ``node`` request."""
+        listed = await self.client.list("/api/v1/pods", {"fieldSelector": f"spec.nodeName={node}"})
+        return fit.used(
+            fit.pod_requests(item.get("spec") or {})
+            for item in listed.get("items") or ()
+            if (item.get("status") or {}).get("phase") not in _TERMINATED
+            and (item.get("spec") or {}).get("nodeName") == node
+        )
+
+    async def _claims(self, namespace: str, names: Sequence[str]) -> list[stuck.ClaimState]:
+        result = []
+        for name in dict.fromkeys(names):
+            claim = await self.client.get(
+                object_path("v1", "persistentvolumeclaims", namespace, name)
+            )
+            volume_name = str(((claim or {}).get("spec") or {}).get("volumeName") or "")
+            if not volume_name:
+                result.append(stuck.ClaimState(name, False, None))
+                continue
+            pv = await self.client.get(object_path("v1", "persistentvolumes", None, volume_name))
+            result.append(
+                stuck.ClaimState(name, True, volume_topology(pv) if pv is not None else None)
+            )
+        return result
+
+    async def _event(
+        self,
+        namespace: str,
+        involved: Mapping[str, str],
+        reason: str,
+        message: str,
+        kind: str = "Normal",
+    ) -> None:
+        stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        body = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{involved['name']}.", "namespace": namespace},
+            "involvedObject": {**involved, "namespace": namespace},
+            "reason": reason,
+            "message": message[:1024],
+            "type": kind,
+            "source": {"component": "coschedule-reconciler"},
+            "reportingComponent": "coschedule.dev/reconciler",
+            "firstTimestamp": stamp,
+            "lastTimestamp": stamp,
+            "count": 1,
+        }
+        try:
+            await self.client.create(object_path("v1", "events", namespace), body)
+        except Exception as exc:  # an Event is a courtesy: never retry a reconcile for it
+            log.warning("could not record an Event", extra={"error": str(exc), "reason": reason})
+
+
+def _involved(owner: OwnerRef) -> dict[str, str]:
+    return {
+        "apiVersion": owner.api_version,
+        "kind": owner.kind,
+        "name": owner.name,
+        "uid": owner.uid,
+    }
+
+
+def _run(observed: Observed) -> str:
+    owner = observed.owner.root if observed.owner is not None else None
+    if owner is not None:
+        return f"{owner.kind} {owner.name}"
+    first = observed.pods[0] if observed.pods else None
+    return f"run {first.run}" if first is not None else f"placeholder {observed.name}"
