@@ -101,7 +101,7 @@ def webhook_app(cert_dir: Path, mode: str = WEBHOOK_MODE) -> tuple[Any, ssl.SSLC
     )
     store.adjust = link.adjust_settings
     store.current = link.adjust_settings(store.current)
-    webhook = build_webhook(store, metrics, cert_dir, link.namespaces, link.claims)
+    webhook = build_webhook(store, metrics, cert_dir, link.namespaces, link.claims, link.volumes)
     app = HttpsApp(webhook.handler, probes_app(webhook.probes, None))
     return app, webhook.certificate.context, webhook.reload_once
 

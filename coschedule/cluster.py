@@ -17,6 +17,7 @@ from coschedule.kube.claims import ClaimCache
 from coschedule.kube.client import Credentials, KubeClient, KubeConfigError, discover
 from coschedule.kube.informer import Informer
 from coschedule.kube.namespaces import NamespaceCache
+from coschedule.kube.volumes import VolumeCache
 from coschedule.server.app import Probes
 from coschedule.settings import Settings
 
@@ -32,6 +33,7 @@ class ClusterLink:
     client: KubeClient | None = None
     namespaces: NamespaceCache | None = None
     claims: ClaimCache | None = None
+    volumes: VolumeCache | None = None
 
     @classmethod
     def connect(
@@ -48,7 +50,7 @@ class ClusterLink:
             return cls()
         client = KubeClient(creds, user_agent="coschedule-webhook")
         informer = Informer(client, "/api/v1/namespaces", name="namespaces")
-        return cls(client, NamespaceCache(informer), ClaimCache(client))
+        return cls(client, NamespaceCache(informer), ClaimCache(client), VolumeCache(client))
 
     @property
     def online(self) -> bool:
@@ -79,6 +81,14 @@ class ClusterLink:
                 return synced, None if synced else not_synced("claim cache")
 
             probes.checks["claim-cache"] = claims_synced
+        volumes = self.volumes
+        if volumes is not None:
+
+            def volumes_synced() -> tuple[bool, str | None]:
+                synced = volumes.synced
+                return synced, None if synced else "volume cache not synced yet"
+
+            probes.checks["volume-cache"] = volumes_synced
 
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[None]:
@@ -89,6 +99,8 @@ class ClusterLink:
             tasks.append(asyncio.create_task(self.claims.claims.run()))
             tasks.append(asyncio.create_task(self.claims.statefulsets.run()))
             tasks.append(asyncio.create_task(self.claims.pods.run()))
+        if self.volumes is not None:
+            tasks.append(asyncio.create_task(self.volumes.informer.run()))
         try:
             yield
         finally:

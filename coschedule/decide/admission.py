@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 
@@ -29,11 +29,14 @@ from coschedule.contract import (
 )
 from coschedule.decide import claims as claims_mod
 from coschedule.decide import pod as podview
+from coschedule.decide import volume_conflict
 from coschedule.decide.claims import ClaimView
 from coschedule.decide.defaults import MergedScheduling, merge_defaults
 from coschedule.decide.modes import MODE_CHOICES, InvalidMode, Mode, choose_mode
 from coschedule.decide.names import claim_placeholder, run_placeholder
+from coschedule.decide.nodeaffinity import required_terms
 from coschedule.decide.policy import Finding, PolicyMode, check_policy
+from coschedule.decide.volume_topology import VolumeTopology
 from coschedule.settings import Settings
 from coschedule.wire import jsonpatch
 from coschedule.wire.jsonpatch import Op
@@ -74,6 +77,17 @@ class AdmissionContext:
     namespace_info: NamespaceInfo | None = None
     # None: no cluster: claims are grouped as mounted and never rewritten.
     claims: ClaimView | None = None
+    # None: no cluster (or not synced): the claims-conflict pre-flight is skipped.
+    volumes: VolumeView | None = None
+
+
+class VolumeView(Protocol):
+    """Where each PersistentVolume can be used, by name (a watch-fed cache)."""
+
+    @property
+    def synced(self) -> bool: ...
+
+    def get(self, name: str) -> VolumeTopology | None: ...
 
 
 @dataclass(slots=True)
@@ -300,6 +314,11 @@ def _decide_coschedule(
             "pod in a few seconds; if the claim does not exist, create it first.",
         )
 
+    if choice.mode.per_run and view is not None:
+        conflict = _claims_conflict(pod_spec, ctx, view, run, claims)
+        if conflict is not None:
+            return _deny(decision, volume_conflict.RULE, conflict)
+
     if choice.mode is Mode.WORKSPACES:
         if not claims:
             reasons.append("left alone: mode workspaces groups by claim and the pod mounts none")
@@ -342,6 +361,42 @@ def _decide_coschedule(
     _mark_ops(meta, labels, wanted, placeholder, ops)
     reasons.append(f"{len(ops)} patch operation(s)" if ops else "already mutated: nothing to add")
     return decision
+
+
+def _claims_conflict(
+    pod_spec: Mapping[str, Any],
+    ctx: AdmissionContext,
+    view: ClaimView,
+    run: str,
+    claims: list[str],
+) -> str | None:
+    """Rule claims-conflict: the run's bound claims cannot be used in one place."""
+    volumes = ctx.volumes
+    if volumes is None or not volumes.synced:
+        return None
+
+    def bound(info: claims_mod.ClaimInfo | None) -> volume_conflict.BoundClaim | None:
+        if info is None or not info.volume:
+            return None
+        topology = volumes.get(info.volume)
+        if topology is None or not topology.terms:
+            return None
+        return volume_conflict.BoundClaim(info.name, topology)
+
+    own = [b for c in claims if (b := bound(view.get(ctx.namespace, c))) is not None]
+    run_claims = [b for info in view.run_claims(ctx.namespace, run) if (b := bound(info))]
+    if not own and not run_claims:
+        return None
+    selector = pod_spec.get("nodeSelector")
+    return volume_conflict.check(
+        own,
+        run_claims,
+        ctx.settings.topology_key,
+        {k: v for k, v in selector.items() if isinstance(v, str)}
+        if isinstance(selector, dict)
+        else {},
+        required_terms(pod_spec.get("affinity")),
+    )
 
 
 def _rewritten(claim: str) -> bool:

@@ -50,6 +50,7 @@ class ClaimInfo:
     skip: bool = False  # labelled coschedule.dev/skip=true
     ours: bool = False  # made by a placeholder's volumeClaimTemplates
     template_spec: Mapping[str, Any] | None = None  # what a volumeClaimTemplate copies
+    volume: str = ""  # spec.volumeName once bound: where its data can be used
 
     @property
     def shared(self) -> bool:
@@ -86,6 +87,7 @@ def claim_info(pvc: Mapping[str, Any]) -> ClaimInfo:
         skip=labels.get(LABEL_SKIP) == "true",
         ours=labels.get(LABEL_MANAGED_BY) == MANAGED_BY,
         template_spec=template,
+        volume=str(spec.get("volumeName") or ""),
     )
 
 

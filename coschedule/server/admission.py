@@ -12,7 +12,7 @@ import time
 from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from typing import Any, Protocol
 
-from coschedule.decide.admission import AdmissionContext, NamespaceInfo, decide
+from coschedule.decide.admission import AdmissionContext, NamespaceInfo, VolumeView, decide
 from coschedule.decide.claims import ClaimView
 from coschedule.decide.pod import MalformedPod
 from coschedule.server.metrics import WebhookMetrics
@@ -50,11 +50,13 @@ class AdmissionHandler:
         metrics: WebhookMetrics,
         namespaces: NamespaceLookup | None = None,
         claims: ClaimCacheView | None = None,
+        volumes: VolumeView | None = None,
     ) -> None:
         self.settings = settings
         self.metrics = metrics
         self.namespaces = namespaces
         self.claims = claims
+        self.volumes = volumes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["method"] != "POST":
@@ -123,7 +125,7 @@ class AdmissionHandler:
                 self.namespaces.get(review.namespace) if self.namespaces is not None else None
             )
             ctx = AdmissionContext(
-                self.settings.current, review.namespace, namespace_info, self.claims
+                self.settings.current, review.namespace, namespace_info, self.claims, self.volumes
             )
             decision = decide(review.object, ctx)
         except MalformedPod as exc:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import uvicorn
 
+from coschedule.decide.admission import VolumeView
 from coschedule.server.admission import AdmissionHandler, ClaimCacheView, NamespaceLookup
 from coschedule.server.app import HttpsApp, Probes, probes_app
 from coschedule.server.metrics import WebhookMetrics
@@ -62,6 +63,7 @@ def build_webhook(
     cert_dir: Path,
     namespaces: NamespaceLookup | None = None,
     claims: ClaimCacheView | None = None,
+    volumes: VolumeView | None = None,
 ) -> Webhook:
     certificate = ServingCertificate(cert_dir, metrics)
     certificate.load()
@@ -76,7 +78,7 @@ def build_webhook(
 
     probes.checks["certificate"] = cert_check
     probes.checks["config"] = config_check
-    handler = AdmissionHandler(settings, metrics, namespaces, claims)
+    handler = AdmissionHandler(settings, metrics, namespaces, claims, volumes)
     return Webhook(settings, metrics, certificate, probes, handler)
 
 

@@ -18,8 +18,11 @@ WEBHOOK_ALLOWED: list[Check] = [
     ("watch", "", "namespaces", ""),
     ("list", "", "persistentvolumeclaims", ""),
     ("watch", "apps", "statefulsets", ""),
+    ("list", "", "persistentvolumes", ""),
+    ("watch", "", "persistentvolumes", ""),
 ]
 WEBHOOK_DENIED: list[Check] = [
+    ("delete", "", "persistentvolumes", ""),
     ("create", "", "pods", "team-a"),
     ("patch", "apps", "statefulsets", "team-a"),
     ("get", "", "secrets", SYSTEM_NAMESPACE),
@@ -37,8 +40,10 @@ RECONCILER_ALLOWED: list[Check] = [
     ("get", "argoproj.io", "workflows", "team-a"),
     ("update", "coordination.k8s.io", "leases", SYSTEM_NAMESPACE),
     ("create", "", "events", "team-a"),
+    ("get", "", "persistentvolumes", ""),
 ]
 RECONCILER_DENIED: list[Check] = [
+    ("delete", "", "persistentvolumes", ""),
     ("get", "", "secrets", "team-a"),
     ("list", "", "secrets", ""),
     ("create", "", "pods", "team-a"),
