@@ -1,0 +1,53 @@
+"""kube-scheduler's Unschedulable messages, parsed: realistic 1.36 messages from fixtures."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from coschedule.reconcile.scheduler_message import Cause, classify, parse
+
+FIXTURE = (
+    Path(__file__).resolve().parents[1] / "fixtures" / "scheduler" / ("unschedulable-messages.json")
+)
+CASES: list[dict[str, Any]] = json.loads(FIXTURE.read_text())["cases"]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c["name"] for c in CASES])
+def test_messages_parse_to_counts_causes_and_details(case: dict[str, Any]) -> None:
+    parsed = parse(case["message"])
+    assert parsed.nodes == case["nodes"]
+    got = [[r.count, r.cause.value, r.detail] for r in parsed.reasons]
+    assert got == case["expect"]
+
+
+def test_only_the_pin_to_the_placeholder_is_not_blocking() -> None:
+    waiting = parse(CASES[9]["message"])
+    assert waiting.reasons and not waiting.blocking
+    cpu = parse(CASES[0]["message"])
+    assert [r.cause for r in cpu.blocking] == [Cause.RESOURCES]
+
+
+@pytest.mark.parametrize(
+    ("text", "cause"),
+    [
+        ("node(s) didn't match PersistentVolume's node affinity", Cause.VOLUME),
+        ("node(s) had no available volume zone", Cause.VOLUME),
+        ("node(s) didn't find available persistent volumes to bind", Cause.VOLUME),
+        ("node(s) didn't satisfy existing pods anti-affinity rules", Cause.ANTI_AFFINITY),
+        ("node(s) had taints that the pod didn't tolerate", Cause.TAINT),
+        ("node(s) didn't have free ports for the requested pod ports", Cause.OTHER),
+        ("Insufficient nvidia.com/gpu", Cause.RESOURCES),
+    ],
+)
+def test_reason_wordings_of_other_releases(text: str, cause: Cause) -> None:
+    assert classify(text).cause is cause
+
+
+def test_empty_and_odd_messages_do_not_raise() -> None:
+    assert parse("").nodes is None
+    assert parse("0/3 nodes are available").reasons == ()
+    assert parse("0/3 nodes are available: .").reasons == ()
