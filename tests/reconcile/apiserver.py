@@ -33,6 +33,7 @@ RESOURCES = {
     "nodes": ("", "v1"),
     "events": ("", "v1"),
     "persistentvolumeclaims": ("", "v1"),
+    "persistentvolumes": ("", "v1"),
     "statefulsets": ("apps", "v1"),
     "leases": ("coordination.k8s.io", "v1"),
     "pipelineruns": ("tekton.dev", "v1"),
@@ -53,6 +54,22 @@ def _merge(target: Any, patch: Any) -> Any:
         else:
             result[key] = _merge(result.get(key), value)
     return result
+
+
+def _fields_match(obj: Obj, selector: str | None) -> bool:
+    """``fieldSelector`` terms ``a.b=v`` / ``a.b!=v`` on dotted paths (as for pods'
+    ``spec.nodeName`` and ``status.phase``); a missing field is the empty string."""
+    for term in (selector or "").split(","):
+        if not term.strip():
+            continue
+        negate = "!=" in term
+        path, _, wanted = term.partition("!=" if negate else "=")
+        value: Any = obj
+        for part in path.strip().split("."):
+            value = value.get(part) if isinstance(value, dict) else None
+        if (str(value or "") == wanted.strip()) == negate:
+            return False
+    return True
 
 
 def _matches(labels: dict[str, str], selector: str | None) -> bool:
@@ -248,12 +265,14 @@ class MiniApi:
 
     def _list(self, plural: str, ns: str | None, params: dict[str, str]) -> Obj:
         selector = params.get("labelSelector")
+        fields = params.get("fieldSelector")
         items = [
             copy.deepcopy(obj)
             for (p, o_ns, _), obj in self.objects.items()
             if p == plural
             and (ns is None or o_ns == ns)
             and _matches(obj["metadata"].get("labels") or {}, selector)
+            and _fields_match(obj, fields)
         ]
         return {"kind": "List", "metadata": {"resourceVersion": str(self.version)}, "items": items}
 

@@ -1,0 +1,267 @@
+"""Stuck runs through the whole controller over real HTTP (the kmock-based emulator):
+the reconciler moves a placeholder when that loses nothing, and otherwise explains, once.
+
+The emulator plays kube-scheduler (the PodScheduled condition and its 1.36 message) and
+the StatefulSet controller (placeholder pods) by writing what they would write."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
+from datetime import UTC, datetime
+from typing import Any
+
+import orjson
+import pytest
+
+from coschedule.decide.modes import Mode
+from coschedule.kube.client import KubeClient
+from coschedule.reconcile import relocation
+from coschedule.reconcile.controller import Controller
+from coschedule.reconcile.metrics import ReconcileMetrics
+from coschedule.settings import Settings
+from tests.reconcile.apiserver import MiniApi
+from tests.reconcile.conftest import eventually
+from tests.reconcile.pods import marked_pod, placeholder_of
+from tests.reconcile.test_controller import PIPELINERUN_UID, placeholder_pod, seed_cluster
+
+GRACE = 2
+SETTINGS = Settings(mode=Mode.PIPELINERUNS, stuck_grace_seconds=GRACE)
+CPU_MESSAGE = (
+    "0/2 nodes are available: 1 Insufficient cpu, 1 node(s) didn't match pod affinity rules. "
+    "preemption: 0/2 nodes are available: 1 No preemption victims found for incoming pod, "
+    "1 Preemption is not helpful for scheduling."
+)
+
+
+def small_nodes(api: MiniApi) -> None:
+    for name in ("worker-1", "worker-2"):
+        api.edit(
+            "nodes",
+            None,
+            name,
+            {"status": {"allocatable": {"cpu": "2", "memory": "8Gi", "pods": "110"}}},
+        )
+
+
+def filler(node: str, cpu: str) -> dict[str, Any]:
+    """Another workload's pod, bound to ``node`` (not marked: the reconciler never watches
+    it; it counts when the reconciler asks what is bound there)."""
+    return {
+        "metadata": {"name": f"filler-{node}", "namespace": "other", "labels": {}},
+        "spec": {
+            "nodeName": node,
+            "containers": [{"name": "c", "resources": {"requests": {"cpu": cpu}}}],
+        },
+        "status": {"phase": "Running"},
+    }
+
+
+def stuck_pod(since: float, message: str = CPU_MESSAGE) -> dict[str, Any]:
+    pod = marked_pod("tekton-taskrun-two-workspaces", name="pr-7f3k2-test-pod", phase="Pending")
+    for container in pod["spec"]["containers"]:
+        container["resources"] = {"requests": {"cpu": "0"}}
+    pod["spec"]["containers"][0]["resources"] = {"requests": {"cpu": "1"}}
+    stamp = datetime.fromtimestamp(since, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    pod["status"]["conditions"] = [
+        {
+            "type": "PodScheduled",
+            "status": "False",
+            "reason": "Unschedulable",
+            "message": message,
+            "lastProbeTime": None,
+            "lastTransitionTime": stamp,
+        }
+    ]
+    return pod
+
+
+def events(api: MiniApi, reason: str) -> list[dict[str, Any]]:
+    return [o for (p, _, _), o in api.objects.items() if p == "events" and o["reason"] == reason]
+
+
+@pytest.fixture
+async def controller(api: MiniApi, client: KubeClient) -> AsyncIterator[Controller]:
+    seed_cluster(api)
+    small_nodes(api)
+    api.put(
+        "taskruns",
+        {
+            "metadata": {
+                "name": "pr-7f3k2-test",
+                "namespace": "ci",
+                "uid": "3ae19122-223c-5baa-8e8b-39512cf25c8c",
+                "ownerReferences": [
+                    {
+                        "apiVersion": "tekton.dev/v1",
+                        "kind": "PipelineRun",
+                        "name": "pr-7f3k2",
+                        "uid": PIPELINERUN_UID,
+                        "controller": True,
+                    }
+                ],
+            }
+        },
+    )
+    made = Controller(client, lambda: SETTINGS, ReconcileMetrics(), retry_base=0.02)
+    made.start_informers()
+    await asyncio.wait_for(made.wait_synced(), 3)
+    made.start_leading()
+    yield made
+    await made.stop()
+
+
+def metric(controller: Controller, name: str, **labels: str) -> float:
+    value = controller.metrics.registry.get_sample_value(name, labels)
+    return value if value is not None else 0.0
+
+
+async def start_run(api: MiniApi, *pods: dict[str, Any]) -> str:
+    name = placeholder_of(pods[0])
+    for pod in pods:
+        api.put("pods", pod)
+    await eventually(lambda: api.get("statefulsets", "ci", name) is not None)
+    api.put("pods", placeholder_pod(name, "worker-1"))
+    return name
+
+
+async def test_nothing_runs_so_the_placeholder_moves_where_the_pod_fits(
+    api: MiniApi, controller: Controller
+) -> None:
+    api.put("pods", filler("worker-1", "1500m"))
+    name = await start_run(api, stuck_pod(time.time()))
+    # Within the grace: nothing moves.
+    await asyncio.sleep(0.5)
+    assert (
+        relocation.ANNOTATION_RELOCATIONS
+        not in (api.get("statefulsets", "ci", name) or {})["metadata"]["annotations"]
+    )
+
+    took = await eventually(lambda: api.get("pods", "ci", f"{name}-0") is None, within=GRACE + 3)
+    assert took < GRACE + 1.5
+    sts = api.get("statefulsets", "ci", name)
+    assert sts is not None
+    state = orjson.loads(sts["metadata"]["annotations"][relocation.ANNOTATION_RELOCATIONS])
+    assert state["left"] == ["worker-1"]
+    assert state["target"] == "worker-2"
+    affinity = sts["spec"]["template"]["spec"]["affinity"]["nodeAffinity"]
+    [term] = affinity[relocation.REQUIRED]["nodeSelectorTerms"]
+    assert term["matchExpressions"] == [
+        {"key": "kubernetes.io/hostname", "operator": "NotIn", "values": ["worker-1"]}
+    ]
+    # The run's pods are never deleted; the move is on record three times.
+    assert [d[:3] for d in api.deletes] == [("pods", "ci", f"{name}-0")]
+    await eventually(
+        lambda: (
+            metric(controller, "coschedule_relocations_total", reason="insufficient-resources") == 1
+        )
+    )
+    await eventually(lambda: len(events(api, "RunRelocated")) == 2)
+    kinds = {e["involvedObject"]["kind"] for e in events(api, "RunRelocated")}
+    assert kinds == {"PipelineRun", "Pod"}
+    [on_sts] = events(api, "PlaceholderRelocated")
+    assert "from node worker-1 towards node worker-2" in on_sts["message"]
+    assert "requests 1 cpu" in on_sts["message"]
+
+    # The StatefulSet controller recreates the pod from the old template, on worker-1 again:
+    # it is deleted once more. Then it lands on worker-2; no further move.
+    api.put("pods", placeholder_pod(name, "worker-1"))
+    await eventually(lambda: api.get("pods", "ci", f"{name}-0") is None)
+    api.put("pods", placeholder_pod(name, "worker-2"))
+    await asyncio.sleep(GRACE + 0.5)
+    assert api.get("pods", "ci", f"{name}-0") is not None
+    assert api.count("PATCH", "statefulsets") == 1
+    # A pod that stays stuck after the move is never sent back to worker-1.
+    assert metric(controller, "coschedule_relocations_total", reason="insufficient-resources") <= 2
+
+
+async def test_a_running_task_forbids_the_move_and_the_stuck_pod_is_explained_once(
+    api: MiniApi, controller: Controller
+) -> None:
+    api.put("pods", filler("worker-1", "1500m"))
+    running = marked_pod("tekton-taskrun", node="worker-1")
+    name = await start_run(api, running, stuck_pod(time.time() - 10))
+    await eventually(lambda: len(events(api, "RunStuck")) == 2, within=GRACE + 3)
+    on_pod = [e for e in events(api, "RunStuck") if e["involvedObject"]["kind"] == "Pod"]
+    on_run = [e for e in events(api, "RunStuck") if e["involvedObject"]["kind"] == "PipelineRun"]
+    assert on_pod[0]["involvedObject"]["name"] == "pr-7f3k2-test-pod"
+    assert on_pod[0]["type"] == on_run[0]["type"] == "Warning"
+    text = on_pod[0]["message"]
+    assert "node worker-1" in text
+    assert "the pod requests 1 cpu and node worker-1 has 0 of 2 free" in text, text
+    assert running["metadata"]["name"] in text
+    assert "free cpu on node worker-1" in text
+    assert metric(controller, "coschedule_stuck_groups") == 1
+    assert api.get("pods", "ci", f"{name}-0") is not None
+    # Later looks (pod updates) do not repeat the Events.
+    api.edit("pods", "ci", "pr-7f3k2-test-pod", {"metadata": {"annotations": {"x": "1"}}})
+    await asyncio.sleep(0.3)
+    assert len(events(api, "RunStuck")) == 2
+    # The pod gets scheduled (capacity freed): no longer stuck.
+    api.edit("pods", "ci", "pr-7f3k2-test-pod", {"spec": {"nodeName": "worker-1"}})
+    await eventually(lambda: metric(controller, "coschedule_stuck_groups") == 0)
+    assert api.count("PATCH", "statefulsets") == 0
+
+
+async def test_a_node_local_volume_pins_the_run_it_is_explained_never_moved(
+    api: MiniApi, controller: Controller
+) -> None:
+    api.put("pods", filler("worker-1", "1500m"))
+    api.put(
+        "persistentvolumeclaims",
+        {
+            "metadata": {"name": "pvc-1f1344866c", "namespace": "ci"},
+            "spec": {"volumeName": "local-pv-1"},
+            "status": {"phase": "Bound"},
+        },
+    )
+    api.put(
+        "persistentvolumes",
+        {
+            "metadata": {"name": "local-pv-1"},
+            "spec": {
+                "local": {"path": "/mnt/ssd"},
+                "nodeAffinity": {
+                    "required": {
+                        "nodeSelectorTerms": [
+                            {
+                                "matchExpressions": [
+                                    {
+                                        "key": "kubernetes.io/hostname",
+                                        "operator": "In",
+                                        "values": ["worker-1"],
+                                    }
+                                ]
+                            }
+                        ]
+                    }
+                },
+            },
+        },
+    )
+    name = await start_run(api, stuck_pod(time.time() - 10))
+    await eventually(lambda: len(events(api, "RunStuck")) == 2, within=GRACE + 3)
+    text = events(api, "RunStuck")[0]["message"]
+    assert "claim pvc-1f1344866c (volume local-pv-1, usable on node worker-1)" in text
+    assert "volumeClaimTemplates" in text
+    assert api.get("pods", "ci", f"{name}-0") is not None
+    assert api.count("PATCH", "statefulsets") == 0
+    assert metric(controller, "coschedule_stuck_groups") == 1
+
+
+async def test_a_pod_waiting_for_its_placeholder_is_left_alone(
+    api: MiniApi, controller: Controller
+) -> None:
+    waiting = (
+        "0/2 nodes are available: 2 node(s) didn't match pod affinity rules. preemption: "
+        "0/2 nodes are available: 2 Preemption is not helpful for scheduling."
+    )
+    name = await start_run(api, stuck_pod(time.time() - 60, waiting))
+    await asyncio.sleep(0.5)
+    assert not events(api, "RunStuck")
+    assert api.get("pods", "ci", f"{name}-0") is not None
+    assert api.count("PATCH", "statefulsets") == 0
+
+
+Make = Callable[..., Any]
