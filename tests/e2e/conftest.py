@@ -38,7 +38,9 @@ E2E_DIR = Path(__file__).resolve().parent
 README_HINT = "see tests/e2e/README.md"
 # Two replicas, as the Deployment runs them.
 RECONCILER_REPLICAS = ("reconciler-a", "reconciler-b")
-CLUSTER_CONFIG = {"coschedule": "workspaces"}
+# A short stuck grace so that the stuck-run scenarios (test_stuck.py) finish quickly.
+STUCK_GRACE = 3
+CLUSTER_CONFIG = {"coschedule": "workspaces", "stuck-grace-seconds": str(STUCK_GRACE)}
 # The probe label keeps the namespace-sync probe pods recognisable in webhook logs.
 PROBE_GROUP = "e2e-namespace-probe"
 

@@ -91,60 +91,97 @@ def install_crds(api: Api) -> None:
 # Nodes --------------------------------------------------------------------------------
 
 
+# Two small nodes of their own for the stuck-run scenarios (tests/e2e/test_stuck.py): 2 CPU
+# and 6 pods each, tainted so that no other scenario's pod (nor placeholder) lands there.
+POOL_LABEL = "e2e.coschedule.dev/pool"
+POOL = "stuck"
+POOL_NODES: dict[str, tuple[str, str]] = {
+    "e2e-node-s1": ("e2e-zone-s", "amd64"),
+    "e2e-node-s2": ("e2e-zone-s", "amd64"),
+}
+POOL_TAINT = {"key": POOL_LABEL, "value": POOL, "effect": "NoSchedule"}
+POOL_RESOURCES = {"cpu": "2", "memory": "8Gi", "pods": "6", "ephemeral-storage": "100Gi"}
+
+
 def make_nodes(api: Api) -> None:
-    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     for name, (zone, arch) in NODES.items():
-        api.ensure(
-            {
-                "apiVersion": "v1",
-                "kind": "Node",
-                "metadata": {
-                    "name": name,
-                    "labels": {
-                        HOSTNAME: name,
-                        ARCH: arch,
-                        "kubernetes.io/os": "linux",
-                        ZONE: zone,
-                        "e2e.coschedule.dev/fake": "true",
-                    },
+        make_node(api, name, zone, arch)
+        reset_node(api, name)
+    for name, (zone, arch) in POOL_NODES.items():
+        make_node(api, name, zone, arch, POOL_RESOURCES, {POOL_LABEL: POOL})
+        reset_pool_node(api, name)
+
+
+def make_node(
+    api: Api,
+    name: str,
+    zone: str,
+    arch: str,
+    resources: dict[str, str] | None = None,
+    labels: dict[str, str] | None = None,
+) -> None:
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    api.ensure(
+        {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {
+                "name": name,
+                "labels": {
+                    HOSTNAME: name,
+                    ARCH: arch,
+                    "kubernetes.io/os": "linux",
+                    ZONE: zone,
+                    "e2e.coschedule.dev/fake": "true",
+                    **(labels or {}),
+                },
+            },
+        }
+    )
+    resources = resources or {
+        "cpu": "8",
+        "memory": "32Gi",
+        "pods": "110",
+        "ephemeral-storage": "100Gi",
+    }
+    api.patch(
+        "Node",
+        name,
+        {
+            "status": {
+                "capacity": resources,
+                "allocatable": resources,
+                "conditions": [
+                    {
+                        "type": "Ready",
+                        "status": "True",
+                        "reason": "KubeletReady",
+                        "message": "fake node of the e2e suite",
+                        "lastHeartbeatTime": now,
+                        "lastTransitionTime": now,
+                    }
+                ],
+                "nodeInfo": {
+                    "architecture": arch,
+                    "operatingSystem": "linux",
+                    "kubeletVersion": "v1.36.2",
+                    "containerRuntimeVersion": "fake://0",
+                    "kernelVersion": "6.0.0",
+                    "osImage": "e2e",
+                    "bootID": name,
+                    "machineID": name,
+                    "systemUUID": name,
+                    "kubeProxyVersion": "",
                 },
             }
-        )
-        resources = {"cpu": "8", "memory": "32Gi", "pods": "110", "ephemeral-storage": "100Gi"}
-        api.patch(
-            "Node",
-            name,
-            {
-                "status": {
-                    "capacity": resources,
-                    "allocatable": resources,
-                    "conditions": [
-                        {
-                            "type": "Ready",
-                            "status": "True",
-                            "reason": "KubeletReady",
-                            "message": "fake node of the e2e suite",
-                            "lastHeartbeatTime": now,
-                            "lastTransitionTime": now,
-                        }
-                    ],
-                    "nodeInfo": {
-                        "architecture": arch,
-                        "operatingSystem": "linux",
-                        "kubeletVersion": "v1.36.2",
-                        "containerRuntimeVersion": "fake://0",
-                        "kernelVersion": "6.0.0",
-                        "osImage": "e2e",
-                        "bootID": name,
-                        "machineID": name,
-                        "systemUUID": name,
-                        "kubeProxyVersion": "",
-                    },
-                }
-            },
-            subresource="status",
-        )
-        reset_node(api, name)
+        },
+        subresource="status",
+    )
+
+
+def reset_pool_node(api: Api, name: str) -> None:
+    """A pool node schedulable, with only the pool's own taint."""
+    api.patch("Node", name, {"spec": {"unschedulable": None, "taints": [POOL_TAINT]}})
 
 
 def reset_node(api: Api, name: str) -> None:

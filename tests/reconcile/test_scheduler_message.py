@@ -26,7 +26,8 @@ def test_messages_parse_to_counts_causes_and_details(case: dict[str, Any]) -> No
 
 def test_only_the_pin_to_the_placeholder_is_not_blocking() -> None:
     waiting = parse(CASES[9]["message"])
-    assert waiting.reasons and not waiting.blocking
+    assert waiting.reasons
+    assert not waiting.blocking
     cpu = parse(CASES[0]["message"])
     assert [r.cause for r in cpu.blocking] == [Cause.RESOURCES]
 

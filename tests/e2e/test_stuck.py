@@ -1,0 +1,548 @@
+"""Stuck runs (issue 12) on the real control plane: the placeholder's node cannot take the
+run's next pod. When no pod of the run runs and no volume pins it, the placeholder moves
+to a node where the pod fits; otherwise the pod and the PipelineRun get a Warning Event
+that says why; a run that could never be placed is refused at admission.
+
+The scenarios use two nodes of their own (``POOL_NODES``: 2 CPU, 6 pods, tainted so that
+only these pods go there) and the suite's ``stuck-grace-seconds`` (``STUCK_GRACE``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import time
+from collections.abc import Callable, Iterator
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from coschedule.decide.names import run_placeholder
+from tests.e2e.conftest import E2E, STUCK_GRACE
+from tests.e2e.kube import Api, ApiError, Obj, wait_for
+from tests.e2e.runs import node, wait_bound, wait_placeholder_bound
+from tests.e2e.world import (
+    HOSTNAME,
+    POOL,
+    POOL_LABEL,
+    POOL_NODES,
+    ZONE,
+    TektonRun,
+    bare_pod,
+    create_pod,
+    describe_namespace,
+    pod_phase,
+    unique,
+)
+
+pytestmark = pytest.mark.e2e
+
+NO_WORKSPACE = "tekton-taskrun-no-workspace"
+ONE_WORKSPACE = "tekton-taskrun"
+TWO_WORKSPACES = "tekton-taskrun-two-workspaces"
+POOL_TOLERATION = {"key": POOL_LABEL, "operator": "Equal", "value": POOL, "effect": "NoSchedule"}
+# Written by the relocation scenarios when set; ``python -m bench.stuck`` reads it.
+FIGURES_ENV = "COSCHEDULE_STUCK_FIGURES"
+
+
+def in_pool(manifest: Obj, cpu: str = "100m") -> Obj:
+    """The pod on the pool nodes, requesting ``cpu`` (its first step; the others none)."""
+    spec = manifest["spec"]
+    spec["nodeSelector"] = {**(spec.get("nodeSelector") or {}), POOL_LABEL: POOL}
+    spec["tolerations"] = [*(spec.get("tolerations") or []), POOL_TOLERATION]
+    for container in [*spec.get("initContainers", []), *spec["containers"]]:
+        container["resources"] = {"requests": {"cpu": "0", "memory": "16Mi"}}
+    spec["containers"][0]["resources"] = {
+        "requests": {"cpu": cpu, "memory": "64Mi"},
+        "limits": {"memory": "64Mi"},
+    }
+    return manifest
+
+
+def filler(api: Api, namespace: str, name: str, node_name: str, cpu: str = "10m") -> Obj:
+    """Another workload's pod, already on ``node_name`` (bound without the scheduler)."""
+    pod = bare_pod(namespace, name)
+    pod["spec"]["nodeName"] = node_name
+    pod["spec"]["containers"][0]["resources"] = {"requests": {"cpu": cpu, "memory": "16Mi"}}
+    return api.create(pod)
+
+
+def pool_pods(api: Api) -> list[Obj]:
+    found = []
+    for name in POOL_NODES:
+        found += [
+            p
+            for p in api.list("Pod", field_selector=f"spec.nodeName={name}")
+            if (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
+        ]
+    return found
+
+
+@pytest.fixture
+def pool(e2e: E2E) -> Iterator[None]:
+    """The pool nodes empty before, and emptied after (other scenarios' namespaces may still
+    be going away: wait; ours: delete at once, as a kubelet would confirm)."""
+    wait_for(
+        "the pool nodes to be empty",
+        lambda: not pool_pods(e2e.api),
+        timeout=60,
+        describe=lambda: "\n".join(
+            f"{p['metadata']['namespace']}/{p['metadata']['name']}" for p in pool_pods(e2e.api)
+        ),
+    )
+    yield
+    for pod in pool_pods(e2e.api):
+        with contextlib.suppress(ApiError):
+            e2e.api.delete(
+                "Pod", pod["metadata"]["name"], pod["metadata"]["namespace"], grace_period=0
+            )
+
+
+def unschedulable(api: Api, namespace: str, name: str, reason: str) -> tuple[float, str]:
+    """(since, message) once the scheduler reports the pod Unschedulable for ``reason``."""
+
+    def probe() -> tuple[float, str] | None:
+        pod = api.get("Pod", name, namespace) or {}
+        for condition in (pod.get("status") or {}).get("conditions") or ():
+            if (
+                condition.get("type") == "PodScheduled"
+                and condition.get("reason") == "Unschedulable"
+                and reason in str(condition.get("message"))
+            ):
+                since = datetime.fromisoformat(
+                    str(condition["lastTransitionTime"]).replace("Z", "+00:00")
+                ).timestamp()
+                return since, str(condition["message"])
+        return None
+
+    return wait_for(
+        f"pod {namespace}/{name} to be Unschedulable ({reason})",
+        probe,
+        describe=lambda: describe_namespace(api, namespace),
+    )
+
+
+def events_on(api: Api, namespace: str, kind: str, name: str, reason: str) -> list[Obj]:
+    return [
+        e
+        for e in api.list("Event", namespace, field_selector=f"involvedObject.name={name}")
+        if e.get("reason") == reason and (e.get("involvedObject") or {}).get("kind") == kind
+    ]
+
+
+def leader_metric(e2e: E2E, name: str, **labels: str) -> float:
+    """A sample from the leading reconciler's /metrics (0 when absent)."""
+    leader = e2e.product.leader()
+    assert leader is not None, "no reconciler holds the Lease"
+    port = e2e.product.reconciler_ports[leader]
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+    wanted = ",".join(f'{k}="{v}"' for k, v in labels.items())
+    pattern = re.escape(name) + (r"\{" + re.escape(wanted) + r"\}" if wanted else "") + r" (\S+)"
+    match = re.search("^" + pattern + "$", text, re.MULTILINE)
+    return float(match.group(1)) if match else 0.0
+
+
+def fill(api: Api, namespace: str, node_name: str, cause: str) -> None:
+    """Leave too little of ``node_name`` for a pod requesting 1 CPU: CPU, or pod slots."""
+    if cause == "cpu":
+        filler(api, namespace, "filler-cpu", node_name, cpu="1500m")
+        return
+    taken = len([p for p in pool_pods(api) if p["spec"]["nodeName"] == node_name])
+    for index in range(6 - taken):
+        filler(api, namespace, f"filler-{index}", node_name)
+
+
+REASON = {"cpu": "Insufficient cpu", "pods": "Too many pods"}
+METRIC_REASON = {"cpu": "insufficient-resources", "pods": "too-many-pods"}
+
+
+def start(e2e: E2E, ns: str) -> tuple[TektonRun, str, Obj]:
+    """A run whose first task ran on a pool node: (run, placeholder, its bound pod)."""
+    api = e2e.api
+    run = TektonRun(api, ns, unique("pr")).create()
+    run.pods["build"] = create_pod(api, in_pool(run.pod_manifest("build", fixture=NO_WORKSPACE)))
+    placeholder = run_placeholder(ns, run.name)
+    first = wait_placeholder_bound(api, ns, placeholder)
+    wait_bound(api, ns, run.pod_name("build"), node=node(first))
+    return run, placeholder, first
+
+
+def record(figures: dict[str, Any]) -> None:
+    path = os.environ.get(FIGURES_ENV)
+    if not path:
+        return
+    target = Path(path)
+    found = json.loads(target.read_text()) if target.exists() else []
+    found.append(figures)
+    target.write_text(json.dumps(found, indent=2))
+
+
+@pytest.mark.usefixtures("pool")
+@pytest.mark.parametrize("cause", ["cpu", "pods"])
+def test_no_task_running_the_placeholder_moves_and_the_run_follows(
+    e2e: E2E, namespace: Callable[..., str], cause: str
+) -> None:
+    e2e.require("scheduler", "controller-manager", "reconciler")
+    api = e2e.api
+    ns = namespace(mode="pipelineruns")
+    run, placeholder, first = start(e2e, ns)
+    old_node = node(first)
+    pod_phase(api, run.pods["build"], "Succeeded")  # the first task is done: nothing runs
+    fill(api, ns, old_node, cause)
+
+    run.pods["test"] = create_pod(
+        api, in_pool(run.pod_manifest("test", fixture=NO_WORKSPACE), cpu="1")
+    )
+    since, message = unschedulable(api, ns, run.pod_name("test"), REASON[cause])
+    assert re.match(r"0/\d+ nodes are available: ", message), message
+
+    moved = wait_placeholder_bound(
+        api,
+        ns,
+        placeholder,
+        not_node=old_node,
+        not_uid=first["metadata"]["uid"],
+        timeout=STUCK_GRACE + 20,
+    )
+    new_node = node(moved)
+    wait_bound(api, ns, run.pod_name("test"), node=new_node, timeout=STUCK_GRACE + 20)
+    bound_at = time.time()
+    took = bound_at - since
+    # lastTransitionTime has a resolution of one second.
+    assert took <= STUCK_GRACE + 5 + 1, (
+        f"stuck since {since:.0f}, all bound {took:.1f}s later (goal {STUCK_GRACE} + 5 s)"
+    )
+    relocated = wait_for(
+        f"a PlaceholderRelocated Event on {placeholder}",
+        lambda: events_on(api, ns, "StatefulSet", placeholder, "PlaceholderRelocated") or None,
+        timeout=10,
+    )
+    assert old_node in relocated[0]["message"], relocated[0]["message"]
+    wait_for(
+        f"a RunRelocated Event on PipelineRun {run.name}",
+        lambda: events_on(api, ns, "PipelineRun", run.name, "RunRelocated") or None,
+        timeout=10,
+    )
+    assert leader_metric(e2e, "coschedule_relocations_total", reason=METRIC_REASON[cause]) >= 1
+
+    # Every live pod of the run is together on the new node; the next one follows.
+    run.pods["report"] = create_pod(api, in_pool(run.pod_manifest("report", fixture=NO_WORKSPACE)))
+    wait_bound(api, ns, run.pod_name("report"), node=new_node)
+    assert node(api.must_get("Pod", run.pod_name("test"), ns)) == new_node
+    # The run's pods were never deleted.
+    build = api.must_get("Pod", run.pod_name("build"), ns)
+    assert build["metadata"]["uid"] == run.pods["build"]["metadata"]["uid"]
+    assert not build["metadata"].get("deletionTimestamp")
+    record(
+        {
+            "cause": cause,
+            "grace_s": STUCK_GRACE,
+            "unschedulable_to_all_bound_s": round(took, 2),
+            "detection_to_all_bound_s": round(took - STUCK_GRACE, 2),
+            "from": old_node,
+            "to": new_node,
+            "message": message,
+        }
+    )
+    print(f"\n[stuck] {cause}: Unschedulable -> all pods bound on {new_node} in {took:.1f}s")
+
+
+@pytest.mark.usefixtures("pool")
+@pytest.mark.parametrize("cause", ["cpu", "pods"])
+def test_a_running_task_is_never_split_the_stuck_pod_is_explained(
+    e2e: E2E, namespace: Callable[..., str], cause: str
+) -> None:
+    e2e.require("scheduler", "controller-manager", "reconciler")
+    api = e2e.api
+    ns = namespace(mode="pipelineruns")
+    run, placeholder, first = start(e2e, ns)
+    old_node = node(first)
+    pod_phase(api, run.pods["build"], "Running")
+    fill(api, ns, old_node, cause)
+    run.pods["test"] = create_pod(
+        api, in_pool(run.pod_manifest("test", fixture=NO_WORKSPACE), cpu="1")
+    )
+    unschedulable(api, ns, run.pod_name("test"), REASON[cause])
+
+    on_pod = wait_for(
+        "a RunStuck Warning on the pending pod",
+        lambda: events_on(api, ns, "Pod", run.pod_name("test"), "RunStuck") or None,
+        timeout=STUCK_GRACE + 10,
+        describe=lambda: describe_namespace(api, ns),
+    )
+    on_run = wait_for(
+        "a RunStuck Warning on the PipelineRun",
+        lambda: events_on(api, ns, "PipelineRun", run.name, "RunStuck") or None,
+        timeout=10,
+    )
+    text = on_pod[0]["message"]
+    assert on_pod[0]["type"] == on_run[0]["type"] == "Warning"
+    assert old_node in text, text
+    assert run.pod_name("build") in text, text  # why not moved: it runs there
+    assert ("cpu" in text) if cause == "cpu" else ("pod cap" in text), text
+    assert leader_metric(e2e, "coschedule_stuck_groups") >= 1
+
+    # Never moved: the same placeholder pod stays where the run is.
+    time.sleep(STUCK_GRACE + 1)
+    still = api.must_get("Pod", f"{placeholder}-0", ns)
+    assert still["metadata"]["uid"] == first["metadata"]["uid"], describe_namespace(api, ns)
+    assert node(still) == old_node
+    assert node(api.must_get("Pod", run.pod_name("build"), ns)) == old_node
+
+
+def local_volume_claim(api: Api, namespace: str, name: str, host: str) -> None:
+    """A claim bound to a node-local volume on ``host`` (as a local-volume provisioner
+    makes it): usable there only."""
+    pv_name = f"pv-{namespace}-{name}"[:63]
+    api.create(
+        {
+            "apiVersion": "v1",
+            "kind": "PersistentVolume",
+            "metadata": {"name": pv_name, "labels": {"e2e": "true"}},
+            "spec": {
+                "capacity": {"storage": "1Gi"},
+                "accessModes": ["ReadWriteOnce"],
+                "persistentVolumeReclaimPolicy": "Delete",
+                "storageClassName": "",
+                "hostPath": {"path": f"/tmp/e2e/{pv_name}"},
+                "claimRef": {"namespace": namespace, "name": name},
+                "nodeAffinity": {
+                    "required": {
+                        "nodeSelectorTerms": [
+                            {
+                                "matchExpressions": [
+                                    {"key": HOSTNAME, "operator": "In", "values": [host]}
+                                ]
+                            }
+                        ]
+                    }
+                },
+            },
+        }
+    )
+    api.create(
+        {
+            "apiVersion": "v1",
+            "kind": "PersistentVolumeClaim",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {
+                "accessModes": ["ReadWriteOnce"],
+                "storageClassName": "",
+                "volumeName": pv_name,
+                "resources": {"requests": {"storage": "1Gi"}},
+            },
+        }
+    )
+    wait_for(
+        f"claim {namespace}/{name} to be Bound",
+        lambda: (
+            (api.must_get("PersistentVolumeClaim", name, namespace).get("status") or {}).get(
+                "phase"
+            )
+            == "Bound"
+        ),
+    )
+
+
+@pytest.mark.usefixtures("pool")
+def test_a_node_local_volume_pins_the_run_explained_never_moved(
+    e2e: E2E, namespace: Callable[..., str]
+) -> None:
+    e2e.require("scheduler", "controller-manager", "reconciler")
+    api = e2e.api
+    ns = namespace(mode="pipelineruns")
+    here = sorted(POOL_NODES)[0]
+    local_volume_claim(api, ns, "source", here)
+    run = TektonRun(api, ns, unique("pr")).create()
+    build = in_pool(
+        run.pod_manifest("build", fixture=ONE_WORKSPACE, claims={"pvc-1f1344866c": "source"})
+    )
+    run.pods["build"] = create_pod(api, build)
+    placeholder = run_placeholder(ns, run.name)
+    first = wait_placeholder_bound(api, ns, placeholder)
+    assert node(first) == here  # where the data is
+    wait_bound(api, ns, run.pod_name("build"), node=here)
+    pod_phase(api, run.pods["build"], "Succeeded")  # nothing runs: only the volume pins it
+    fill(api, ns, here, "cpu")
+    test = in_pool(
+        run.pod_manifest("test", fixture=ONE_WORKSPACE, claims={"pvc-1f1344866c": "source"}),
+        cpu="1",
+    )
+    run.pods["test"] = create_pod(api, test)
+    unschedulable(api, ns, run.pod_name("test"), "Insufficient cpu")
+
+    on_pod = wait_for(
+        "a RunStuck Warning on the pending pod",
+        lambda: events_on(api, ns, "Pod", run.pod_name("test"), "RunStuck") or None,
+        timeout=STUCK_GRACE + 10,
+        describe=lambda: describe_namespace(api, ns),
+    )
+    text = on_pod[0]["message"]
+    assert "claim source" in text, text
+    assert f"usable on node {here}" in text, text
+    wait_for(
+        "a RunStuck Warning on the PipelineRun",
+        lambda: events_on(api, ns, "PipelineRun", run.name, "RunStuck") or None,
+        timeout=10,
+    )
+    time.sleep(STUCK_GRACE + 1)
+    still = api.must_get("Pod", f"{placeholder}-0", ns)
+    assert still["metadata"]["uid"] == first["metadata"]["uid"], describe_namespace(api, ns)
+    assert not events_on(api, ns, "StatefulSet", placeholder, "PlaceholderRelocated")
+
+
+def pinned_claim(api: Api, namespace: str, name: str, key: str, value: str) -> None:
+    """A claim bound to a volume pinned by ``key`` = ``value`` (pre-bound, as above)."""
+    pv_name = f"pv-{namespace}-{name}"[:63]
+    api.create(
+        {
+            "apiVersion": "v1",
+            "kind": "PersistentVolume",
+            "metadata": {"name": pv_name, "labels": {"e2e": "true"}},
+            "spec": {
+                "capacity": {"storage": "1Gi"},
+                "accessModes": ["ReadWriteOnce"],
+                "persistentVolumeReclaimPolicy": "Delete",
+                "storageClassName": "",
+                "hostPath": {"path": f"/tmp/e2e/{pv_name}"},
+                "claimRef": {"namespace": namespace, "name": name},
+                "nodeAffinity": {
+                    "required": {
+                        "nodeSelectorTerms": [
+                            {
+                                "matchExpressions": [
+                                    {"key": key, "operator": "In", "values": [value]}
+                                ]
+                            }
+                        ]
+                    }
+                },
+            },
+        }
+    )
+    api.create(
+        {
+            "apiVersion": "v1",
+            "kind": "PersistentVolumeClaim",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {
+                "accessModes": ["ReadWriteOnce"],
+                "storageClassName": "",
+                "volumeName": pv_name,
+                "resources": {"requests": {"storage": "1Gi"}},
+            },
+        }
+    )
+    wait_for(
+        f"claim {namespace}/{name} to be Bound",
+        lambda: (
+            (api.must_get("PersistentVolumeClaim", name, namespace).get("status") or {}).get(
+                "phase"
+            )
+            == "Bound"
+        ),
+    )
+
+
+def kubectl_create(e2e: E2E, manifest: Obj, tmp_path: Path, *extra: str) -> Any:
+    path = tmp_path / f"{manifest['metadata']['name']}.json"
+    path.write_text(json.dumps(manifest))
+    return e2e.kubectl_run("create", "-f", str(path), *extra)
+
+
+def test_claims_on_two_nodes_are_refused_by_kubectl(
+    e2e: E2E, namespace: Callable[..., str], tmp_path: Path
+) -> None:
+    e2e.require("controller-manager", "kubectl")
+    api = e2e.api
+    ns = namespace(mode="pipelineruns")
+    one, two = sorted(POOL_NODES)
+    pinned_claim(api, ns, "source", HOSTNAME, one)
+    pinned_claim(api, ns, "cache", HOSTNAME, two)
+    run = TektonRun(api, ns, unique("pr")).create()
+    manifest = run.pod_manifest(
+        "test",
+        fixture=TWO_WORKSPACES,
+        claims={"pvc-1f1344866c": "source", "pvc-f87b6a85f3": "cache"},
+    )
+    # The volumes reach the webhook through its watch; a pod created before would pass.
+    deadline = time.monotonic() + 15
+    while True:
+        done = kubectl_create(e2e, manifest, tmp_path, "--dry-run=server")
+        if done.returncode != 0 or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    done = kubectl_create(e2e, manifest, tmp_path)
+    assert done.returncode != 0, f"kubectl create succeeded:\n{done.stdout}"
+    assert "denied the request" in done.stderr, done.stderr
+    assert "rule claims-conflict" in done.stderr, done.stderr
+    assert f"claim source (volume pv-{ns}-source) on node {one}" in done.stderr, done.stderr
+    assert f"claim cache (volume pv-{ns}-cache) on node {two}" in done.stderr, done.stderr
+    assert api.get("Pod", manifest["metadata"]["name"], ns) is None
+
+
+@contextlib.contextmanager
+def topology_key(e2e: E2E, ns: str, key: str) -> Iterator[None]:
+    """The cluster's topology-key, hot-reloaded, for the duration (then put back)."""
+    config_dir = e2e.product.config_dir
+    assert config_dir is not None
+    path = config_dir / "topology-key"
+
+    def applied(value: str) -> bool:
+        probe = bare_pod(ns, "probe", {"coschedule.dev/group": "probe"})
+        stored = api.create(probe, dry_run=True)
+        return (stored["metadata"].get("annotations") or {}).get(
+            "coschedule.dev/topology-key"
+        ) == value
+
+    api = e2e.api
+    tmp = path.with_name(".topology-key.tmp")
+    tmp.write_text(key)
+    tmp.replace(path)
+    try:
+        wait_for(f"the webhook to reload topology-key {key}", lambda: applied(key), timeout=20)
+        yield
+    finally:
+        path.unlink(missing_ok=True)
+        wait_for("the webhook to reload topology-key", lambda: applied(HOSTNAME), timeout=20)
+
+
+def test_zonal_volumes_in_one_zone_are_admitted_with_a_zone_topology_key(
+    e2e: E2E, namespace: Callable[..., str], tmp_path: Path
+) -> None:
+    e2e.require("controller-manager", "kubectl")
+    api = e2e.api
+    ns = namespace(mode="pipelineruns")
+    pinned_claim(api, ns, "source", ZONE, "e2e-zone-a")
+    pinned_claim(api, ns, "cache", ZONE, "e2e-zone-a")
+    pinned_claim(api, ns, "far", ZONE, "e2e-zone-b")
+    run = TektonRun(api, ns, unique("pr")).create()
+    together = run.pod_manifest(
+        "test",
+        fixture=TWO_WORKSPACES,
+        claims={"pvc-1f1344866c": "source", "pvc-f87b6a85f3": "cache"},
+    )
+    apart = run.pod_manifest(
+        "lint",
+        fixture=TWO_WORKSPACES,
+        claims={"pvc-1f1344866c": "source", "pvc-f87b6a85f3": "far"},
+    )
+    with topology_key(e2e, ns, ZONE):
+        # Give the volume watch a moment: the refusal below proves the cache has them.
+        wait_for(
+            "the webhook to refuse volumes in two zones",
+            lambda: kubectl_create(e2e, apart, tmp_path, "--dry-run=server").returncode != 0,
+            timeout=15,
+        )
+        refused = kubectl_create(e2e, apart, tmp_path)
+        assert refused.returncode != 0
+        assert "rule claims-conflict" in refused.stderr, refused.stderr
+        assert "zone e2e-zone-a" in refused.stderr
+        assert "zone e2e-zone-b" in refused.stderr
+        admitted = kubectl_create(e2e, together, tmp_path, "--dry-run=server")
+        assert admitted.returncode == 0, admitted.stderr
