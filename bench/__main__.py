@@ -36,6 +36,9 @@ def main(argv: list[str] | None = None) -> int:
         "--no-wrk", action="store_true", help="closed loop with bench.openloop even if wrk exists"
     )
     parser.add_argument("--no-reconciler", action="store_true")
+    parser.add_argument(
+        "--no-stuck", action="store_true", help="skip the stuck-run relocation timing (e2e)"
+    )
     parser.add_argument("--server-cpu", type=int, default=None)
     parser.add_argument("--client-cpu", type=int, default=None)
     args = parser.parse_args(argv)
@@ -60,7 +63,13 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
     results = run(plan, args.out)
-    table = render(results)
+    stuck_text = ""
+    if not args.no_stuck:
+        from bench import stuck  # runs the e2e relocation scenarios
+
+        results["stuck"] = stuck.measure(1 if args.quick else 2)
+        stuck_text = "\n" + stuck.render(results["stuck"]) + "\n"
+    table = render(results) + stuck_text
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "latest.json").write_bytes(
         orjson.dumps(results, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS) + b"\n"
