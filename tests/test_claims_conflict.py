@@ -186,7 +186,7 @@ def test_not_checked(mode: Mode, synced: bool, bound: bool) -> None:
 
 def test_volume_topology_reads_terms_fields_and_legacy_zone_labels() -> None:
     local = volume_topology(pv("pv-x", HOST, "node-1"))
-    assert local.pinned(HOST) == {"node-1"}
+    assert local.pinned(HOST) == frozenset({"node-1"})
     assert local.pinned(ZONE) is None
     assert local.describe() == "node node-1"
     assert local.allows({HOST: "node-1"}, "node-1")
@@ -209,8 +209,8 @@ def test_volume_topology_reads_terms_fields_and_legacy_zone_labels() -> None:
             },
         }
     )
-    assert by_field.pinned(HOST) == {"n3"}
+    assert by_field.pinned(HOST) == frozenset({"n3"})
     assert by_field.allows({}, "n3")
     legacy = volume_topology({"metadata": {"name": "pv-z", "labels": {ZONE: "z1__z2"}}})
-    assert legacy.pinned(ZONE) == {"z1", "z2"}
+    assert legacy.pinned(ZONE) == frozenset({"z1", "z2"})
     assert volume_topology({"metadata": {"name": "pv-any"}}).describe() == "any node"

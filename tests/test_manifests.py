@@ -643,12 +643,13 @@ EXPECTED_PERMISSIONS: dict[str, set[Permission]] = {
     "ClusterRole coschedule-webhook": _grant(
         "core", "namespaces persistentvolumeclaims", "get list watch"
     )
-    | _grant("core", "pods", "list watch")
+    | _grant("core", "pods persistentvolumes", "list watch")
     | _grant("apps", "statefulsets", "get list watch"),
     "ClusterRole coschedule-reconciler": _grant("core", "pods", "get list watch delete")
     | _grant("core", "nodes", "get list watch")
     | _grant("apps", "statefulsets", "get list watch create update patch delete")
     | _grant("core", "persistentvolumeclaims", "get list watch delete")
+    | _grant("core", "persistentvolumes", "get")
     | _grant("tekton.dev", "pipelineruns taskruns", "get")
     | _grant("argoproj.io", "workflows", "get")
     | _grant("shipwright.io", "buildruns", "get")

@@ -152,7 +152,9 @@ def zonal_pv(name: str, zone: str) -> Any:
 
 def test_a_pod_refused_by_the_groups_node_is_stuck_after_the_grace() -> None:
     pod = pending(MESSAGES["cpu on the group's node"])
-    assert stuck.find_stuck([pod], T0 + 10, 30) == (None, pytest.approx(20))
+    found, wait = stuck.find_stuck([pod], T0 + 10, 30)
+    assert found is None
+    assert wait == pytest.approx(20)
     assert stuck.find_stuck([pod], T0 + 30, 30) == (pod, None)
 
 
