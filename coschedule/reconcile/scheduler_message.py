@@ -10,8 +10,11 @@ The group's node hosts the placeholder, so it passes the pod-affinity filter (th
 filter plugin); when it fails, it fails for another reason, which the message counts. The
 reason strings are the scheduler plugins' (``pkg/scheduler/framework/plugins``):
 noderesources (``Insufficient <resource>``, ``Too many pods``), nodeunschedulable,
-tainttoleration (``node(s) had untolerated taint {key: value}``), nodeaffinity,
-volumebinding, volumezone, interpodaffinity.
+tainttoleration (1.36: ``node(s) had untolerated taint(s)``; earlier releases named the
+taint, ``{key: value}``), nodeaffinity, volumebinding (1.36: ``node(s) didn't match
+PersistentVolume's node affinity``; earlier: ``had volume node affinity conflict``),
+volumezone, interpodaffinity. The message does not say which node failed for what: the
+reconciler works that out itself (``stuck.diagnose``).
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ FIXTURE = (
     Path(__file__).resolve().parents[1] / "fixtures" / "scheduler" / ("unschedulable-messages.json")
 )
 CASES: list[dict[str, Any]] = json.loads(FIXTURE.read_text())["cases"]
+BY_NAME = {case["name"]: case["message"] for case in CASES}
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c["name"] for c in CASES])
@@ -25,10 +26,10 @@ def test_messages_parse_to_counts_causes_and_details(case: dict[str, Any]) -> No
 
 
 def test_only_the_pin_to_the_placeholder_is_not_blocking() -> None:
-    waiting = parse(CASES[9]["message"])
+    waiting = parse(BY_NAME["waiting for the placeholder (not stuck on a node)"])
     assert waiting.reasons
     assert not waiting.blocking
-    cpu = parse(CASES[0]["message"])
+    cpu = parse(BY_NAME["cpu on the group's node"])
     assert [r.cause for r in cpu.blocking] == [Cause.RESOURCES]
 
 
