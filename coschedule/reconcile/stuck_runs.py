@@ -37,6 +37,9 @@ from coschedule.settings import Settings
 log = logging.getLogger("coschedule.reconcile")
 
 RECHECK_MARGIN = 0.05  # look just after a grace period ends, not just before
+# A stuck group is looked at again this often: what blocked a move (a running task, no
+# room elsewhere) may change without an event on the group's own pods.
+MIN_STUCK_RECHECK_SECONDS = 5.0
 _TERMINATED = ("Succeeded", "Failed")
 
 
@@ -218,6 +221,9 @@ class StuckRuns:
             )
             return
         await self._explain(observed, sts_obj, pod, node, findings, blockers, options)
+        self.queue.add_after(
+            observed.key, max(MIN_STUCK_RECHECK_SECONDS, float(settings.stuck_grace_seconds))
+        )
 
     async def _target(
         self,

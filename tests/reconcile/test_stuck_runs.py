@@ -17,7 +17,7 @@ import pytest
 
 from coschedule.decide.modes import Mode
 from coschedule.kube.client import KubeClient
-from coschedule.reconcile import relocation
+from coschedule.reconcile import relocation, stuck_runs
 from coschedule.reconcile.controller import Controller
 from coschedule.reconcile.metrics import ReconcileMetrics
 from coschedule.settings import Settings
@@ -265,3 +265,26 @@ async def test_a_pod_waiting_for_its_placeholder_is_left_alone(
 
 
 Make = Callable[..., Any]
+
+
+async def test_no_room_elsewhere_is_explained_then_moved_once_room_appears(
+    api: MiniApi, controller: Controller, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(stuck_runs, "MIN_STUCK_RECHECK_SECONDS", 0.5)
+    api.put("pods", filler("worker-1", "1500m"))
+    api.put("pods", filler("worker-2", "1900m"))
+    name = await start_run(api, stuck_pod(time.time() - 10))
+    await eventually(lambda: len(events(api, "RunStuck")) == 2, within=GRACE + 3)
+    text = events(api, "RunStuck")[0]["message"]
+    assert "no other node can take the pod" in text, text
+    assert "worker-2: not enough cpu (0.1 free, 1.001 needed)" in text, text
+    assert "add capacity" in text
+    assert metric(controller, "coschedule_stuck_groups") == 1
+    # Room appears on worker-2 (no event on the run's pods): the periodic look moves it.
+    api.remove("pods", "other", "filler-worker-2")
+    await eventually(lambda: api.get("pods", "ci", f"{name}-0") is None, within=GRACE + 3)
+    await eventually(lambda: metric(controller, "coschedule_stuck_groups") == 0)
+    sts = api.get("statefulsets", "ci", name)
+    assert sts is not None
+    state = orjson.loads(sts["metadata"]["annotations"][relocation.ANNOTATION_RELOCATIONS])
+    assert state["target"] == "worker-2"
