@@ -546,3 +546,41 @@ def test_zonal_volumes_in_one_zone_are_admitted_with_a_zone_topology_key(
         assert "zone e2e-zone-b" in refused.stderr
         admitted = kubectl_create(e2e, together, tmp_path, "--dry-run=server")
         assert admitted.returncode == 0, admitted.stderr
+
+
+@pytest.mark.usefixtures("pool")
+def test_a_volume_only_usable_elsewhere_moves_the_run_to_it(
+    e2e: E2E, namespace: Callable[..., str]
+) -> None:
+    """tektoncd/pipeline #3545: the run's next task mounts data that lives on another node
+    than the one the run was put on. Nothing runs yet, so the run goes where the data is."""
+    e2e.require("scheduler", "controller-manager", "reconciler")
+    api = e2e.api
+    ns = namespace(mode="pipelineruns")
+    run, placeholder, first = start(e2e, ns)
+    old_node = node(first)
+    pod_phase(api, run.pods["build"], "Succeeded")
+    data_node = next(name for name in sorted(POOL_NODES) if name != old_node)
+    local_volume_claim(api, ns, "source", data_node)
+    manifest = run.pod_manifest("test", fixture=ONE_WORKSPACE, claims={"pvc-1f1344866c": "source"})
+    run.pods["test"] = create_pod(api, in_pool(manifest))
+    since, message = unschedulable(api, ns, run.pod_name("test"), "PersistentVolume")
+    moved = wait_placeholder_bound(
+        api,
+        ns,
+        placeholder,
+        not_node=old_node,
+        not_uid=first["metadata"]["uid"],
+        timeout=STUCK_GRACE + 20,
+    )
+    assert node(moved) == data_node
+    wait_bound(api, ns, run.pod_name("test"), node=data_node, timeout=STUCK_GRACE + 20)
+    took = time.time() - since
+    assert took <= STUCK_GRACE + 5 + 1, f"{took:.1f}s; the scheduler said: {message}"
+    relocated = wait_for(
+        f"a PlaceholderRelocated Event on {placeholder}",
+        lambda: events_on(api, ns, "StatefulSet", placeholder, "PlaceholderRelocated") or None,
+        timeout=10,
+    )
+    assert "claim source" in relocated[0]["message"], relocated[0]["message"]
+    assert leader_metric(e2e, "coschedule_relocations_total", reason="volume-node-affinity") >= 1
