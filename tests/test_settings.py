@@ -10,6 +10,7 @@ from coschedule.decide.modes import Mode
 from coschedule.settings import (
     DEFAULT_GROUP_LABELS,
     ConfigError,
+    load_settings,
     parse_settings,
     read_raw_config,
 )
@@ -49,6 +50,14 @@ def test_defaults_are_tektons() -> None:
     assert settings.group_labels == DEFAULT_GROUP_LABELS
     assert settings.group_labels[0] == "coschedule.dev/group"
     assert settings.idle_grace_seconds == 300
+    assert settings.stuck_grace_seconds == 30
+
+
+def test_stuck_grace_from_the_environment_and_the_folder(tmp_path: Path) -> None:
+    environ = {"COSCHEDULE_STUCK_GRACE_SECONDS": "12"}
+    assert load_settings(None, environ).stuck_grace_seconds == 12
+    (tmp_path / "stuck-grace-seconds").write_text("5\n")
+    assert load_settings(tmp_path, environ).stuck_grace_seconds == 5
 
 
 def test_deprecated_key_alone_uses_default_coschedule() -> None:
@@ -66,6 +75,8 @@ def test_deprecated_key_alone_uses_default_coschedule() -> None:
         ({"group-labels": "a/b,a/b"}, "twice"),
         ({"idle-grace-seconds": "soon"}, "idle-grace-seconds"),
         ({"idle-grace-seconds": "-1"}, "idle-grace-seconds"),
+        ({"stuck-grace-seconds": "half a minute"}, "stuck-grace-seconds"),
+        ({"stuck-grace-seconds": "-5"}, "stuck-grace-seconds"),
         ({"placeholder-resources": "requests: {cpu: lots}"}, "quantity"),
         ({"placeholder-resources": "limits: [1]"}, "mapping"),
         ({"placeholder-resources": "burst: {cpu: 1m}"}, "unknown section"),
