@@ -81,7 +81,7 @@ class Controller:
             "/api/v1/pods",
             "placeholder-pods",
             PLACEHOLDER_POD_SELECTOR,
-            shapes.slim_placeholder_pod,
+            stuck.with_condition(shapes.slim_placeholder_pod),
         )
         self.nodes = self._informer(
             "/api/v1/nodes", "nodes", None, stuck.with_allocatable(shapes.slim_node)

@@ -66,6 +66,32 @@ def with_scheduling(transform: Callable[[Obj], Obj]) -> Callable[[Obj], Obj]:
     return wrapped
 
 
+def with_condition(transform: Callable[[Obj], Obj]) -> Callable[[Obj], Obj]:
+    """Wrap the placeholder-pod informer transform so that an unbound placeholder pod keeps
+    its PodScheduled condition (a placeholder that cannot be placed stalls its run)."""
+
+    def wrapped(obj: Obj) -> Obj:
+        slim = transform(obj)
+        facts = scheduling_facts(obj)
+        if facts is not None and "condition" in facts:
+            slim[FACTS] = {"condition": facts["condition"]}
+        return slim
+
+    return wrapped
+
+
+def unschedulable_since(obj: Obj) -> tuple[float, str] | None:
+    """(since, message) of a slim pod reported Unschedulable; None otherwise."""
+    facts = obj.get(FACTS)
+    condition = facts.get("condition") if isinstance(facts, dict) else None
+    if not isinstance(condition, dict):
+        return None
+    if condition.get("status") != "False" or condition.get("reason") != "Unschedulable":
+        return None
+    since = parse_time(condition.get("lastTransitionTime"))
+    return None if since is None else (since, str(condition.get("message") or ""))
+
+
 def with_allocatable(transform: Callable[[Obj], Obj]) -> Callable[[Obj], Obj]:
     """Wrap the node informer transform so that nodes keep their allocatable."""
 

@@ -30,7 +30,7 @@ from coschedule.reconcile.placeholder import (
     template_claim,
     template_hash,
 )
-from coschedule.reconcile.scheduler_message import Cause
+from coschedule.reconcile.scheduler_message import Cause, parse
 from coschedule.reconcile.workqueue import WorkQueue
 from coschedule.settings import Settings
 
@@ -118,10 +118,13 @@ class StuckRuns:
             }
             await self._strays(key, observed, placed, nodes, state, versions)
         here = [p for p in placed if p.node_name in nodes]
-        if not here:
-            return  # the placeholder is being (re)scheduled: its pods wait for it, not stuck
-        node = stuck.node_view(nodes[here[0].node_name])
         grace = float(settings.stuck_grace_seconds)
+        if not here:
+            # The placeholder is being (re)scheduled: its pods wait for it. Say so if the
+            # scheduler cannot place it either (never a silent hang).
+            await self._placeholder_pending(observed, placeholder_pods, state, grace, now)
+            return
+        node = stuck.node_view(nodes[here[0].node_name])
         if state is not None and now < state.at + grace:
             # Just moved: give the scheduler a grace period to place the run's pods there.
             self.queue.add_after(key, state.at + grace - now + RECHECK_MARGIN)
@@ -399,6 +402,66 @@ class StuckRuns:
         owner = observed.owner.root if observed.owner is not None else None
         if owner is not None:
             await self._event(observed.namespace, _involved(owner), "RunStuck", text, "Warning")
+
+    async def _placeholder_pending(
+        self,
+        observed: Observed,
+        placeholder_pods: Iterable[Obj],
+        state: relocation.Relocations | None,
+        grace: float,
+        now: float,
+    ) -> None:
+        key = observed.key
+        name = f"{observed.name}-0"
+        found = None
+        for obj in placeholder_pods:
+            meta = obj.get("metadata") or {}
+            if meta.get("namespace") == observed.namespace and meta.get("name") == name:
+                found = stuck.unschedulable_since(obj)
+        if found is None:
+            self._unstick(key)
+            return
+        since, message = found
+        if now < since + grace:
+            self._unstick(key)
+            self.queue.add_after(key, since + grace - now + RECHECK_MARGIN)
+            return
+        self._stuck.add(key)
+        self.stuck_groups.set(len(self._stuck))
+        self.queue.add_after(key, max(MIN_STUCK_RECHECK_SECONDS, grace))
+        fingerprint = ("placeholder", tuple(r.cause for r in parse(message).reasons))
+        if self._explained.get(key) == fingerprint:
+            return
+        self._explained[key] = fingerprint
+        left = (
+            f" It may not go back to {', '.join(state.left)}, which it left in this run"
+            " (the run's pods or data could not follow it there)."
+            if state is not None
+            else ""
+        )
+        text = (
+            f"the placeholder of {_run(observed)} (pod {name}) cannot be scheduled, so the "
+            f"run's pods wait for it: the scheduler says: {message}.{left} You can: free "
+            "capacity on a node the run may use, or add one."
+        )
+        log.warning(
+            "run stuck",
+            extra={"placeholder": key, "run": _run(observed), "pod": name, "explain": text},
+        )
+        sts = observed.statefulset
+        if sts is not None:
+            await self._event(
+                observed.namespace,
+                {"apiVersion": "apps/v1", "kind": "StatefulSet", "name": sts.name, "uid": sts.uid},
+                "PlaceholderUnschedulable",
+                text,
+                "Warning",
+            )
+        owner = observed.owner.root if observed.owner is not None else None
+        if owner is not None:
+            await self._event(
+                observed.namespace, _involved(owner), "PlaceholderUnschedulable", text, "Warning"
+            )
 
     async def _strays(
         self,

@@ -288,3 +288,42 @@ async def test_no_room_elsewhere_is_explained_then_moved_once_room_appears(
     assert sts is not None
     state = orjson.loads(sts["metadata"]["annotations"][relocation.ANNOTATION_RELOCATIONS])
     assert state["target"] == "worker-2"
+
+
+async def test_a_placeholder_the_scheduler_cannot_place_is_explained(
+    api: MiniApi, controller: Controller
+) -> None:
+    pod = marked_pod("tekton-taskrun")
+    name = placeholder_of(pod)
+    api.put("pods", pod)
+    await eventually(lambda: api.get("statefulsets", "ci", name) is not None)
+    pending = placeholder_pod(name, "")
+    stamp = datetime.fromtimestamp(time.time() - 10, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    message = (
+        "0/3 nodes are available: 1 node(s) didn't match Pod's node affinity/selector, 2 Too "
+        "many pods. preemption: 0/3 nodes are available: 3 Preemption is not helpful for "
+        "scheduling."
+    )
+    pending["status"] = {
+        "phase": "Pending",
+        "conditions": [
+            {
+                "type": "PodScheduled",
+                "status": "False",
+                "reason": "Unschedulable",
+                "message": message,
+                "lastTransitionTime": stamp,
+            }
+        ],
+    }
+    api.put("pods", pending)
+    await eventually(lambda: len(events(api, "PlaceholderUnschedulable")) == 2, within=GRACE + 3)
+    kinds = {e["involvedObject"]["kind"] for e in events(api, "PlaceholderUnschedulable")}
+    assert kinds == {"StatefulSet", "PipelineRun"}
+    text = events(api, "PlaceholderUnschedulable")[0]["message"]
+    assert f"pod {name}-0" in text
+    assert "2 Too many pods" in text
+    assert metric(controller, "coschedule_stuck_groups") == 1
+    # Placed at last: no longer stuck.
+    api.edit("pods", "ci", f"{name}-0", {"spec": {"nodeName": "worker-2"}})
+    await eventually(lambda: metric(controller, "coschedule_stuck_groups") == 0)
