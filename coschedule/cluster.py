@@ -86,7 +86,7 @@ class ClusterLink:
 
             def volumes_synced() -> tuple[bool, str | None]:
                 synced = volumes.synced
-                return synced, None if synced else "volume cache not synced yet"
+                return synced, None if synced else not_synced("volume cache")
 
             probes.checks["volume-cache"] = volumes_synced
 
