@@ -18,12 +18,12 @@ from typing import Any
 import orjson
 
 from bench.payloads import fat_pod, not_selected_pod, review_bytes, small_pod, tekton_pod
-from coschedule.decide.admission import AdmissionContext, decide
-from coschedule.decide.modes import Mode
-from coschedule.server.admission import AdmissionHandler
-from coschedule.server.metrics import WebhookMetrics
-from coschedule.settings import Settings
-from coschedule.settings_store import SettingsStore
+from coschedule.config.settings import Settings
+from coschedule.config.store import SettingsStore
+from coschedule.marks import Mode
+from coschedule.mutate.decision import AdmissionContext, decide
+from coschedule.server.mutate_endpoint import AdmissionHandler
+from coschedule.server.webhook_metrics import WebhookMetrics
 
 GOALS_US = {"tekton": 30.0, "fat": 150.0}
 PAYLOADS: dict[str, Callable[[], dict[str, Any]]] = {

@@ -24,15 +24,15 @@ from typing import Any, cast
 
 import orjson
 
-from coschedule.decide.admission import AdmissionContext, decide
-from coschedule.decide.modes import Mode
+from coschedule.config.settings import Settings
 from coschedule.kube.client import KubeClient
+from coschedule.marks import BadMark, Mode
+from coschedule.mutate.decision import AdmissionContext, decide
 from coschedule.reconcile import shapes
 from coschedule.reconcile.controller import Controller
-from coschedule.reconcile.metrics import ReconcileMetrics
-from coschedule.reconcile.model import BadMark, OwnerRef
+from coschedule.reconcile.observed import OwnerRef
 from coschedule.reconcile.placeholder import build_statefulset, group_spec
-from coschedule.settings import Settings
+from coschedule.reconcile.reconciler_metrics import ReconcileMetrics
 from coschedule.wire.jsonpatch import apply
 
 ROOT = Path(__file__).resolve().parent.parent

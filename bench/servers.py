@@ -84,9 +84,9 @@ def expected_answer(app: str, body: bytes) -> bytes:
     if app == "floor":
         return FLOOR_RESPONSE
     from coschedule.cluster import ClusterLink
-    from coschedule.server.admission import AdmissionHandler
-    from coschedule.server.metrics import WebhookMetrics
-    from coschedule.settings_store import SettingsStore
+    from coschedule.config.store import SettingsStore
+    from coschedule.server.mutate_endpoint import AdmissionHandler
+    from coschedule.server.webhook_metrics import WebhookMetrics
 
     link = ClusterLink()
     store = SettingsStore(

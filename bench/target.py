@@ -26,7 +26,7 @@ import orjson
 import uvicorn
 
 from bench.payloads import BENCH_UID
-from coschedule.server.admission import Receive, Scope, Send
+from coschedule.server.mutate_endpoint import Receive, Scope, Send
 
 WEBHOOK_MODE: Final[str] = "pipelineruns"
 RELOAD_INTERVAL_SECONDS: Final[float] = 2.0  # as serve(): the reload loop runs in production
@@ -89,10 +89,11 @@ def webhook_app(cert_dir: Path, mode: str = WEBHOOK_MODE) -> tuple[Any, ssl.SSLC
     """(app, TLS context, reload callable) of the real webhook, offline, as ``serve
     --no-cluster`` builds it: cluster settings alone, no claim rewrite."""
     from coschedule.cluster import ClusterLink
-    from coschedule.server.app import HttpsApp, probes_app
-    from coschedule.server.metrics import WebhookMetrics
+    from coschedule.config.store import SettingsStore
+    from coschedule.probes import probes_app
+    from coschedule.server.https_app import HttpsApp
     from coschedule.server.serve import build_webhook
-    from coschedule.settings_store import SettingsStore
+    from coschedule.server.webhook_metrics import WebhookMetrics
 
     link = ClusterLink()
     metrics = WebhookMetrics()
@@ -108,8 +109,8 @@ def webhook_app(cert_dir: Path, mode: str = WEBHOOK_MODE) -> tuple[Any, ssl.SSLC
 
 def floor_context(cert_dir: Path) -> ssl.SSLContext:
     """The webhook's own TLS context class, so the floor's handshakes cost the same."""
-    from coschedule.server.metrics import WebhookMetrics
     from coschedule.server.tls import ServingCertificate
+    from coschedule.server.webhook_metrics import WebhookMetrics
 
     certificate = ServingCertificate(cert_dir, WebhookMetrics())
     certificate.load()

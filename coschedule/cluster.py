@@ -13,13 +13,13 @@ import logging
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, replace
 
-from coschedule.kube.claims import ClaimCache
+from coschedule.config.settings import Settings
+from coschedule.kube.claim_cache import ClaimCache
 from coschedule.kube.client import Credentials, KubeClient, KubeConfigError, discover
 from coschedule.kube.informer import Informer
-from coschedule.kube.namespaces import NamespaceCache
+from coschedule.kube.namespace_cache import NamespaceCache
 from coschedule.kube.volumes import VolumeCache
-from coschedule.server.app import Probes
-from coschedule.settings import Settings
+from coschedule.probes import Probes
 
 log = logging.getLogger("coschedule.cluster")
 

@@ -9,10 +9,10 @@ from typing import Any
 import orjson
 import yaml
 
-from coschedule.decide.admission import AdmissionContext, Decision, NamespaceInfo, decide
-from coschedule.decide.claims import ClaimView, StaticClaims
-from coschedule.decide.modes import Mode
-from coschedule.settings import Settings
+from coschedule.config.settings import Settings
+from coschedule.marks import LABEL_ENABLED, LABEL_MODE, Mode
+from coschedule.mutate.claim_rewrite import ClaimView, StaticClaims
+from coschedule.mutate.decision import AdmissionContext, Decision, NamespaceInfo, decide
 from coschedule.wire import jsonpatch
 
 
@@ -93,9 +93,7 @@ def explain(
     ns = namespace or (meta.get("namespace") if isinstance(meta, dict) else None) or "default"
     info = None
     if namespace_mode is not None:
-        info = NamespaceInfo(
-            {"coschedule.dev/enabled": "true", "coschedule.dev/mode": namespace_mode}
-        )
+        info = NamespaceInfo({LABEL_ENABLED: "true", LABEL_MODE: namespace_mode})
     decision = decide(pod, AdmissionContext(settings, ns, info, claims))
     report: dict[str, Any] = {
         "allowed": decision.allowed,

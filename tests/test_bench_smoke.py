@@ -24,10 +24,10 @@ from bench.loadgen import run_closed, run_openloop, run_wrk, wrk_path
 from bench.openloop import LoadConfig, percentiles
 from bench.servers import Server, expected_answer
 from bench.target import FLOOR_RESPONSE, floor_context, https_config
+from coschedule.config.store import SettingsStore
 from coschedule.server import serve as serve_module
-from coschedule.server.metrics import WebhookMetrics
 from coschedule.server.serve import ServeOptions, build_webhook
-from coschedule.settings_store import SettingsStore
+from coschedule.server.webhook_metrics import WebhookMetrics
 
 RATE = 300  # requests per second for one second: a few hundred requests
 

@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 import yaml
 
-from coschedule.decide.modes import Mode
-from coschedule.settings import KNOWN_KEYS, parse_settings
+from coschedule.config.settings import KNOWN_KEYS, parse_settings
+from coschedule.marks import Mode
 from tests.chart import CHART, NAMESPACE, all_options, helm, lint, render_chart
 from tests.test_manifests import (
     CERT_MANAGER,

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from cryptography import x509
 
-from coschedule.decide.names import run_placeholder
+from coschedule.marks import run_placeholder
 from tests.fixtures import pod_path
 
 ROOT = Path(__file__).resolve().parent.parent

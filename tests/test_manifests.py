@@ -26,9 +26,9 @@ from typing import Any
 import pytest
 import yaml
 
-from coschedule import certs, contract
+from coschedule import certs, marks
 from coschedule.cli.main import build_parser
-from coschedule.settings import KNOWN_KEYS, Settings, parse_settings
+from coschedule.config.settings import KNOWN_KEYS, Settings, parse_settings
 from tests.chart import render_chart
 from tests.fixtures import load_pod
 
@@ -282,10 +282,10 @@ def test_every_object_has_a_name_and_the_right_scope(rendered: list[Obj]) -> Non
         seen.add(ident(obj))
         assert meta["labels"]["app.kubernetes.io/part-of"] == "coschedule", ident(obj)
         # Our own objects must never look like placeholders to the reconciler.
-        assert meta["labels"].get(contract.LABEL_MANAGED_BY) != contract.MANAGED_BY, ident(obj)
-        assert meta["labels"].get(contract.LABEL_COMPONENT) != (
-            contract.COMPONENT_AFFINITY_ASSISTANT
-        ), ident(obj)
+        assert meta["labels"].get(marks.LABEL_MANAGED_BY) != marks.MANAGED_BY, ident(obj)
+        assert meta["labels"].get(marks.LABEL_COMPONENT) != (marks.COMPONENT_AFFINITY_ASSISTANT), (
+            ident(obj)
+        )
 
 
 def test_base_has_the_expected_objects() -> None:
@@ -350,7 +350,7 @@ def test_namespace_selector_needs_the_label_and_excludes_system_namespaces(
     rendered: list[Obj],
 ) -> None:
     selector = _webhook(rendered)["namespaceSelector"]
-    assert selector["matchLabels"] == {contract.LABEL_ENABLED: "true"}
+    assert selector["matchLabels"] == {marks.LABEL_ENABLED: "true"}
     excluded = [
         expr
         for expr in selector["matchExpressions"]
@@ -360,8 +360,8 @@ def test_namespace_selector_needs_the_label_and_excludes_system_namespaces(
     assert {"kube-system", NAMESPACE} <= set(excluded[0]["values"])
     # The project's namespace could not match anyway: it is not enabled.
     namespace = one(rendered, "Namespace", NAMESPACE)
-    assert namespace["metadata"]["labels"].get(contract.LABEL_ENABLED) != "true"
-    assert namespace["metadata"]["labels"].get(contract.LABEL_MODE) == "disabled"
+    assert namespace["metadata"]["labels"].get(marks.LABEL_ENABLED) != "true"
+    assert namespace["metadata"]["labels"].get(marks.LABEL_MODE) == "disabled"
 
 
 def test_webhook_client_config_points_at_the_service(rendered: list[Obj]) -> None:
@@ -377,10 +377,10 @@ def test_webhook_client_config_points_at_the_service(rendered: list[Obj]) -> Non
     assert container_port(container, port["targetPort"]) == args.port == 8443
 
 
-# The label keys and values the matchConditions must spare, from the contract.
+# The label keys and values the matchConditions must spare, from the marks.
 _SPARED_POD_LABELS = (
-    {contract.LABEL_COMPONENT: contract.COMPONENT_AFFINITY_ASSISTANT},
-    {contract.LABEL_MODE: "disabled"},
+    {marks.LABEL_COMPONENT: marks.COMPONENT_AFFINITY_ASSISTANT},
+    {marks.LABEL_MODE: "disabled"},
 )
 
 
@@ -441,8 +441,8 @@ def test_match_conditions_skip_exactly_placeholders_and_disabled_pods(
     assert sent_to_webhook(_pod_with_labels({}))
     assert sent_to_webhook(_pod_with_labels(None))
     assert sent_to_webhook(load_pod("argo-workflow-pod"))
-    assert sent_to_webhook(_pod_with_labels({contract.LABEL_MODE: "pipelineruns"}))
-    assert sent_to_webhook(_pod_with_labels({contract.LABEL_COMPONENT: "webhook"}))
+    assert sent_to_webhook(_pod_with_labels({marks.LABEL_MODE: "pipelineruns"}))
+    assert sent_to_webhook(_pod_with_labels({marks.LABEL_COMPONENT: "webhook"}))
     for labels in _SPARED_POD_LABELS:
         assert not sent_to_webhook(_pod_with_labels(labels)), labels
     assert not sent_to_webhook(load_pod("placeholder-pod"))
@@ -552,7 +552,7 @@ def test_deployments_are_highly_available(rendered: list[Obj], name: str, compon
     deployment = one(rendered, "Deployment", name)
     spec = deployment["spec"]
     pod_labels = spec["template"]["metadata"]["labels"]
-    assert pod_labels[contract.LABEL_COMPONENT] == component
+    assert pod_labels[marks.LABEL_COMPONENT] == component
     assert spec["replicas"] == 2
     assert spec["selector"]["matchLabels"].items() <= pod_labels.items()
     assert spec["template"]["spec"]["serviceAccountName"] == f"coschedule-{component}"

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from coschedule.cli import options
+from coschedule.config import folder
 
 if TYPE_CHECKING:
     from coschedule import certs as certs_types
@@ -21,14 +22,14 @@ EXIT_USAGE = 2
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from coschedule import certs, logs
-    from coschedule.server.metrics import WebhookMetrics
+    from coschedule.config.settings import ConfigError
+    from coschedule.config.store import SettingsStore, metric_hooks
     from coschedule.server.serve import ServeOptions, build_webhook, serve
-    from coschedule.settings import ConfigError
-    from coschedule.settings_store import SettingsStore, metric_hooks
+    from coschedule.server.webhook_metrics import WebhookMetrics
 
     logs.setup(args.log_level)
     metrics = WebhookMetrics()
-    config_dir, note = options.config_dir_or_exit("serve", args.config_dir)
+    config_dir, note = folder.config_dir_or_exit("serve", args.config_dir)
     on_error, on_loaded = metric_hooks(metrics)
     try:
         store = SettingsStore(
@@ -175,10 +176,10 @@ def _certs_in_cluster(
 def cmd_explain(args: argparse.Namespace) -> int:
     import orjson
 
-    from coschedule.decide.modes import MODE_CHOICES, Mode
-    from coschedule.decide.pod import MalformedPod
+    from coschedule.config.settings import ConfigError, load_settings
     from coschedule.explain import UnreadablePod, explain, read_pod, render_text, static_claims
-    from coschedule.settings import ConfigError, load_settings
+    from coschedule.marks import MODE_CHOICES, Mode
+    from coschedule.wire.pod_fields import MalformedPod
 
     try:
         text = sys.stdin.read() if args.file == "-" else Path(args.file).read_text("utf-8")
@@ -233,7 +234,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
 
 def cmd_reconcile(args: argparse.Namespace) -> int:
-    from coschedule.reconcile.main import run_reconciler
+    from coschedule.reconcile.run import run_reconciler
 
     return run_reconciler(args)
 
@@ -247,7 +248,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     config_help = (
         f"the coschedule-config ConfigMap as a folder, one file per key (default: "
-        f"{options.DEFAULT_CONFIG_DIR}; when that is absent, built-in defaults and "
+        f"{folder.DEFAULT_CONFIG_DIR}; when that is absent, built-in defaults and "
         "COSCHEDULE_* variables)"
     )
     kubeconfig_help = "kubeconfig file (default: $KUBECONFIG, ~/.kube/config, or in-cluster)"

@@ -1,12 +1,15 @@
 """The one module that talks to the Kubernetes API: plain HTTP(S) with httpx, JSON as dicts.
 
 No client model objects: objects are parsed with orjson into dicts, the shape the decision
-code reads. Credentials come from a kubeconfig (certificates, tokens) or the in-cluster
-ServiceAccount, whose projected token is re-read as it rotates.
+code reads. Credentials come from a kubeconfig (certificates, tokens, exec plugins such as
+EKS's and GKE's) or the in-cluster ServiceAccount, whose projected token is re-read as it
+rotates. Key material stays in memory: ssl needs files for a client key, so it is written
+to a private folder only for the moment of loading and removed at once.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextlib
 import os
@@ -14,7 +17,7 @@ import ssl
 import tempfile
 import time
 from collections.abc import AsyncIterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -57,14 +60,130 @@ class Credentials:
     cert_file: str | None = None
     key_file: str | None = None
     namespace: str = "default"
+    # PEM from a kubeconfig's ``*-data`` fields (kept in memory, never written to disk).
+    ca_data: str | None = None
+    cert_data: bytes | None = None
+    key_data: bytes | None = None
+    exec_plugin: ExecPlugin | None = None  # ``users[].user.exec``: run for a credential
 
 
-def _materialize(data_b64: str, suffix: str) -> str:
-    """Write a ``*-data`` kubeconfig field to a private file: ssl wants paths."""
-    fd, path = tempfile.mkstemp(prefix="coschedule-", suffix=suffix)
-    with os.fdopen(fd, "wb") as handle:
-        handle.write(base64.b64decode(data_b64))
-    return path
+def _pem(data_b64: str, what: str) -> bytes:
+    try:
+        return base64.b64decode(data_b64, validate=True)
+    except ValueError:
+        raise KubeConfigError(f"kubeconfig: {what} is not base64") from None
+
+
+# ---- exec credential plugins (client-go's ExecCredential protocol) -------------------------
+
+EXEC_API_VERSIONS = ("client.authentication.k8s.io/v1", "client.authentication.k8s.io/v1beta1")
+EXEC_TIMEOUT_SECONDS = 60.0
+
+
+@dataclass(frozen=True, slots=True)
+class ExecCredential:
+    token: str | None
+    cert_data: bytes | None
+    key_data: bytes | None
+    expires_at: float | None  # Unix time; None: until the server answers 401
+
+
+@dataclass(slots=True)
+class ExecPlugin:
+    """Runs the plugin, caches its credential until ``expirationTimestamp`` (or a 401)."""
+
+    command: str
+    args: tuple[str, ...] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
+    api_version: str = EXEC_API_VERSIONS[0]
+    cached: ExecCredential | None = None
+    runs: int = 0  # how many times the plugin ran
+
+    def credential(self, *, refresh: bool = False) -> ExecCredential:
+        cached = self.cached
+        fresh = cached is not None and (
+            cached.expires_at is None or cached.expires_at > time.time()
+        )
+        if cached is not None and fresh and not refresh:
+            return cached
+        self.cached = self._run()
+        return self.cached
+
+    def _run(self) -> ExecCredential:
+        import subprocess
+
+        info = {"apiVersion": self.api_version, "kind": "ExecCredential", "spec": {}}
+        env = {**os.environ, **self.env, "KUBERNETES_EXEC_INFO": orjson.dumps(info).decode()}
+        self.runs += 1
+        try:
+            done = subprocess.run(
+                [self.command, *self.args],
+                env=env,
+                capture_output=True,
+                stdin=subprocess.DEVNULL,
+                timeout=EXEC_TIMEOUT_SECONDS,
+                check=False,
+            )
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise KubeConfigError(f"kubeconfig exec plugin {self.command}: {exc}") from None
+        if done.returncode != 0:
+            err = done.stderr.decode(errors="replace").strip()[:300]
+            raise KubeConfigError(
+                f"kubeconfig exec plugin {self.command} exited {done.returncode}: {err}"
+            )
+        return parse_exec_credential(done.stdout, self.command)
+
+
+def parse_exec_credential(output: bytes, command: str) -> ExecCredential:
+    try:
+        doc = orjson.loads(output)
+    except orjson.JSONDecodeError:
+        raise KubeConfigError(f"kubeconfig exec plugin {command}: output is not JSON") from None
+    status = doc.get("status") if isinstance(doc, dict) else None
+    if not isinstance(status, dict):
+        raise KubeConfigError(f"kubeconfig exec plugin {command}: no ExecCredential status")
+    token = status.get("token")
+    cert, key = status.get("clientCertificateData"), status.get("clientKeyData")
+    if not isinstance(token, str) and not (isinstance(cert, str) and isinstance(key, str)):
+        raise KubeConfigError(
+            f"kubeconfig exec plugin {command}: status has neither a token nor a client "
+            "certificate and key"
+        )
+    expires_at = None
+    stamp = status.get("expirationTimestamp")
+    if isinstance(stamp, str) and stamp:
+        from datetime import datetime
+
+        try:
+            expires_at = datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+        except ValueError:
+            raise KubeConfigError(
+                f"kubeconfig exec plugin {command}: bad expirationTimestamp {stamp!r}"
+            ) from None
+    return ExecCredential(
+        token if isinstance(token, str) else None,
+        cert.encode() if isinstance(cert, str) and isinstance(key, str) else None,
+        key.encode() if isinstance(cert, str) and isinstance(key, str) else None,
+        expires_at,
+    )
+
+
+def _exec_plugin(spec: Mapping[str, Any], base: Path) -> ExecPlugin:
+    command = spec.get("command")
+    if not isinstance(command, str) or not command:
+        raise KubeConfigError("kubeconfig: exec has no command")
+    api_version = str(spec.get("apiVersion") or EXEC_API_VERSIONS[0])
+    if api_version not in EXEC_API_VERSIONS:
+        raise KubeConfigError(f"kubeconfig: exec apiVersion {api_version!r} is not supported")
+    if os.sep in command and not os.path.isabs(command):
+        command = str((base / command).resolve())  # relative to the kubeconfig, as kubectl
+    env = {
+        str(e.get("name")): str(e.get("value", ""))
+        for e in spec.get("env") or ()
+        if isinstance(e, dict) and e.get("name")
+    }
+    args = tuple(str(a) for a in spec.get("args") or ())
+    return ExecPlugin(command, args, env, api_version)
 
 
 def _by_name(items: Any, name: str, what: str) -> Mapping[str, Any]:
@@ -88,36 +207,39 @@ def from_kubeconfig(path: Path, context: str | None = None) -> Credentials:
     ctx = _by_name(doc.get("contexts"), context_name, "context")
     cluster = _by_name(doc.get("clusters"), str(ctx.get("cluster")), "cluster")
     user = _by_name(doc.get("users"), str(ctx.get("user")), "user") if ctx.get("user") else {}
-    if "exec" in user or "auth-provider" in user:
+    if "auth-provider" in user:
         raise KubeConfigError(
-            "kubeconfig: exec and auth-provider credentials are not supported; use a token "
-            "or client certificate (in a cluster, the ServiceAccount is used)"
+            "kubeconfig: auth-provider credentials are not supported; use a token, a client "
+            "certificate or an exec plugin (in a cluster, the ServiceAccount is used)"
         )
     base = path.parent
 
-    def file_or_data(
-        file_key: str, data_key: str, source: Mapping[str, Any], suffix: str
-    ) -> str | None:
-        if source.get(data_key):
-            return _materialize(str(source[data_key]), suffix)
+    def file_of(file_key: str, source: Mapping[str, Any]) -> str | None:
         if source.get(file_key):
             return str((base / str(source[file_key])).resolve())
         return None
 
+    def data_of(data_key: str, source: Mapping[str, Any]) -> bytes | None:
+        return _pem(str(source[data_key]), data_key) if source.get(data_key) else None
+
     server = cluster.get("server")
     if not isinstance(server, str) or not server:
         raise KubeConfigError("kubeconfig: the cluster has no server")
+    ca_data = data_of("certificate-authority-data", cluster)
+    plugin = _exec_plugin(user["exec"], base) if isinstance(user.get("exec"), dict) else None
     return Credentials(
         server=server.rstrip("/"),
-        ca_file=file_or_data(
-            "certificate-authority", "certificate-authority-data", cluster, ".crt"
-        ),
+        ca_file=None if ca_data else file_of("certificate-authority", cluster),
+        ca_data=ca_data.decode() if ca_data else None,
         insecure=bool(cluster.get("insecure-skip-tls-verify", False)),
         token=str(user["token"]) if user.get("token") else None,
         token_file=str(user["tokenFile"]) if user.get("tokenFile") else None,
-        cert_file=file_or_data("client-certificate", "client-certificate-data", user, ".crt"),
-        key_file=file_or_data("client-key", "client-key-data", user, ".key"),
+        cert_file=file_of("client-certificate", user),
+        key_file=file_of("client-key", user),
+        cert_data=data_of("client-certificate-data", user),
+        key_data=data_of("client-key-data", user),
         namespace=str(ctx.get("namespace") or "default"),
+        exec_plugin=plugin,
     )
 
 
@@ -186,13 +308,66 @@ class _BearerAuth(httpx.Auth):
         yield request
 
 
+class _ExecAuth(httpx.Auth):
+    """The exec plugin's token (lightkube's ``ExecAuth``): cached until it expires; on a
+    401 the plugin runs again and the request is sent once more."""
+
+    def __init__(self, plugin: ExecPlugin) -> None:
+        self.plugin = plugin
+        self._lock = asyncio.Lock()
+
+    async def _token(self, refresh: bool) -> str | None:
+        async with self._lock:  # one plugin run at a time, however many requests wait
+            found = await asyncio.to_thread(self.plugin.credential, refresh=refresh)
+        return found.token
+
+    async def async_auth_flow(self, request: httpx.Request) -> Any:
+        token = await self._token(refresh=False)
+        if token:
+            request.headers["Authorization"] = f"Bearer {token}"
+        response = yield request
+        if response.status_code == 401:
+            token = await self._token(refresh=True)
+            if token:
+                request.headers["Authorization"] = f"Bearer {token}"
+            yield request
+
+
 def _ssl_context(creds: Credentials) -> ssl.SSLContext | bool:
     if creds.insecure:
         return False
-    ctx = ssl.create_default_context(cafile=creds.ca_file)
-    if creds.cert_file and creds.key_file:
+    ctx = ssl.create_default_context(cafile=creds.ca_file, cadata=creds.ca_data)
+    cert_data, key_data = creds.cert_data, creds.key_data
+    if creds.exec_plugin is not None and not (cert_data or creds.cert_file):
+        found = creds.exec_plugin.credential()
+        cert_data, key_data = found.cert_data, found.key_data
+    if cert_data is not None or key_data is not None:
+        _load_cert_chain(
+            ctx, cert_data or _read(creds.cert_file), key_data or _read(creds.key_file)
+        )
+    elif creds.cert_file and creds.key_file:
         ctx.load_cert_chain(creds.cert_file, creds.key_file)
     return ctx
+
+
+def _read(path: str | None) -> bytes:
+    if not path:
+        raise KubeConfigError(
+            "kubeconfig: a client certificate needs its key, and a key its certificate"
+        )
+    return Path(path).read_bytes()
+
+
+def _load_cert_chain(ctx: ssl.SSLContext, cert: bytes, key: bytes) -> None:
+    """ssl loads a client key only from a file: write both to a private folder for the
+    moment of loading; the folder is gone when this returns."""
+    with tempfile.TemporaryDirectory(prefix="coschedule-") as folder:
+        cert_path, key_path = Path(folder, "tls.crt"), Path(folder, "tls.key")
+        for target, data in ((cert_path, cert), (key_path, key)):
+            fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(data)
+        ctx.load_cert_chain(str(cert_path), str(key_path))
 
 
 def _error(response: httpx.Response) -> ApiError:
@@ -225,7 +400,7 @@ class KubeClient:
         self._http = httpx.AsyncClient(
             base_url=creds.server,
             verify=_ssl_context(creds),
-            auth=_BearerAuth(creds),
+            auth=_ExecAuth(creds.exec_plugin) if creds.exec_plugin else _BearerAuth(creds),
             timeout=httpx.Timeout(timeout, connect=5.0),
             headers={"User-Agent": user_agent, "Accept": "application/json"},
         )

@@ -2,7 +2,10 @@
 
 List, then watch from the list's resourceVersion with bookmarks; on 410 Gone relist and
 turn the difference into events; on any other error back off with jitter and resume.
-Handlers see every change once, in order, as ``(event_type, obj)``.
+Handlers see every change once, in order, as ``(event_type, obj, old)`` (``old``: the
+object as the cache held it before, None if new). Indexes (controller-runtime's
+``IndexField``, kopf's ``@kopf.index``) are kept by the informer on every change, before
+handlers run: ``Informer(indexers={"run": fn})`` then ``by_index("run", value)``.
 """
 
 from __future__ import annotations
@@ -10,7 +13,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from types import MappingProxyType
 from typing import Any
 
 from coschedule.kube.client import ApiError, KubeClient
@@ -19,7 +23,9 @@ from coschedule.kube.reachability import describe, is_unreachable
 log = logging.getLogger("coschedule.informer")
 
 Obj = dict[str, Any]
-Handler = Callable[[str, Obj], None]
+Handler = Callable[[str, Obj, Obj | None], None]
+# An index function: the values an object is filed under (none: not in that index).
+IndexFunc = Callable[[Obj], Iterable[str]]
 
 WATCH_TIMEOUT_SECONDS = 290  # the server ends each watch; we resume from the last version
 BACKOFF_START = 0.5
@@ -57,6 +63,7 @@ class Informer:
         transform: Callable[[Obj], Obj] = strip_managed_fields,
         on_relist: Callable[[], None] | None = None,
         page_size: int = 500,
+        indexers: Mapping[str, IndexFunc] | None = None,
     ) -> None:
         self.client = client
         self.path = path
@@ -70,6 +77,10 @@ class Informer:
         self.on_relist = on_relist
         self.page_size = page_size
         self.store: dict[str, Obj] = {}
+        self.indexers: dict[str, IndexFunc] = dict(indexers or {})
+        # index name -> value -> object keys; and object key -> its values, per index
+        self._indexes: dict[str, dict[str, set[str]]] = {name: {} for name in self.indexers}
+        self._filed: dict[str, dict[str, tuple[str, ...]]] = {name: {} for name in self.indexers}
         self.handlers: list[Handler] = []
         self.synced = asyncio.Event()
         self.resource_version = ""
@@ -79,13 +90,73 @@ class Informer:
     def add_handler(self, handler: Handler) -> None:
         self.handlers.append(handler)
 
+    # ---- reading the cache ---------------------------------------------------------------
+
     def get(self, key: str) -> Obj | None:
         return self.store.get(key)
 
-    def _emit(self, event_type: str, obj: Obj) -> None:
+    def __contains__(self, key: str) -> bool:
+        return key in self.store
+
+    def __len__(self) -> int:
+        return len(self.store)
+
+    def keys(self) -> Iterator[str]:
+        return iter(self.store)
+
+    def values(self) -> list[Obj]:
+        return list(self.store.values())
+
+    def view(self) -> Mapping[str, Obj]:
+        """The cache as a read-only mapping, for code that reads many keys."""
+        return MappingProxyType(self.store)
+
+    def by_index(self, name: str, value: str) -> list[Obj]:
+        """The objects filed under ``value`` in index ``name``, in key order."""
+        keys = self._indexes[name].get(value, ())
+        return [self.store[key] for key in sorted(keys)]
+
+    def index_values(self, name: str) -> set[str]:
+        """Every value that index ``name`` holds objects under."""
+        return set(self._indexes[name])
+
+    # ---- keeping it --------------------------------------------------------------------
+
+    def _file(self, key: str, obj: Obj | None) -> None:
+        for name, fn in self.indexers.items():
+            index = self._indexes[name]
+            for value in self._filed[name].pop(key, ()):
+                members = index.get(value)
+                if members is not None:
+                    members.discard(key)
+                    if not members:
+                        del index[value]
+            if obj is None:
+                continue
+            values = tuple(dict.fromkeys(fn(obj)))
+            if values:
+                self._filed[name][key] = values
+                for value in values:
+                    index.setdefault(value, set()).add(key)
+
+    def apply(self, event_type: str, obj: Obj) -> None:
+        """One watch event (already transformed) into the cache, its indexes, the handlers."""
+        key = object_key(obj)
+        old = self.store.get(key)
+        if event_type == "DELETED":
+            self.store.pop(key, None)
+            self._file(key, None)
+        elif event_type in ("ADDED", "MODIFIED"):
+            self.store[key] = obj
+            self._file(key, obj)
+        else:
+            return
+        self._emit(event_type, obj, old)
+
+    def _emit(self, event_type: str, obj: Obj, old: Obj | None) -> None:
         for handler in self.handlers:
             try:
-                handler(event_type, obj)
+                handler(event_type, obj, old)
             except Exception:  # one bad handler must not stop the cache
                 log.exception("informer handler failed", extra={"informer": self.name})
 
@@ -106,18 +177,22 @@ class Informer:
             params = {**self.selectors, "limit": self.page_size, "continue": token}
         old = self.store
         self.store = items
+        self._indexes = {name: {} for name in self.indexers}
+        self._filed = {name: {} for name in self.indexers}
+        for key, obj in items.items():
+            self._file(key, obj)
         self.lists += 1
         for key, obj in old.items():
             if key not in items:
-                self._emit("DELETED", obj)
+                self._emit("DELETED", obj, obj)
         for key, obj in items.items():
             previous = old.get(key)
             if previous is None:
-                self._emit("ADDED", obj)
+                self._emit("ADDED", obj, None)
             elif previous.get("metadata", {}).get("resourceVersion") != obj.get("metadata", {}).get(
                 "resourceVersion"
             ):
-                self._emit("MODIFIED", obj)
+                self._emit("MODIFIED", obj, previous)
         self.synced.set()
 
     async def _watch(self) -> None:
@@ -145,15 +220,7 @@ class Informer:
                 self.resource_version = str(version)
             if event_type == "BOOKMARK":
                 continue
-            obj = self.transform(obj)
-            key = object_key(obj)
-            if event_type == "DELETED":
-                self.store.pop(key, None)
-            elif event_type in ("ADDED", "MODIFIED"):
-                self.store[key] = obj
-            else:
-                continue
-            self._emit(str(event_type), obj)
+            self.apply(str(event_type), self.transform(obj))
 
     async def run(self) -> None:
         """Forever: list, watch, resume; relist only when the server says 410."""

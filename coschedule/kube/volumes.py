@@ -6,9 +6,9 @@ cache keeps each PV's name and node-affinity terms only.
 
 from __future__ import annotations
 
-from coschedule.decide.volume_topology import VolumeTopology, volume_topology
 from coschedule.kube.client import KubeClient
 from coschedule.kube.informer import Informer, Obj
+from coschedule.mutate.volume_topology import VolumeTopology, volume_topology
 
 
 def _transform(obj: Obj) -> Obj:
@@ -30,5 +30,5 @@ class VolumeCache:
         return self.informer.synced.is_set()
 
     def get(self, name: str) -> VolumeTopology | None:
-        obj = self.informer.store.get(name)
+        obj = self.informer.get(name)
         return None if obj is None else obj["topology"]

@@ -12,9 +12,12 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
-from coschedule.contract import (
+from coschedule.config.settings import Settings
+from coschedule.kube.client import ApiError, KubeClient
+from coschedule.kube.informer import IndexFunc, Informer, Obj, caches_readiness, object_key
+from coschedule.marks import (
     ANNOTATION_CLAIMS,
     ANNOTATION_MODE,
     ANNOTATION_RUN,
@@ -23,26 +26,26 @@ from coschedule.contract import (
     LABEL_MANAGED_BY,
     LABEL_PLACEHOLDER,
     MANAGED_BY,
-)
-from coschedule.kube.client import ApiError, KubeClient
-from coschedule.kube.informer import Informer, Obj, caches_readiness, object_key
-from coschedule.reconcile import decide, shapes, stuck
-from coschedule.reconcile.executor import Executor, NotLeader
-from coschedule.reconcile.indexes import KeyIndex
-from coschedule.reconcile.metrics import ReconcileMetrics
-from coschedule.reconcile.model import (
     BadMark,
     ClaimTemplate,
+)
+from coschedule.reconcile import event_keys, shapes, stuck
+from coschedule.reconcile import plan as planning
+from coschedule.reconcile.event_keys import BY_NODE, BY_PLACEHOLDER
+from coschedule.reconcile.executor import Executor, NotLeader
+from coschedule.reconcile.observed import (
     MarkedPod,
     Observed,
     ObservedSet,
     OwnerState,
+    OwnerStatus,
+    Plan,
 )
+from coschedule.reconcile.reconciler_metrics import ReconcileMetrics
 from coschedule.reconcile.resolver import OwnerLookupFailed, OwnerResolver
 from coschedule.reconcile.stuck_runs import StuckRuns
 from coschedule.reconcile.topology import TopologyLabels
 from coschedule.reconcile.workqueue import WorkQueue
-from coschedule.settings import Settings
 
 log = logging.getLogger("coschedule.reconcile")
 
@@ -50,7 +53,6 @@ PLACEHOLDER_POD_SELECTOR = (
     f"{LABEL_MANAGED_BY}={MANAGED_BY},{LABEL_COMPONENT}={COMPONENT_AFFINITY_ASSISTANT}"
 )
 STATEFULSET_SELECTOR = f"{LABEL_MANAGED_BY}={MANAGED_BY}"
-OWNER_RETRY_SECONDS = 5.0
 DEFAULT_WORKERS = 4
 
 
@@ -64,7 +66,7 @@ class Controller:
         workers: int = DEFAULT_WORKERS,
         clock: Callable[[], float] = time.time,
         retry_base: float | None = None,
-        owner_recheck: float = decide.OWNER_RECHECK_SECONDS,
+        owner_recheck: float = planning.OWNER_RECHECK_SECONDS,
     ) -> None:
         self.client = client
         self.settings = settings
@@ -75,13 +77,18 @@ class Controller:
         self.queue = WorkQueue() if retry_base is None else WorkQueue(retry_base=retry_base)
         self.owners = OwnerResolver(client, clock)
         self.pods = self._informer(
-            "/api/v1/pods", "pods", LABEL_PLACEHOLDER, stuck.with_scheduling(shapes.slim_marked_pod)
+            "/api/v1/pods",
+            "pods",
+            LABEL_PLACEHOLDER,
+            stuck.with_scheduling(shapes.slim_marked_pod),
+            event_keys.MARKED_POD_INDEXERS,
         )
         self.placeholder_pods = self._informer(
             "/api/v1/pods",
             "placeholder-pods",
             PLACEHOLDER_POD_SELECTOR,
             stuck.with_condition(shapes.slim_placeholder_pod),
+            event_keys.PLACEHOLDER_POD_INDEXERS,
         )
         self.nodes = self._informer(
             "/api/v1/nodes", "nodes", None, stuck.with_allocatable(shapes.slim_node)
@@ -93,7 +100,6 @@ class Controller:
             shapes.slim_statefulset,
         )
         self.informers = [self.pods, self.placeholder_pods, self.nodes, self.statefulsets]
-        self.index = KeyIndex()
         self.topology = TopologyLabels(
             settings().topology_key, self.metrics.nodes_missing_topology.set
         )
@@ -103,7 +109,6 @@ class Controller:
         self.executor = Executor(
             client,
             metrics,
-            self.queue,
             leading=lambda: self._leading,
             run_of=self._run_of,
             pod_version=self._pod_version,
@@ -118,7 +123,12 @@ class Controller:
         self.statefulsets.add_handler(self._on_statefulset)
 
     def _informer(
-        self, path: str, name: str, selector: str | None, transform: Callable[[Obj], Obj]
+        self,
+        path: str,
+        name: str,
+        selector: str | None,
+        transform: Callable[[Obj], Obj],
+        indexers: Mapping[str, IndexFunc] | None = None,
     ) -> Informer:
         return Informer(
             self.client,
@@ -127,6 +137,7 @@ class Controller:
             label_selector=selector,
             transform=transform,
             on_relist=lambda: self.metrics.relists.labels(name).inc(),
+            indexers=indexers,
         )
 
     # ---- lifecycle ----------------------------------------------------------------------
@@ -179,11 +190,15 @@ class Controller:
         self._informer_tasks = []
 
     def known_keys(self) -> set[str]:
-        return self.index.keys() | set(self.statefulsets.store)
+        return (
+            self.pods.index_values(BY_PLACEHOLDER)
+            | self.placeholder_pods.index_values(BY_PLACEHOLDER)
+            | set(self.statefulsets.keys())
+        )
 
     def settings_changed(self) -> None:
         """After a config reload: the topology key may have changed; recount nodes."""
-        self.topology.rekey(self.settings().topology_key, list(self.nodes.store.values()))
+        self.topology.rekey(self.settings().topology_key, self.nodes.values())
 
     def _forget(self, key: str) -> None:
         """Drop what we remembered about a group that is gone."""
@@ -192,7 +207,7 @@ class Controller:
         self.stuck.forget(key)
 
     def _pod_version(self, pod_key: str) -> str:
-        obj = self.placeholder_pods.store.get(pod_key) or {}
+        obj = self.placeholder_pods.get(pod_key) or {}
         return str((obj.get("metadata") or {}).get("resourceVersion") or "")
 
     # ---- event handlers: map every change to placeholder keys ----------------------------
@@ -201,23 +216,24 @@ class Controller:
         for key in keys:
             self.queue.add(key)
 
-    def _on_pod(self, event: str, obj: Obj) -> None:
+    def _on_pod(self, event: str, obj: Obj, old: Obj | None) -> None:
         if event == "DELETED":
             self._bad_logged.pop(object_key(obj), None)
-        self._enqueue(self.index.marked_pod(event, obj))
+        self._enqueue(event_keys.marked_pod_keys(event, obj, old))
 
-    def _on_placeholder_pod(self, event: str, obj: Obj) -> None:
+    def _on_placeholder_pod(self, event: str, obj: Obj, old: Obj | None) -> None:
         if event == "DELETED":
             self.executor.forget_pod(object_key(obj))
-        self._enqueue(self.index.placeholder_pod(event, obj))
+        self._enqueue(event_keys.placeholder_pod_keys(event, obj, old))
 
-    def _on_node(self, event: str, obj: Obj) -> None:
+    def _on_node(self, event: str, obj: Obj, old: Obj | None) -> None:
         self.topology.node(event, obj)
-        self._enqueue(self.index.node(event, obj))
+        on_node = self.placeholder_pods.by_index(BY_NODE, object_key(obj))
+        self._enqueue(event_keys.node_keys(event, obj, old, on_node))
 
-    def _on_statefulset(self, event: str, obj: Obj) -> None:
+    def _on_statefulset(self, event: str, obj: Obj, old: Obj | None) -> None:
         # The informer's label selector keeps only ours in the store.
-        self.metrics.placeholders.set(len(self.statefulsets.store))
+        self.metrics.placeholders.set(len(self.statefulsets))
         self.queue.add(object_key(obj))
 
     # ---- workers --------------------------------------------------------------------------
@@ -234,7 +250,7 @@ class Controller:
         """One reconcile; failures are logged and retried with backoff, never raised."""
         self.metrics.reconciles.inc()
         try:
-            await self.reconcile(key)
+            result = await self.reconcile(key)
         except asyncio.CancelledError:
             raise
         except NotLeader:
@@ -252,18 +268,6 @@ class Controller:
                     "retry_in": round(delay, 3),
                 },
             )
-        except OwnerLookupFailed as exc:
-            self.metrics.errors.labels("owner").inc()
-            delay = self.queue.retry(key)
-            log.warning(
-                "owner lookup failed; retrying",
-                extra={
-                    "placeholder": key,
-                    "run": self._run_of(key),
-                    "error": str(exc),
-                    "retry_in": round(delay, 3),
-                },
-            )
         except Exception as exc:  # the loop never dies; the key is retried later
             self.metrics.errors.labels("0").inc()
             delay = self.queue.retry(key)
@@ -272,29 +276,47 @@ class Controller:
                 extra={"placeholder": key, "run": self._run_of(key), "error": repr(exc)},
             )
         else:
-            self.queue.forget(key)
+            self._follow(key, result)
+
+    def _follow(self, key: str, result: Plan) -> None:
+        """What the plan said about this key's place in the queue (the worker loop alone
+        touches the queue)."""
+        extra = {"placeholder": key, "run": self._run_of(key)}
+        if result.retry is not None:
+            self.metrics.errors.labels("owner").inc()
+            delay = self.queue.retry(key)
+            log.warning(
+                "owner lookup failed; retrying",
+                extra={**extra, "error": result.retry, "retry_in": round(delay, 3)},
+            )
+            return
+        self.queue.forget(key)
+        if result.warning is not None:
+            log.warning(result.warning, extra=extra)
+        if result.note is not None:
+            log.debug("nothing to do", extra={"placeholder": key, "why": result.note})
+        if result.requeue is not None:
+            self.queue.add_after(key, result.requeue.after)
+            log.debug("requeued", extra={"placeholder": key, "why": result.requeue.why})
 
     def _run_of(self, key: str) -> str:
         """The run (or, in workspaces mode, the claim) a placeholder serves, for log lines."""
-        for pod_key in self.index.group_pods.get(key, ()):
-            meta = (self.pods.store.get(pod_key) or {}).get("metadata") or {}
+        for obj in self.pods.by_index(BY_PLACEHOLDER, key):
+            meta = obj.get("metadata") or {}
             annotations = meta.get("annotations") or {}
             if annotations.get(ANNOTATION_MODE) == "workspaces":
                 return f"claim/{annotations.get(ANNOTATION_CLAIMS, '')}"
             if annotations.get(ANNOTATION_RUN):
                 return str(annotations[ANNOTATION_RUN])
-        meta = (self.statefulsets.store.get(key) or {}).get("metadata") or {}
+        meta = (self.statefulsets.get(key) or {}).get("metadata") or {}
         return str((meta.get("annotations") or {}).get(ANNOTATION_RUN) or "")
 
     def observe_pods(self, key: str) -> list[MarkedPod]:
         pods: list[MarkedPod] = []
-        for pod_key in sorted(self.index.group_pods.get(key, ())):
-            obj = self.pods.store.get(pod_key)
-            if obj is None:
-                continue
+        for obj in self.pods.by_index(BY_PLACEHOLDER, key):
             parsed = shapes.parse_marked(obj)
             if isinstance(parsed, BadMark):
-                self._log_bad(pod_key, obj, parsed)
+                self._log_bad(object_key(obj), obj, parsed)
                 continue
             pods.append(parsed)
         return pods
@@ -309,27 +331,27 @@ class Controller:
             extra={"pod": pod_key, "placeholder": bad.placeholder, "why": bad.reason},
         )
 
-    async def reconcile(self, key: str) -> None:
+    async def reconcile(self, key: str) -> Plan:
+        """Observe, plan, carry out; the plan (when to look again) goes back to the worker."""
         namespace, _, name = key.partition("/")
         settings = self.settings()
         now = self.clock()
         pods = self.observe_pods(key)
-        sts_obj = self.statefulsets.store.get(key)
+        sts_obj = self.statefulsets.get(key)
         sts = shapes.parse_statefulset(sts_obj) if sts_obj is not None else None
         ppods = [
             shapes.parse_placeholder_pod(obj)
-            for pod_key in sorted(self.index.instance_pods.get(key, ()))
-            if (obj := self.placeholder_pods.store.get(pod_key)) is not None
+            for obj in self.placeholder_pods.by_index(BY_PLACEHOLDER, key)
         ]
         nodes = {
             p.node_name: shapes.parse_node(obj)
             for p in ppods
-            if p.node_name and (obj := self.nodes.store.get(p.node_name)) is not None
+            if p.node_name and (obj := self.nodes.get(p.node_name)) is not None
         }
         live = any(p.live for p in pods)
         if not pods and sts is None and not ppods:
             self._forget(key)
-            return
+            return Plan()
         owner = await self._owner(key, namespace, pods, sts, live, now)
         if live:
             self._idle_since.pop(key, None)
@@ -349,27 +371,28 @@ class Controller:
             claim_templates=templates,
             claims_to_delete=claims_to_delete,
         )
-        actions = decide.plan(observed, settings, now, owner_recheck=self.owner_recheck)
-        await self.executor.execute(key, actions, sts_obj)
+        result = planning.plan(observed, settings, now, owner_recheck=self.owner_recheck)
+        await self.executor.execute(key, result.actions, sts_obj)
         raw_pods = {
             p.name: obj
             for p in pods
-            if (obj := self.pods.store.get(f"{p.namespace}/{p.name}")) is not None
+            if (obj := self.pods.get(f"{p.namespace}/{p.name}")) is not None
         }
         await self.stuck.reconcile(
             observed,
             raw_pods,
             sts_obj,
-            self.nodes.store,
-            self.placeholder_pods.store.values(),
+            self.nodes.view(),
+            self.placeholder_pods.values(),
             settings,
             now,
         )
+        return result
 
     def volume_claims(
         self, key: str, pods: list[MarkedPod], sts: ObservedSet | None
     ) -> tuple[tuple[ClaimTemplate, ...], tuple[str, ...]]:
-        templates, made, conflicts = decide.claim_templates(pods, sts)
+        templates, made, conflicts = planning.claim_templates(pods, sts)
         for template in conflicts:
             log.warning(
                 "pods disagree on a claim template; the earliest pod's wins",
@@ -387,23 +410,14 @@ class Controller:
         now: float,
     ) -> OwnerState | None:
         per_run = pods[0].mode.per_run if pods else False
-        from_sts = decide.known_root(sts)
+        from_sts = planning.known_root(sts)
         if not per_run and from_sts is None:
             return None
         try:
             state = await self.owners.resolve(key, namespace, pods, from_sts)
-        except OwnerLookupFailed as exc:
-            if not live or sts is not None:
-                raise  # nothing waits on it: retry with backoff, decide nothing meanwhile
-            # Pods wait for their placeholder: create it now without an owner; the owner
-            # is patched in once the lookup works (the StatefulSet then drifts from it).
-            log.warning(
-                "owner lookup failed; creating the placeholder without an owner for now",
-                extra={"placeholder": key, "run": self._run_of(key), "error": str(exc)},
-            )
-            self.queue.add_after(key, OWNER_RETRY_SECONDS)
-            return None
-        quiet_for = now - decide.quiet_since(pods, self._idle_since.get(key), now)
-        if decide.owner_check_due(live, state, now, self.owner_recheck, quiet_for):
+        except OwnerLookupFailed as exc:  # part of what was observed: ``plan`` decides
+            return OwnerState(None, OwnerStatus.LOOKUP_FAILED, now, str(exc))
+        quiet_for = now - planning.quiet_since(pods, self._idle_since.get(key), now)
+        if planning.owner_check_due(live, state, now, self.owner_recheck, quiet_for):
             state = await self.owners.check(key, namespace)
         return state

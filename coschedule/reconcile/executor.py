@@ -1,7 +1,8 @@
 """Carrying out ``plan``'s actions against the API, one key at a time.
 
 API errors propagate (the controller retries the key with backoff); Events never do. Before
-each call the leader check runs, so a replica that lost the Lease stops at once.
+each call the leader check runs, so a replica that lost the Lease stops at once. Each action
+stands alone: an action's own Event is recorded when the action took effect.
 """
 
 from __future__ import annotations
@@ -11,11 +12,10 @@ from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from typing import Any
 
-from coschedule.contract import LABEL_INSTANCE
 from coschedule.kube.client import ApiError, KubeClient, object_path
 from coschedule.kube.informer import Obj
-from coschedule.reconcile.metrics import ReconcileMetrics
-from coschedule.reconcile.model import (
+from coschedule.marks import LABEL_INSTANCE
+from coschedule.reconcile.observed import (
     Action,
     CreateStatefulSet,
     DeleteClaim,
@@ -23,10 +23,8 @@ from coschedule.reconcile.model import (
     DeleteStatefulSet,
     PatchStatefulSet,
     RecordEvent,
-    Requeue,
-    Skip,
 )
-from coschedule.reconcile.workqueue import WorkQueue
+from coschedule.reconcile.reconciler_metrics import ReconcileMetrics
 
 log = logging.getLogger("coschedule.reconcile")
 
@@ -42,7 +40,6 @@ class Executor:
         self,
         client: KubeClient,
         metrics: ReconcileMetrics,
-        queue: WorkQueue,
         *,
         leading: Callable[[], bool],
         run_of: Callable[[str], str],
@@ -51,7 +48,6 @@ class Executor:
     ) -> None:
         self.client = client
         self.metrics = metrics
-        self.queue = queue
         self.leading = leading
         self.run_of = run_of
         self.pod_version = pod_version
@@ -68,21 +64,14 @@ class Executor:
 
     async def execute(self, key: str, actions: Iterable[Action], sts_obj: Obj | None) -> None:
         uid = str(((sts_obj or {}).get("metadata") or {}).get("uid") or "")
-        skipped_eviction = restored = False
         for action in actions:
-            if isinstance(action, Requeue):
-                self.queue.add_after(key, action.after)
-                log.debug("requeued", extra={"placeholder": key, "why": action.why})
-                continue
-            if isinstance(action, Skip):
-                log.debug("nothing to do", extra={"placeholder": key, "why": action.why})
-                continue
             if not self.leading():
                 raise NotLeader
             if isinstance(action, CreateStatefulSet):
                 created_uid = await self._create(key, action)
-                restored = created_uid is None
-                uid = created_uid or uid
+                if created_uid is not None:  # None: an existing one was relabelled
+                    uid = created_uid
+                    await self._event(action.event, uid)
             elif isinstance(action, PatchStatefulSet):
                 await self.client.patch(
                     object_path("apps/v1", "statefulsets", action.namespace, action.name),
@@ -90,7 +79,8 @@ class Executor:
                 )
                 log.info("patched placeholder", extra=self._extra(key, why=action.why))
             elif isinstance(action, DeletePlaceholderPod):
-                skipped_eviction = not await self._evict(key, action)
+                if await self._evict(key, action):
+                    await self._event(action.event, uid)
             elif isinstance(action, DeleteStatefulSet):
                 await self.client.delete(
                     object_path("apps/v1", "statefulsets", action.namespace, action.name),
@@ -104,10 +94,6 @@ class Executor:
                 )
                 log.info("deleted claim", extra=self._extra(key, claim=action.name))
             elif isinstance(action, RecordEvent):
-                if action.reason == "PlaceholderMoved" and skipped_eviction:
-                    continue
-                if action.reason == "PlaceholderCreated" and restored:
-                    continue
                 await self._event(action, uid)
 
     async def _evict(self, key: str, action: DeletePlaceholderPod) -> bool:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from coschedule.reconcile.model import ObservedSet, OwnerRef
+from coschedule.reconcile.observed import ObservedSet, OwnerRef
 
 # kind -> resource plural, for the kinds whose objects we GET.
 PLURALS: Mapping[str, str] = {

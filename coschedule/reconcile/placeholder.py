@@ -14,20 +14,18 @@ from typing import Any
 
 import orjson
 
-from coschedule.contract import (
+from coschedule import marks
+from coschedule.config.settings import Settings
+from coschedule.marks import (
     ANNOTATION_CLAIMS,
     ANNOTATION_MODE,
     ANNOTATION_RUN,
     COMPONENT_AFFINITY_ASSISTANT,
     LABEL_COMPONENT,
-    LABEL_INSTANCE,
-    LABEL_MANAGED_BY,
-    MANAGED_BY,
+    ClaimTemplate,
+    Mode,
 )
-from coschedule.decide.claims import TEMPLATE_CLAIM
-from coschedule.decide.modes import Mode
-from coschedule.reconcile.model import ClaimTemplate, MarkedPod, Obj, OwnerRef
-from coschedule.settings import Settings
+from coschedule.reconcile.observed import MarkedPod, Obj, OwnerRef
 
 ANNOTATION_TEMPLATE_HASH = "coschedule.dev/template-hash"
 CONTAINER_NAME = "affinity-assistant"
@@ -77,18 +75,6 @@ def group_spec(namespace: str, name: str, pods: Sequence[MarkedPod]) -> GroupSpe
         tolerations=first.tolerations,
         scheduler_name=first.scheduler_name,
     )
-
-
-def labels(name: str) -> dict[str, str]:
-    return {
-        LABEL_COMPONENT: COMPONENT_AFFINITY_ASSISTANT,
-        LABEL_INSTANCE: name,
-        LABEL_MANAGED_BY: MANAGED_BY,
-    }
-
-
-def selector(name: str) -> dict[str, str]:
-    return {LABEL_COMPONENT: COMPONENT_AFFINITY_ASSISTANT, LABEL_INSTANCE: name}
 
 
 def _anti_affinity(mode: Mode, topology_key: str) -> dict[str, Any]:
@@ -149,19 +135,14 @@ def pod_template(
     if group.scheduler_name and group.scheduler_name != DEFAULT_SCHEDULER:
         spec["schedulerName"] = group.scheduler_name
     # Claims our own volumeClaimTemplates make are mounted through the templates.
-    made = {template_claim(t.name, group.name) for t in claim_templates}
+    made = {marks.placeholder_claim(t.name, group.name) for t in claim_templates}
     plain = [claim for claim in group.claims if claim not in made]
     if plain:
         spec["volumes"] = [
             {"name": f"claim-{index}", "persistentVolumeClaim": {"claimName": claim}}
             for index, claim in enumerate(plain)
         ]
-    return {"metadata": {"labels": labels(group.name)}, "spec": spec}
-
-
-def template_claim(template: str, placeholder: str) -> str:
-    """The claim the StatefulSet controller makes from a template for the one replica."""
-    return f"{template}-{placeholder}-0"
+    return {"metadata": {"labels": marks.placeholder_labels(group.name)}, "spec": spec}
 
 
 def template_hash(template: Obj) -> str:
@@ -191,7 +172,7 @@ def build_statefulset(
     metadata: Obj = {
         "name": group.name,
         "namespace": group.namespace,
-        "labels": labels(group.name),
+        "labels": marks.placeholder_labels(group.name),
         "annotations": set_annotations(group, template_hash(template)),
     }
     if owner is not None:
@@ -205,7 +186,7 @@ def build_statefulset(
         "updateStrategy": {"type": UPDATE_STRATEGY},
         # No Service object needs to exist; the field is required.
         "serviceName": group.name,
-        "selector": {"matchLabels": selector(group.name)},
+        "selector": {"matchLabels": marks.placeholder_selector(group.name)},
         "template": template,
     }
     if claim_templates:
@@ -219,11 +200,7 @@ def _claim_template(template: ClaimTemplate, owner: OwnerRef | None) -> Obj:
     engine's own claims) even if the StatefulSet went first; and unlike
     ``persistentVolumeClaimRetentionPolicy: Delete``, a StatefulSet deleted by hand mid-run
     does not take the run's data with it: the recreated one adopts the same claim."""
-    metadata: Obj = {
-        "name": template.name,
-        "labels": {LABEL_MANAGED_BY: MANAGED_BY},
-        "annotations": {TEMPLATE_CLAIM: template.claim or template.name},
-    }
+    metadata = marks.template_metadata(template)
     if owner is not None:
         metadata["ownerReferences"] = [owner.as_owner_reference()]
     return {"metadata": metadata, "spec": dict(template.spec)}

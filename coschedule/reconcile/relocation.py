@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import orjson
 
-from coschedule.reconcile.model import Obj
+from coschedule.reconcile.observed import Obj
 
 ANNOTATION_RELOCATIONS = "coschedule.dev/relocations"
 REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"

@@ -11,28 +11,17 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
-import orjson
-
-from coschedule.contract import (
-    ANNOTATION_CLAIM_TEMPLATES,
-    ANNOTATION_CLAIMS,
-    ANNOTATION_MODE,
-    ANNOTATION_RUN,
-    ANNOTATION_RUN_LABEL,
-    ANNOTATION_TOPOLOGY_KEY,
-    COMPONENT_AFFINITY_ASSISTANT,
+from coschedule import marks
+from coschedule.marks import (
+    ALL_MARK_ANNOTATIONS,
     LABEL_COMPONENT,
     LABEL_INSTANCE,
     LABEL_MANAGED_BY,
     LABEL_PLACEHOLDER,
-    MANAGED_BY,
-)
-from coschedule.decide.claims import statefulset_templates
-from coschedule.decide.modes import Mode
-from coschedule.decide.names import claim_placeholder, run_placeholder
-from coschedule.reconcile.model import (
     BadMark,
-    ClaimTemplate,
+    statefulset_templates,
+)
+from coschedule.reconcile.observed import (
     MarkedPod,
     NodeInfo,
     Obj,
@@ -42,13 +31,6 @@ from coschedule.reconcile.model import (
     Taint,
 )
 
-_MARK_ANNOTATIONS = (
-    ANNOTATION_MODE,
-    ANNOTATION_RUN,
-    ANNOTATION_RUN_LABEL,
-    ANNOTATION_CLAIMS,
-    ANNOTATION_TOPOLOGY_KEY,
-)
 _DONE_PHASES = frozenset({"Succeeded", "Failed"})
 _PLACEHOLDER_LABELS = frozenset({LABEL_COMPONENT, LABEL_INSTANCE, LABEL_MANAGED_BY})
 
@@ -91,11 +73,7 @@ def slim_marked_pod(obj: Obj) -> Obj:
         "resourceVersion": meta.get("resourceVersion"),
         "creationTimestamp": meta.get("creationTimestamp"),
         "labels": {LABEL_PLACEHOLDER: labels.get(LABEL_PLACEHOLDER)},
-        "annotations": {
-            k: annotations[k]
-            for k in (*_MARK_ANNOTATIONS, ANNOTATION_CLAIM_TEMPLATES)
-            if k in annotations
-        },
+        "annotations": {k: annotations[k] for k in ALL_MARK_ANNOTATIONS if k in annotations},
     }
     if meta.get("deletionTimestamp"):
         slim_meta["deletionTimestamp"] = meta["deletionTimestamp"]
@@ -189,37 +167,9 @@ def parse_marked(obj: Mapping[str, Any]) -> MarkedPod | BadMark:
     meta = _dict(obj.get("metadata"))
     spec = _dict(obj.get("spec"))
     status = _dict(obj.get("status"))
-    namespace = str(meta.get("namespace") or "")
-    name = str(meta.get("name") or "")
-    placeholder = _dict(meta.get("labels")).get(LABEL_PLACEHOLDER)
-    annotations = _dict(meta.get("annotations"))
-
-    def bad(reason: str) -> BadMark:
-        return BadMark(namespace, name, str(placeholder or ""), reason)
-
-    if not isinstance(placeholder, str) or not placeholder:
-        return bad(f"label {LABEL_PLACEHOLDER} is empty")
-    missing = [k for k in _MARK_ANNOTATIONS if not isinstance(annotations.get(k), str)]
-    if missing:
-        return bad(f"annotation(s) missing: {', '.join(missing)}")
-    mode = Mode.parse(annotations[ANNOTATION_MODE])
-    if mode is None or mode is Mode.DISABLED:
-        return bad(f"annotation {ANNOTATION_MODE}={annotations[ANNOTATION_MODE]!r} is not a mode")
-    run = annotations[ANNOTATION_RUN]
-    if not run or not annotations[ANNOTATION_RUN_LABEL] or not annotations[ANNOTATION_TOPOLOGY_KEY]:
-        return bad(f"annotations {ANNOTATION_RUN}, run-label and topology-key must not be empty")
-    claims = tuple(c.strip() for c in annotations[ANNOTATION_CLAIMS].split(",") if c.strip())
-    if mode is Mode.WORKSPACES:
-        if len(claims) != 1:
-            return bad(f"mode workspaces needs exactly one claim, {ANNOTATION_CLAIMS} has {claims}")
-        expected = claim_placeholder(namespace, claims[0])
-    else:
-        expected = run_placeholder(namespace, run)
-    if placeholder != expected:
-        return bad(f"placeholder {placeholder!r} is not {expected!r}, the name its marks give")
-    templates = _claim_templates(annotations.get(ANNOTATION_CLAIM_TEMPLATES))
-    if isinstance(templates, str):
-        return bad(templates)
+    found = marks.parse(meta)
+    if isinstance(found, BadMark):
+        return found
     ref = _controller_ref(meta)
     owner = None
     if ref is not None and all(
@@ -228,46 +178,24 @@ def parse_marked(obj: Mapping[str, Any]) -> MarkedPod | BadMark:
         owner = OwnerRef(ref["apiVersion"], ref["kind"], ref["name"], ref["uid"])
     selector = _dict(spec.get("nodeSelector"))
     return MarkedPod(
-        namespace=namespace,
-        name=name,
+        namespace=str(meta.get("namespace") or ""),
+        name=str(meta.get("name") or ""),
         uid=str(meta.get("uid") or ""),
         created=str(meta.get("creationTimestamp") or ""),
-        placeholder=placeholder,
-        mode=mode,
-        run=run,
-        run_label=annotations[ANNOTATION_RUN_LABEL],
-        claims=claims,
-        topology_key=annotations[ANNOTATION_TOPOLOGY_KEY],
+        placeholder=found.placeholder,
+        mode=found.mode,
+        run=found.run,
+        run_label=found.run_label,
+        claims=found.claims,
+        topology_key=found.topology_key,
         node_selector={str(k): str(v) for k, v in selector.items()},
         tolerations=tuple(t for t in _list(spec.get("tolerations")) if isinstance(t, dict)),
         owner=owner,
         live=status.get("phase") not in _DONE_PHASES and not meta.get("deletionTimestamp"),
         finished_at=parse_time(status.get("finishedAt")),
-        claim_templates=templates,
+        claim_templates=found.claim_templates,
         scheduler_name=str(spec.get("schedulerName") or ""),
     )
-
-
-def _claim_templates(text: Any) -> tuple[ClaimTemplate, ...] | str | None:
-    """The webhook's ``claim-templates`` annotation; a str is the reason it is malformed."""
-    if text is None:
-        return None
-    try:
-        doc = orjson.loads(text)
-    except (orjson.JSONDecodeError, TypeError):
-        return f"annotation {ANNOTATION_CLAIM_TEMPLATES} is not JSON"
-    if not isinstance(doc, dict):
-        return f"annotation {ANNOTATION_CLAIM_TEMPLATES} is not a JSON object"
-    result = []
-    for name, entry in sorted(doc.items()):
-        if (
-            not isinstance(entry, dict)
-            or not isinstance(entry.get("claim"), str)
-            or not isinstance(entry.get("spec"), dict)
-        ):
-            return f"annotation {ANNOTATION_CLAIM_TEMPLATES}: entry {name!r} needs claim and spec"
-        result.append(ClaimTemplate(name=str(name), spec=entry["spec"], claim=entry["claim"]))
-    return tuple(result)
 
 
 def parse_placeholder_pod(obj: Mapping[str, Any]) -> PlaceholderPod:
@@ -284,18 +212,12 @@ def parse_placeholder_pod(obj: Mapping[str, Any]) -> PlaceholderPod:
 
 def placeholder_instance(obj: Mapping[str, Any]) -> str:
     """The placeholder a pod belongs to if it is a placeholder pod we manage, else ""."""
-    found = _dict(_dict(obj.get("metadata")).get("labels"))
-    if found.get(LABEL_COMPONENT) != COMPONENT_AFFINITY_ASSISTANT:
-        return ""
-    if found.get(LABEL_MANAGED_BY) != MANAGED_BY:
-        return ""
-    return str(found.get(LABEL_INSTANCE) or "")
+    return marks.managed_placeholder(_dict(_dict(obj.get("metadata")).get("labels")))
 
 
 def marked_placeholder(obj: Mapping[str, Any]) -> str:
     """The placeholder label of a marked pod ("" if absent)."""
-    value = _dict(_dict(obj.get("metadata")).get("labels")).get(LABEL_PLACEHOLDER)
-    return value if isinstance(value, str) else ""
+    return marks.placeholder_of(_dict(obj.get("metadata")))
 
 
 def parse_node(obj: Mapping[str, Any]) -> NodeInfo:

@@ -19,10 +19,10 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
-from coschedule.decide.nodeaffinity import pod_allows, required_terms
-from coschedule.decide.volume_topology import VolumeTopology
+from coschedule.mutate.nodeaffinity import pod_allows, required_terms
+from coschedule.mutate.volume_topology import VolumeTopology
 from coschedule.reconcile import fit
-from coschedule.reconcile.model import NodeInfo, Obj, Taint
+from coschedule.reconcile.observed import NodeInfo, Obj, Taint
 from coschedule.reconcile.scheduler_message import Cause, SchedulerMessage, parse
 from coschedule.reconcile.shapes import parse_time
 from coschedule.reconcile.tolerations import untolerated

@@ -17,22 +17,22 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from coschedule.decide.modes import Mode
-from coschedule.decide.volume_topology import volume_topology
+from coschedule import marks
+from coschedule.config.settings import Settings
 from coschedule.kube.client import KubeClient, object_path
+from coschedule.marks import Mode
+from coschedule.mutate.volume_topology import volume_topology
 from coschedule.reconcile import fit, relocation, stuck
 from coschedule.reconcile.executor import NotLeader
-from coschedule.reconcile.model import Obj, Observed, OwnerRef
+from coschedule.reconcile.observed import Obj, Observed, OwnerRef
 from coschedule.reconcile.placeholder import (
     ANNOTATION_TEMPLATE_HASH,
     group_spec,
     pod_template,
-    template_claim,
     template_hash,
 )
 from coschedule.reconcile.scheduler_message import Cause, parse
 from coschedule.reconcile.workqueue import WorkQueue
-from coschedule.settings import Settings
 
 log = logging.getLogger("coschedule.reconcile")
 
@@ -177,7 +177,7 @@ class StuckRuns:
         assert sts is not None
         claims = await self._claims(
             observed.namespace,
-            [*group.claims, *(template_claim(t, sts.name) for t in sts.templates)],
+            [*group.claims, *(marks.placeholder_claim(t, sts.name) for t in sts.templates)],
         )
         findings = stuck.diagnose(pod, node, await self._usage(node.name), claims)
         diagnosed = bool(findings)

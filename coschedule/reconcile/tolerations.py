@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from coschedule.reconcile.model import NodeInfo, Taint
+from coschedule.reconcile.observed import NodeInfo, Taint
 
 REPELLING_EFFECTS = frozenset({"NoSchedule", "NoExecute"})
 

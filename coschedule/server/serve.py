@@ -13,12 +13,13 @@ from pathlib import Path
 
 import uvicorn
 
-from coschedule.decide.admission import VolumeView
-from coschedule.server.admission import AdmissionHandler, ClaimCacheView, NamespaceLookup
-from coschedule.server.app import HttpsApp, Probes, probes_app
-from coschedule.server.metrics import WebhookMetrics
+from coschedule.config.store import SettingsStore, reload_loop
+from coschedule.mutate.decision import VolumeView
+from coschedule.probes import Probes, probes_app
+from coschedule.server.https_app import HttpsApp
+from coschedule.server.mutate_endpoint import AdmissionHandler, ClaimCacheView, NamespaceLookup
 from coschedule.server.tls import ServingCertificate
-from coschedule.settings_store import SettingsStore
+from coschedule.server.webhook_metrics import WebhookMetrics
 
 log = logging.getLogger("coschedule.serve")
 
@@ -116,15 +117,9 @@ async def serve(webhook: Webhook, options: ServeOptions) -> None:
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, stop)
 
-    async def reload_loop() -> None:
-        while True:
-            await asyncio.sleep(options.reload_interval)
-            try:
-                webhook.reload_once()
-            except Exception:  # the loop must outlive any one bad reload
-                log.exception("reload failed")
-
-    reloader = asyncio.create_task(reload_loop())
+    reloader = asyncio.create_task(
+        reload_loop(options.reload_interval, webhook.reload_once, "reload")
+    )
     log.info(
         "serving",
         extra={

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from coschedule.certs import CERT_FILE, KEY_FILE, not_after
-from coschedule.server.metrics import WebhookMetrics
+from coschedule.server.webhook_metrics import WebhookMetrics
 
 log = logging.getLogger("coschedule.tls")
 

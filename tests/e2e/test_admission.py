@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from coschedule.decide.names import claim_placeholder, run_placeholder
+from coschedule.marks import claim_placeholder, run_placeholder
 from tests.e2e.conftest import E2E
 from tests.e2e.kube import Obj, dump
 from tests.e2e.world import TektonRun, bare_pod, bound_claim, create_pod, unique

@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from coschedule.decide.names import run_placeholder
+from coschedule.marks import run_placeholder
 from tests.e2e.conftest import E2E, RECONCILER_REPLICAS
 from tests.e2e.kube import dump, wait_for
 from tests.e2e.runs import (

@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import pytest
 
-from coschedule.decide.names import claim_placeholder, run_placeholder
+from coschedule.marks import claim_placeholder, run_placeholder
 from tests.e2e.conftest import E2E
 from tests.e2e.kube import dump, wait_for
 from tests.e2e.runs import (

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from coschedule.decide.names import run_placeholder
-from coschedule.settings import ConfigError, parse_settings
+from coschedule.config.settings import ConfigError, parse_settings
+from coschedule.marks import run_placeholder
 from tests.e2e.conftest import E2E
 from tests.e2e.kube import Obj, dump, wait_for
 from tests.e2e.runs import node, wait_bound, wait_placeholder_bound

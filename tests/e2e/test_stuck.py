@@ -22,7 +22,7 @@ from typing import Any
 import httpx
 import pytest
 
-from coschedule.decide.names import run_placeholder
+from coschedule.marks import run_placeholder
 from tests.e2e.conftest import E2E, STUCK_GRACE
 from tests.e2e.kube import Api, ApiError, Obj, wait_for
 from tests.e2e.runs import node, wait_bound, wait_placeholder_bound

@@ -116,6 +116,8 @@ class MiniApi:
         self.delays: dict[tuple[str, str], float] = {}  # (VERB, plural) -> seconds to hang
         self.faults: dict[tuple[str, str], list[int]] = {}  # (METHOD, plural) -> statuses
         self.bookmarks = True
+        # When set, a request must carry one of these bearer tokens or is answered 401.
+        self.tokens: set[str] | None = None
         self.muted = False  # writes reach the store and history but no open watch
         for plural, (group, version) in RESOURCES.items():
             handler[kmock.resource(group, version, plural)] << self.handle
@@ -212,6 +214,10 @@ class MiniApi:
         method = str(request.method.value)
         verb = "WATCH" if request.action == kmock.action.WATCH else method
         self.requests.append((verb, plural, request.namespace, request.name, dict(request.params)))
+        if self.tokens is not None:
+            sent = str(request.headers.get("Authorization") or "").removeprefix("Bearer ")
+            if sent not in self.tokens:
+                raise kmock.KubernetesError(status=401, reason="Unauthorized", message="token")
         delay = self.delays.get((verb, plural))
         if delay:
             await asyncio.sleep(delay)

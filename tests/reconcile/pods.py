@@ -1,6 +1,6 @@
 """Marked pods as the webhook leaves them: fixture pods through the real admission path.
 
-``coschedule.decide.admission.decide`` + ``coschedule.wire.jsonpatch.apply`` on the realistic
+``coschedule.mutate.decision.decide`` + ``coschedule.wire.jsonpatch.apply`` on the realistic
 fixtures, then what the apiserver adds after admission (uid, creationTimestamp, status).
 """
 
@@ -9,11 +9,11 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from coschedule.decide.admission import AdmissionContext, decide
-from coschedule.decide.modes import Mode
+from coschedule.config.settings import Settings
+from coschedule.marks import BadMark, Mode
+from coschedule.mutate.decision import AdmissionContext, decide
 from coschedule.reconcile import shapes
-from coschedule.reconcile.model import BadMark, MarkedPod
-from coschedule.settings import Settings
+from coschedule.reconcile.observed import MarkedPod
 from coschedule.wire.jsonpatch import apply
 from tests.fixtures import load_pod
 

@@ -9,11 +9,11 @@ from typing import Any
 
 import pytest
 
-from coschedule.decide.modes import Mode
+from coschedule.config.settings import Settings
 from coschedule.kube.client import KubeClient
+from coschedule.marks import Mode
 from coschedule.reconcile.controller import Controller
-from coschedule.reconcile.metrics import ReconcileMetrics
-from coschedule.settings import Settings
+from coschedule.reconcile.reconciler_metrics import ReconcileMetrics
 from tests.fixtures import DEFAULT_TOLERATIONS
 from tests.reconcile.apiserver import MiniApi
 from tests.reconcile.conftest import eventually
@@ -370,9 +370,9 @@ async def test_readiness_and_metrics_on_the_health_port(
 
     import httpx
 
+    from coschedule.config.store import SettingsStore
     from coschedule.kube.client import Credentials
-    from coschedule.reconcile.main import serve_reconciler
-    from coschedule.settings_store import SettingsStore
+    from coschedule.reconcile.run import serve_reconciler
 
     seed_cluster(api)
     args = argparse.Namespace(

@@ -13,11 +13,11 @@ from typing import Any
 import kmock
 import pytest
 
-from coschedule.decide.modes import Mode
+from coschedule.config.settings import Settings
 from coschedule.kube.client import Credentials, KubeClient
+from coschedule.marks import Mode
 from coschedule.reconcile.controller import Controller
-from coschedule.reconcile.metrics import ReconcileMetrics
-from coschedule.settings import Settings
+from coschedule.reconcile.reconciler_metrics import ReconcileMetrics
 from tests.reconcile.conftest import eventually
 from tests.reconcile.pods import marked_pod, placeholder_of
 

@@ -5,18 +5,18 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from coschedule.decide.modes import Mode
+from coschedule.config.settings import Settings
+from coschedule.marks import Mode
 from coschedule.reconcile import relocation
-from coschedule.reconcile.decide import drift
 from coschedule.reconcile.placeholder import (
     ANNOTATION_TEMPLATE_HASH,
     group_spec,
     pod_template,
     template_hash,
 )
-from coschedule.settings import Settings
+from coschedule.reconcile.plan import drift
 from tests.reconcile.pods import marked_pod, parsed
-from tests.reconcile.test_decide import existing_set, observed_for
+from tests.reconcile.test_plan import existing_set, observed_for
 
 SETTINGS = Settings(mode=Mode.PIPELINERUNS)
 HOST = "kubernetes.io/hostname"

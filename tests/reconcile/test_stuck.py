@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from coschedule.decide.volume_topology import volume_topology
+from coschedule.mutate.volume_topology import volume_topology
 from coschedule.reconcile import fit, shapes, stuck
 from coschedule.reconcile.scheduler_message import Cause
 from tests.reconcile.pods import marked_pod

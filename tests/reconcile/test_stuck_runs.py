@@ -15,12 +15,12 @@ from typing import Any
 import orjson
 import pytest
 
-from coschedule.decide.modes import Mode
+from coschedule.config.settings import Settings
 from coschedule.kube.client import KubeClient
+from coschedule.marks import Mode
 from coschedule.reconcile import relocation, stuck_runs
 from coschedule.reconcile.controller import Controller
-from coschedule.reconcile.metrics import ReconcileMetrics
-from coschedule.settings import Settings
+from coschedule.reconcile.reconciler_metrics import ReconcileMetrics
 from tests.reconcile.apiserver import MiniApi
 from tests.reconcile.conftest import eventually
 from tests.reconcile.pods import marked_pod, placeholder_of

@@ -7,14 +7,12 @@ import copy
 from dataclasses import replace
 from typing import Any
 
-from coschedule.decide.admission import AdmissionContext, decide
-from coschedule.decide.claims import StaticClaims
-from coschedule.decide.modes import Mode
-from coschedule.decide.names import run_placeholder
+from coschedule.config.settings import Settings
+from coschedule.marks import BadMark, Mode, run_placeholder
+from coschedule.mutate.claim_rewrite import StaticClaims
+from coschedule.mutate.decision import AdmissionContext, decide
 from coschedule.reconcile import shapes
-from coschedule.reconcile.decide import claim_templates, plan
-from coschedule.reconcile.model import (
-    BadMark,
+from coschedule.reconcile.observed import (
     DeleteClaim,
     DeleteStatefulSet,
     MarkedPod,
@@ -24,7 +22,7 @@ from coschedule.reconcile.model import (
     OwnerStatus,
 )
 from coschedule.reconcile.placeholder import build_statefulset, group_spec
-from coschedule.settings import Settings
+from coschedule.reconcile.plan import claim_templates, plan
 from coschedule.wire.jsonpatch import apply
 from tests.fixtures import load_pod
 
@@ -208,13 +206,13 @@ def test_teardown_deletes_the_claims_the_statefulset_made_and_no_other() -> None
         claims_to_delete=made,
         idle_since=0.0,
     )
-    actions = plan(Observed(**common, owner=done), SETTINGS, now=1000.0)  # type: ignore[arg-type]
+    actions = plan(Observed(**common, owner=done), SETTINGS, now=1000.0).actions  # type: ignore[arg-type]
     assert any(isinstance(a, DeleteStatefulSet) for a in actions)
     assert [a.name for a in actions if isinstance(a, DeleteClaim)] == [
         f"pvc-1f1344866c-{PLACEHOLDER}-0"
     ]
     # Never before: a run whose owner still runs keeps its claims, even with no live pod.
-    actions = plan(Observed(**common, owner=running), SETTINGS, now=1000.0)  # type: ignore[arg-type]
+    actions = plan(Observed(**common, owner=running), SETTINGS, now=1000.0).actions  # type: ignore[arg-type]
     assert not any(isinstance(a, (DeleteClaim, DeleteStatefulSet)) for a in actions)
 
 

@@ -1,0 +1,339 @@
+"""The cluster-wide configuration: one frozen object, built from the config folder and env.
+
+Every key of the ``coschedule-config`` ConfigMap is a file in the config folder (that is how
+a ConfigMap volume looks) and can also come from ``COSCHEDULE_<KEY>``; the folder wins.
+Parsing is pure: ``parse_settings(raw)`` takes the merged ``{key: text}`` mapping, so the
+Tekton flag matrix and every key's validation are tested without touching the disk.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import TypeVar
+
+from coschedule.config import ConfigError as ConfigError
+from coschedule.config.policy import (
+    POLICY_KEYS,
+    PolicyMode,
+    PolicySettings,
+    check_policy,
+    parse_policy,
+)
+from coschedule.config.scheduling_defaults import DefaultsRule, parse_scheduling_defaults
+from coschedule.marks import LABEL_GROUP, Mode
+
+DEFAULT_GROUP_LABELS: tuple[str, ...] = (
+    LABEL_GROUP,
+    "tekton.dev/pipelineRun",
+    "workflows.argoproj.io/workflow",
+    "buildrun.shipwright.io/name",
+)
+DEFAULT_TOPOLOGY_KEY = "kubernetes.io/hostname"
+DEFAULT_PLACEHOLDER_IMAGE = "registry.k8s.io/pause:3.10"
+DEFAULT_PLACEHOLDER_RESOURCES: Mapping[str, Mapping[str, str]] = {
+    "requests": {"cpu": "1m", "memory": "8Mi"},
+    "limits": {"memory": "16Mi"},
+}
+DEFAULT_IDLE_GRACE_SECONDS = 300
+DEFAULT_STUCK_GRACE_SECONDS = 30
+
+# The keys this version understands. An unknown key is an error rather than silently
+# ignored: a typo in a ConfigMap must not fall back to a default nobody asked for.
+KNOWN_KEYS: frozenset[str] = frozenset(
+    {
+        "coschedule",
+        "disable-affinity-assistant",
+        "topology-key",
+        "group-labels",
+        "placeholder-image",
+        "placeholder-resources",
+        "placeholder-priority-class",
+        "idle-grace-seconds",
+        "stuck-grace-seconds",
+        "rewrite-claims",
+        "group-shared-claims",
+        "scheduling-defaults",
+        *POLICY_KEYS,
+    }
+)
+
+ENV_PREFIX = "COSCHEDULE_"
+
+_T = TypeVar("_T")
+
+# A label key: optional DNS-subdomain prefix, then a name of at most 63 characters.
+_LABEL_NAME = r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
+_LABEL_KEY_RE = re.compile(rf"^([a-z0-9]([-a-z0-9.]{{0,251}}[a-z0-9])?/)?{_LABEL_NAME}$")
+_QUANTITY_RE = re.compile(r"^[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+|[numkMGTPE]|[KMGTPE]i)?$")
+_DNS_SUBDOMAIN_RE = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """Everything the webhook and the reconciler read from the cluster configuration."""
+
+    mode: Mode = Mode.WORKSPACES
+    topology_key: str = DEFAULT_TOPOLOGY_KEY
+    group_labels: tuple[str, ...] = DEFAULT_GROUP_LABELS
+    placeholder_image: str = DEFAULT_PLACEHOLDER_IMAGE
+    placeholder_resources: Mapping[str, Mapping[str, str]] = field(
+        default_factory=lambda: DEFAULT_PLACEHOLDER_RESOURCES
+    )
+    placeholder_priority_class: str = ""
+    idle_grace_seconds: int = DEFAULT_IDLE_GRACE_SECONDS
+    # How long a run's pod may stay Unschedulable because of the run's node before the
+    # reconciler moves the run (when that loses nothing) or explains why not.
+    stuck_grace_seconds: int = DEFAULT_STUCK_GRACE_SECONDS
+    # Claim rewrite needs the reconciler to build the StatefulSet that owns the new claims.
+    # Without a cluster nothing would, so ``serve`` turns it off there (see the design).
+    rewrite_claims: bool = True
+    # ReadWriteMany/ReadOnlyMany claims (shared caches) are not grouped unless this is on.
+    group_shared_claims: bool = False
+    # Why the mode is what it is, for ``explain`` and the startup log.
+    mode_reason: str = "default"
+    # Admins' nodeSelector/tolerations/schedulerName defaults, merged into matching pods.
+    scheduling_defaults: tuple[DefaultsRule, ...] = ()
+    # The mode (off, warn, deny) of each hardening policy rule.
+    policy: PolicySettings = field(default_factory=PolicySettings)
+
+
+def _parse_bool(key: str, text: str) -> bool:
+    value = text.strip().lower()
+    if value in ("true", "1", "yes", "on"):
+        return True
+    if value in ("false", "0", "no", "off", ""):
+        return False
+    raise ConfigError(f'config key "{key}": {text.strip()!r} is not a boolean (true or false)')
+
+
+def resolve_mode(raw: Mapping[str, str]) -> tuple[Mode, str]:
+    """Tekton's flag matrix: ``disable-affinity-assistant`` present selects the migration column.
+
+    Returns the effective mode and a sentence saying which keys decided it.
+    """
+    coschedule_text = raw.get("coschedule")
+    if coschedule_text is None or not coschedule_text.strip():
+        coschedule = Mode.WORKSPACES
+        coschedule_given = False
+    else:
+        parsed = Mode.parse(coschedule_text)
+        if parsed is None:
+            raise ConfigError(
+                f'config key "coschedule": {coschedule_text.strip()!r} is not a mode; '
+                f"use one of {', '.join(m.value for m in Mode)}"
+            )
+        coschedule = parsed
+        coschedule_given = True
+
+    disable_text = raw.get("disable-affinity-assistant")
+    if disable_text is None:
+        source = 'key "coschedule"' if coschedule_given else "default"
+        return coschedule, f"{source}: {coschedule.value}"
+
+    disable = _parse_bool("disable-affinity-assistant", disable_text)
+    pair = (
+        f'"disable-affinity-assistant: {str(disable).lower()}" '
+        f'with "coschedule: {coschedule.value}"'
+    )
+    if not disable:
+        if coschedule is Mode.WORKSPACES:
+            return coschedule, f"{pair} (migration column): workspaces"
+        raise ConfigError(
+            f"invalid combination {pair}: while the deprecated key "
+            f'"disable-affinity-assistant" is set, "coschedule: {coschedule.value}" needs '
+            '"disable-affinity-assistant: true"; better, remove "disable-affinity-assistant"'
+        )
+    if coschedule is Mode.WORKSPACES:
+        return Mode.DISABLED, f"{pair} (migration column): disabled"
+    return coschedule, f"{pair} (migration column): {coschedule.value}"
+
+
+def _parse_group_labels(text: str) -> tuple[str, ...]:
+    labels = tuple(part.strip() for part in text.split(",") if part.strip())
+    if not labels:
+        raise ConfigError('config key "group-labels": empty; list at least one label key')
+    for label in labels:
+        if not _LABEL_KEY_RE.match(label):
+            raise ConfigError(f'config key "group-labels": {label!r} is not a valid label key')
+    if len(set(labels)) != len(labels):
+        raise ConfigError('config key "group-labels": a label key is listed twice')
+    return labels
+
+
+def _parse_resources(text: str) -> Mapping[str, Mapping[str, str]]:
+    import yaml  # only at config load, never on the admission path
+
+    try:
+        loaded = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f'config key "placeholder-resources": not YAML: {exc}') from None
+    if not isinstance(loaded, dict) or not loaded:
+        raise ConfigError(
+            'config key "placeholder-resources": expected a mapping such as '
+            '"requests: {cpu: 1m, memory: 8Mi}"'
+        )
+    result: dict[str, dict[str, str]] = {}
+    for section, values in loaded.items():
+        if section not in ("requests", "limits"):
+            raise ConfigError(
+                f'config key "placeholder-resources": unknown section {section!r} '
+                "(use requests and limits)"
+            )
+        if not isinstance(values, dict):
+            raise ConfigError(f'config key "placeholder-resources": {section} must be a mapping')
+        parsed: dict[str, str] = {}
+        for name, quantity in values.items():
+            quantity_text = str(quantity).strip()
+            if not _QUANTITY_RE.match(quantity_text):
+                raise ConfigError(
+                    f'config key "placeholder-resources": {section}.{name}: '
+                    f"{quantity_text!r} is not a Kubernetes quantity"
+                )
+            parsed[str(name)] = quantity_text
+        result[section] = parsed
+    return result
+
+
+def _parse_topology_key(text: str) -> str:
+    key = text.strip()
+    if not _LABEL_KEY_RE.match(key):
+        raise ConfigError(f'config key "topology-key": {key!r} is not a valid label key')
+    return key
+
+
+def _parse_seconds(key: str, text: str) -> int:
+    try:
+        seconds = int(text.strip())
+    except ValueError:
+        raise ConfigError(f'config key "{key}": {text.strip()!r} is not a whole number') from None
+    if seconds < 0:
+        raise ConfigError(f'config key "{key}": must be 0 or more')
+    return seconds
+
+
+def parse_settings(raw: Mapping[str, str]) -> Settings:
+    """Build settings from ``{key: text}``; raise ConfigError naming every offending key.
+
+    Each key is checked on its own and all the problems are reported together, so a
+    ConfigMap with three mistakes is fixed in one round, not three.
+    """
+    errors: list[str] = []
+
+    def check(parse: Callable[[], _T]) -> _T | None:
+        try:
+            return parse()
+        except ConfigError as exc:
+            errors.append(str(exc))
+            return None
+
+    unknown = sorted(key for key in raw if key not in KNOWN_KEYS)
+    if unknown:
+        errors.append(
+            f"unknown config key(s): {', '.join(unknown)}; known keys are "
+            f"{', '.join(sorted(KNOWN_KEYS))}"
+        )
+    kwargs: dict[str, object] = {}
+    if (resolved := check(lambda: resolve_mode(raw))) is not None:
+        kwargs["mode"], kwargs["mode_reason"] = resolved
+    if (topology := raw.get("topology-key")) is not None and topology.strip():
+        kwargs["topology_key"] = check(lambda: _parse_topology_key(topology))
+    if (labels := raw.get("group-labels")) is not None:
+        kwargs["group_labels"] = check(lambda: _parse_group_labels(labels))
+    if (text := raw.get("placeholder-image")) is not None and text.strip():
+        kwargs["placeholder_image"] = text.strip()
+    if (resources := raw.get("placeholder-resources")) is not None and resources.strip():
+        kwargs["placeholder_resources"] = check(lambda: _parse_resources(resources))
+    if (priority := raw.get("placeholder-priority-class")) is not None:
+        kwargs["placeholder_priority_class"] = check(lambda: _parse_priority_class(priority))
+    for key in ("idle-grace-seconds", "stuck-grace-seconds"):
+        if (seconds := raw.get(key)) is not None and seconds.strip():
+            kwargs[key.replace("-", "_")] = check(partial(_parse_seconds, key, seconds))
+    for key, attr in (
+        ("rewrite-claims", "rewrite_claims"),
+        ("group-shared-claims", "group_shared_claims"),
+    ):
+        if (flag := raw.get(key)) is not None:
+            kwargs[attr] = check(partial(_parse_bool, key, flag))
+    valid_policy: dict[str, str] = {}
+    for key in POLICY_KEYS:
+        if key in raw and check(partial(parse_policy, {key: raw[key]})) is not None:
+            valid_policy[key] = raw[key]
+    policy = parse_policy(valid_policy)
+    kwargs["policy"] = policy
+    if (text := raw.get("scheduling-defaults")) is not None and text.strip():
+        rules = check(lambda: parse_scheduling_defaults(text))
+        if rules is not None and len(valid_policy) == sum(k in raw for k in POLICY_KEYS):
+            # Only against the policy as written: a broken policy key is already reported.
+            check(lambda: _check_defaults_against_policy(rules, policy))
+        kwargs["scheduling_defaults"] = rules
+    if errors:
+        raise ConfigError("; ".join(errors) if len(errors) == 1 else _numbered(errors))
+    return Settings(**kwargs)  # type: ignore[arg-type]
+
+
+def _numbered(errors: list[str]) -> str:
+    return f"{len(errors)} config problems: " + " ".join(
+        f"({n}) {error};" for n, error in enumerate(errors, 1)
+    ).rstrip(";")
+
+
+def _parse_priority_class(text: str) -> str:
+    name = text.strip()
+    if name and not _DNS_SUBDOMAIN_RE.match(name):
+        raise ConfigError(f'config key "placeholder-priority-class": {name!r} is not a valid name')
+    return name
+
+
+def _check_defaults_against_policy(rules: tuple[DefaultsRule, ...], policy: PolicySettings) -> None:
+    """A default that a deny-mode policy refuses would refuse every pod it matches."""
+    for rule in rules:
+        findings = check_policy(
+            dict(rule.node_selector), [t.to_json() for t in rule.tolerations], None, policy
+        )
+        for finding in findings:
+            if finding.mode is PolicyMode.DENY:
+                field = finding.field.removeprefix("spec.")
+                raise ConfigError(
+                    f'invalid combination: config key "scheduling-defaults" {rule.label} sets '
+                    f'{field}, which "{finding.deny_rule}: deny" refuses, so every pod it '
+                    "matches would be denied; remove it from the rule or relax the policy"
+                )
+
+
+def env_to_key(name: str) -> str | None:
+    """``COSCHEDULE_TOPOLOGY_KEY`` -> ``topology-key``; None for other variables."""
+    if not name.startswith(ENV_PREFIX) or len(name) == len(ENV_PREFIX):
+        return None
+    return name[len(ENV_PREFIX) :].lower().replace("_", "-")
+
+
+def read_raw_config(config_dir: Path | None, environ: Mapping[str, str]) -> dict[str, str]:
+    """Merge ``COSCHEDULE_*`` variables and the config folder; the folder wins.
+
+    Files whose names start with ``.`` are skipped: a ConfigMap volume keeps its data behind
+    ``..data`` and timestamped ``..2026_…`` folders next to the key symlinks.
+    Unknown keys from the folder are kept so that ``parse_settings`` can refuse them.
+    """
+    raw: dict[str, str] = {}
+    for name, value in environ.items():
+        key = env_to_key(name)
+        # Only known keys: Kubernetes injects COSCHEDULE_SERVICE_HOST and friends into pods
+        # of a namespace that has a Service named "coschedule".
+        if key is not None and key in KNOWN_KEYS:
+            raw[key] = value
+    if config_dir is not None and config_dir.is_dir():
+        for entry in sorted(config_dir.iterdir()):
+            # "_example"-style keys document a ConfigMap (Tekton ships them); skip them.
+            if entry.name.startswith((".", "_")) or not entry.is_file():
+                continue
+            raw[entry.name] = entry.read_text(encoding="utf-8")
+    return raw
+
+
+def load_settings(config_dir: Path | None, environ: Mapping[str, str] | None = None) -> Settings:
+    return parse_settings(read_raw_config(config_dir, os.environ if environ is None else environ))

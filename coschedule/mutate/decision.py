@@ -1,0 +1,581 @@
+"""The admission decision: ``(pod, context) -> Decision``. Pure: no I/O, no clock, no globals.
+
+Everything the webhook does to a pod is decided here and returned as JSONPatch operations
+built by hand against the pod as submitted, with a sentence per step for ``explain``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from coschedule import marks
+from coschedule.config.policy import Finding, PolicyMode, check_policy
+from coschedule.config.settings import Settings
+from coschedule.marks import (
+    ALL_MARK_ANNOTATIONS,
+    COMPONENT_AFFINITY_ASSISTANT,
+    LABEL_COMPONENT,
+    LABEL_ENABLED,
+    LABEL_MODE,
+    LABEL_PLACEHOLDER,
+    MODE_CHOICES,
+    Mode,
+    claim_placeholder,
+    run_placeholder,
+)
+from coschedule.mutate import claim_rewrite as claims_mod
+from coschedule.mutate import volume_conflict
+from coschedule.mutate.claim_rewrite import ClaimView
+from coschedule.mutate.defaults import MergedScheduling, merge_defaults
+from coschedule.mutate.mode_choice import InvalidMode, choose_mode
+from coschedule.mutate.nodeaffinity import required_terms
+from coschedule.mutate.volume_topology import VolumeTopology
+from coschedule.wire import jsonpatch
+from coschedule.wire import pod_fields as podview
+from coschedule.wire.jsonpatch import Op
+
+REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"
+# Our keys are constants: escape their paths once, not on every admission.
+_PLACEHOLDER_LABEL_PATH = jsonpatch.pointer("metadata", "labels", LABEL_PLACEHOLDER)
+_ANNOTATION_PATHS = {
+    key: jsonpatch.pointer("metadata", "annotations", key) for key in ALL_MARK_ANNOTATIONS
+}
+
+
+@dataclass(frozen=True, slots=True)
+class NamespaceInfo:
+    """What the namespace cache knows of the request's namespace."""
+
+    labels: Mapping[str, str]
+
+    @property
+    def enabled(self) -> bool:
+        return self.labels.get(LABEL_ENABLED) == "true"
+
+
+@dataclass(frozen=True, slots=True)
+class AdmissionContext:
+    settings: Settings
+    namespace: str
+    # None: no cluster (or the namespace is not in the cache yet): the MutatingWebhook
+    # configuration's namespaceSelector already chose the namespace; cluster config applies.
+    namespace_info: NamespaceInfo | None = None
+    # None: no cluster: claims are grouped as mounted and never rewritten.
+    claims: ClaimView | None = None
+    # None: no cluster (or not synced): the claims-conflict pre-flight is skipped.
+    volumes: VolumeView | None = None
+
+
+class VolumeView(Protocol):
+    """Where each PersistentVolume can be used, by name (a watch-fed cache)."""
+
+    @property
+    def synced(self) -> bool: ...
+
+    def get(self, name: str) -> VolumeTopology | None: ...
+
+
+@dataclass(slots=True)
+class Decision:
+    allowed: bool
+    ops: list[Op] = field(default_factory=list)
+    mode: Mode | None = None
+    placeholder: str | None = None
+    rule: str | None = None  # the rule that denied the pod
+    message: str | None = None  # the denial, as kubectl will print it
+    warnings: list[str] = field(default_factory=list)
+    reasons: list[str] = field(default_factory=list)  # every step, for ``explain``
+    # Claims the pod mounts that the claim cache has not seen yet: the caller may wait
+    # for the watch to deliver them and decide again (never a guess, never an API call).
+    missing_claims: tuple[str, ...] = ()
+    # The run's volumeClaimTemplates as decided here (None: the placeholder's rule).
+    templates: tuple[marks.ClaimTemplate, ...] | None = None
+    # The pod's nodeSelector/tolerations/schedulerName as stored, and which scheduling
+    # defaults rule gave what (None: defaults and policy did not apply to this pod).
+    scheduling: MergedScheduling | None = None
+    findings: list[Finding] = field(default_factory=list)  # policy rules that fired
+
+    @property
+    def mode_label(self) -> str:
+        return self.mode.value if self.mode is not None else "none"
+
+
+def run_identity(
+    labels: Mapping[str, str], group_labels: tuple[str, ...]
+) -> tuple[str, str] | None:
+    """(label key, run) from the first group label present with a value."""
+    for key in group_labels:
+        value = labels.get(key)
+        if value:
+            return key, value
+    return None
+
+
+def decide(pod: Mapping[str, Any], ctx: AdmissionContext) -> Decision:
+    """Decide what to do with a Pod CREATE. Raises ``podview.MalformedPod`` on bad shapes.
+
+    Coscheduling first; then the admins' scheduling defaults and hardening policy, which
+    apply to every pod decided on in an enabled namespace (any namespace or cluster mode,
+    even ``disabled``; in a run or not) except placeholder pods and pods labelled
+    ``coschedule.dev/mode: disabled``, and see the pod as it will be stored.
+    """
+    meta = podview.metadata(pod)
+    labels = podview.string_map(meta, "labels")
+    decision = _decide_coschedule(pod, ctx, meta, labels)
+    if decision.allowed and _defaults_and_policy_apply(labels, ctx):
+        pod_spec = podview.spec(pod)
+        merged = _scheduling_defaults_step(pod, pod_spec, labels, ctx, decision)
+        _policy_step(pod_spec, ctx, decision, merged)
+    return decision
+
+
+def _defaults_and_policy_apply(labels: Mapping[str, str], ctx: AdmissionContext) -> bool:
+    """Not for placeholder pods (the reconciler copies their fields from the group's pods),
+    pods that opted out with the label ``coschedule.dev/mode: disabled`` (never touched, as
+    the webhook configuration's matchConditions already ensure in a cluster) and namespaces
+    not enabled. A namespace or cluster mode of ``disabled`` turns coscheduling off, not the
+    admins' defaults and policy."""
+    if labels.get(LABEL_COMPONENT) == COMPONENT_AFFINITY_ASSISTANT:
+        return False
+    if labels.get(LABEL_MODE) == Mode.DISABLED.value:
+        return False
+    return ctx.namespace_info is None or ctx.namespace_info.enabled
+
+
+def _scheduling_defaults_step(
+    pod: Mapping[str, Any],
+    pod_spec: Mapping[str, Any],
+    labels: Mapping[str, str],
+    ctx: AdmissionContext,
+    decision: Decision,
+) -> MergedScheduling:
+    """Merge the matching ``scheduling-defaults`` rules into the pod (the pod wins)."""
+    spec_created = not pod_spec and any(op["path"] == "/spec" for op in decision.ops)
+    ops, reasons, merged = merge_defaults(
+        pod,
+        ctx.namespace,
+        ctx.settings.scheduling_defaults,
+        spec_created=spec_created,
+        labels=labels,
+        pod_spec=pod_spec,
+    )
+    decision.ops.extend(ops)
+    decision.reasons.extend(reasons)
+    decision.scheduling = merged
+    return merged
+
+
+def _policy_step(
+    pod_spec: Mapping[str, Any],
+    ctx: AdmissionContext,
+    decision: Decision,
+    merged: MergedScheduling,
+) -> None:
+    """Check the hardening policy on the pod as stored: warn, or deny on the first deny."""
+    policy = ctx.settings.policy
+    affinity = podview.sub_object(pod_spec, "affinity", "pod.spec")
+    findings = check_policy(merged.node_selector, merged.tolerations, affinity, policy)
+    decision.findings = findings
+    denial: Finding | None = None
+    for finding in findings:
+        decision.reasons.append(f"policy {finding.rule} ({finding.mode.value}): {finding.message}")
+        if finding.mode is PolicyMode.WARN:
+            decision.warnings.append(finding.warning)
+        elif denial is None:
+            denial = finding
+    if denial is not None:
+        decision.ops.clear()
+        _deny(decision, denial.deny_rule, denial.message)
+
+
+def _decide_coschedule(
+    pod: Mapping[str, Any],
+    ctx: AdmissionContext,
+    meta: Mapping[str, Any],
+    labels: Mapping[str, str],
+) -> Decision:
+    """Coscheduling alone, step by step: mode, run, claims, placeholder, then the claim
+    rewrite, the affinity term and the marks. A step that returns None has finished the
+    decision (left alone or denied)."""
+    settings = ctx.settings
+    decision = Decision(allowed=True)
+    mode = _mode_step(labels, ctx, decision)
+    if mode is None:
+        return decision
+    identity = _run_step(labels, settings, decision)
+    if identity is None:
+        return decision
+    run_label, run = identity
+    pod_spec = podview.spec(pod)
+    volumes = list(podview.claim_volumes(pod_spec))
+    found = _claims_step(pod_spec, volumes, ctx, mode, run, decision)
+    if found is None:
+        return decision
+    claims, view = found
+    placeholder = _placeholder_step(ctx.namespace, mode, run, claims, decision)
+    if placeholder is None:
+        return decision
+
+    ops = decision.ops
+    mounted = claims
+    if mode.per_run and view is not None and settings.rewrite_claims:
+        mounted = _rewrite_claims(
+            ctx.namespace, run, placeholder, volumes, claims, view, settings, ops, decision
+        )
+    wanted = marks.encode_fields(
+        mode, run, run_label, mounted, settings.topology_key, decision.templates
+    )
+    previous = labels.get(LABEL_PLACEHOLDER)
+    _affinity_ops(pod_spec, placeholder, previous, settings.topology_key, ops, decision)
+    _mark_ops(meta, labels, wanted, placeholder, ops)
+    decision.reasons.append(
+        f"{len(ops)} patch operation(s)" if ops else "already mutated: nothing to add"
+    )
+    return decision
+
+
+def _mode_step(labels: Mapping[str, str], ctx: AdmissionContext, decision: Decision) -> Mode | None:
+    """The pod's mode; None when coscheduling leaves it alone or it is denied."""
+    reasons = decision.reasons
+    if labels.get(LABEL_COMPONENT) == COMPONENT_AFFINITY_ASSISTANT:
+        reasons.append(
+            f"left alone: a placeholder pod ({LABEL_COMPONENT}={COMPONENT_AFFINITY_ASSISTANT})"
+        )
+        return None
+    info = ctx.namespace_info
+    if info is not None and not info.enabled:
+        reasons.append(
+            f"left alone: namespace {ctx.namespace!r} is not labelled {LABEL_ENABLED}=true"
+        )
+        return None
+    settings = ctx.settings
+    choice = choose_mode(
+        labels, info.labels if info is not None else None, settings.mode, settings.mode_reason
+    )
+    if isinstance(choice, InvalidMode):
+        where = (
+            f"the pod's label {LABEL_MODE}"
+            if choice.source == "pod label"
+            else f"namespace {ctx.namespace!r}'s label {LABEL_MODE}"
+        )
+        _deny(
+            decision,
+            "invalid-mode",
+            f"{where} is {choice.value!r}, which is not a coschedule mode. "
+            f"Fix: set it to one of {MODE_CHOICES}, or remove it to use the "
+            f"{'namespace or cluster' if choice.source == 'pod label' else 'cluster'} mode.",
+        )
+        return None
+    decision.mode = choice.mode
+    reasons.append(f"mode {choice.mode.value}: from the {choice.reason}")
+    if choice.mode is Mode.DISABLED:
+        reasons.append("left alone: coscheduling is disabled")
+        return None
+    return choice.mode
+
+
+def _run_step(
+    labels: Mapping[str, str], settings: Settings, decision: Decision
+) -> tuple[str, str] | None:
+    """(group label, run); None when the pod is not part of a run."""
+    identity = run_identity(labels, settings.group_labels)
+    if identity is None:
+        decision.reasons.append(
+            "left alone: not part of a run (none of the group labels "
+            f"{', '.join(settings.group_labels)} is set)"
+        )
+        return None
+    decision.reasons.append(f"run {identity[1]!r}: from label {identity[0]}")
+    return identity
+
+
+def _claims_step(
+    pod_spec: Mapping[str, Any],
+    volumes: list[tuple[int, str, str]],
+    ctx: AdmissionContext,
+    mode: Mode,
+    run: str,
+    decision: Decision,
+) -> tuple[list[str], ClaimView | None] | None:
+    """The claims that group the pod, and the claim view to rewrite them with (None: none);
+    None when the pod is denied."""
+    settings = ctx.settings
+    view = ctx.claims
+    if view is not None and not view.synced:
+        if not (volumes and mode.per_run and settings.rewrite_claims):
+            view = None  # grouping as mounted is safe; only a rewrite needs the cache
+        else:
+            _deny(
+                decision,
+                "claim-cache-not-synced",
+                "coschedule has not finished reading the cluster's claims since it started, "
+                "so it cannot tell which claims of this run it co-locates. This is temporary: "
+                "retry the pod in a few seconds.",
+            )
+            return None
+    claims: list[str] = []
+    for _, _, claim in volumes:
+        if claim in claims:
+            continue
+        known = view.get(ctx.namespace, claim) if view is not None else None
+        if view is not None and known is None and not marks.is_placeholder_claim(claim):
+            decision.missing_claims += (claim,)
+        if not claims_mod.groupable(known, settings.group_shared_claims):
+            why = (
+                "labelled coschedule.dev/skip=true" if known and known.skip else "shared (RWX/ROX)"
+            )
+            decision.reasons.append(f"claim {claim!r}: {why}: neither grouped nor rewritten")
+            continue
+        claims.append(claim)
+    if decision.missing_claims and mode.per_run and settings.rewrite_claims:
+        _deny(
+            decision,
+            "claim-unknown",
+            f"claim(s) {', '.join(decision.missing_claims)} are not in coschedule's claim cache "
+            "yet, so it cannot tell whether the run's placeholder provisions them. Retry the "
+            "pod in a few seconds; if the claim does not exist, create it first.",
+        )
+        return None
+    if mode.per_run and view is not None:
+        conflict = _claims_conflict(pod_spec, ctx, view, run, claims)
+        if conflict is not None:
+            _deny(decision, volume_conflict.RULE, conflict)
+            return None
+    return claims, view
+
+
+def _placeholder_step(
+    namespace: str, mode: Mode, run: str, claims: list[str], decision: Decision
+) -> str | None:
+    """The placeholder the pod joins: its run's, or in workspaces mode its claim's."""
+    if mode is Mode.WORKSPACES:
+        if not claims:
+            decision.reasons.append(
+                "left alone: mode workspaces groups by claim and the pod mounts none"
+            )
+            return None
+        if len(claims) > 1:
+            _deny(
+                decision,
+                "workspaces-single-claim",
+                f"pod mounts {len(claims)} PersistentVolumeClaims ({', '.join(claims)}) but "
+                "mode workspaces co-locates the pods of one claim, so a pod can join only one. "
+                f"Fix: run it in mode pipelineruns (label the run {LABEL_MODE}=pipelineruns, "
+                f"or its namespace), which co-locates all volumes of the run; or mount one claim.",
+            )
+            return None
+        placeholder = claim_placeholder(namespace, claims[0])
+        decision.reasons.append(f"placeholder {placeholder}: the claim {claims[0]!r}")
+    else:
+        placeholder = run_placeholder(namespace, run)
+        decision.reasons.append(f"placeholder {placeholder}: the run {run!r} in {namespace!r}")
+    decision.placeholder = placeholder
+    return placeholder
+
+
+def _claims_conflict(
+    pod_spec: Mapping[str, Any],
+    ctx: AdmissionContext,
+    view: ClaimView,
+    run: str,
+    claims: list[str],
+) -> str | None:
+    """Rule claims-conflict: the run's bound claims cannot be used in one place."""
+    volumes = ctx.volumes
+    if volumes is None or not volumes.synced:
+        return None
+
+    def bound(info: claims_mod.ClaimInfo | None) -> volume_conflict.BoundClaim | None:
+        if info is None or not info.volume:
+            return None
+        topology = volumes.get(info.volume)
+        if topology is None or not topology.terms:
+            return None
+        return volume_conflict.BoundClaim(info.name, topology)
+
+    own = [b for c in claims if (b := bound(view.get(ctx.namespace, c))) is not None]
+    run_claims = [b for info in view.run_claims(ctx.namespace, run) if (b := bound(info))]
+    if not own and not run_claims:
+        return None
+    selector = pod_spec.get("nodeSelector")
+    return volume_conflict.check(
+        own,
+        run_claims,
+        ctx.settings.topology_key,
+        {k: v for k, v in selector.items() if isinstance(v, str)}
+        if isinstance(selector, dict)
+        else {},
+        required_terms(pod_spec.get("affinity")),
+    )
+
+
+def _rewrite_claims(
+    namespace: str,
+    run: str,
+    placeholder: str,
+    volumes: list[tuple[int, str, str]],
+    claims: list[str],
+    view: claims_mod.ClaimView,
+    settings: Settings,
+    ops: list[Op],
+    decision: Decision,
+) -> list[str]:
+    """Point the run's template claims at the placeholder's; return the claims the
+    placeholder must mount as they are (bound ones, the user's: they may hold data)."""
+    reasons = decision.reasons
+    existing = view.placeholder_templates(namespace, placeholder)
+    earlier = view.pod_decision(namespace, placeholder) if existing is None else None
+    if existing is not None:
+        # The StatefulSet exists: its (immutable) templates are the run's decision.
+        chosen = {claim: template for template, claim in existing.items()}
+        reasons.append(f"claims: following the {len(chosen)} template(s) of {placeholder}")
+    elif earlier is not None:
+        # An earlier pod of the run carries the decision: follow it, even if a claim got
+        # bound since (Immediate binding): the run's pods must all agree.
+        decision.templates = earlier
+        chosen = {t.claim: t.name for t in earlier}
+        reasons.append(
+            f"claims: following the run's earlier pods: the placeholder provisions "
+            f"{sorted(chosen) or 'none'}"
+        )
+    else:
+        templates = claims_mod.run_templates(
+            view.run_claims(namespace, run), run, settings.group_shared_claims
+        )
+        decision.templates = templates
+        chosen = {t.claim: t.name for t in templates}
+        reasons.append(
+            f"claims: the run's unbound template claims are {sorted(chosen) or 'none'}; "
+            "the placeholder provisions them"
+        )
+    mounted: list[str] = []
+    for index, _, claim in volumes:
+        if claim not in claims:
+            continue  # skipped or shared: left as it is
+        if marks.is_placeholder_claim(claim, placeholder):
+            reasons.append(f"claim {claim!r}: already the placeholder's")
+            continue
+        template = chosen.get(claim)
+        if template is not None:
+            target = marks.placeholder_claim(template, placeholder)
+            ops.append(
+                jsonpatch.replace(f"/spec/volumes/{index}/persistentVolumeClaim/claimName", target)
+            )
+            reasons.append(f"claim {claim!r}: rewritten to {target!r} (template {template!r})")
+            continue
+        info = view.get(namespace, claim)
+        if info is not None and info.bound:
+            why = "bound (it may hold data)"
+        elif info is not None and not info.belongs_to(run):
+            why = "not made for this run"
+        else:
+            why = "not in the placeholder's templates"
+        reasons.append(f"claim {claim!r}: kept, {why}; the placeholder mounts it")
+        if claim not in mounted:
+            mounted.append(claim)
+    return mounted
+
+
+def _deny(decision: Decision, rule: str, message: str) -> Decision:
+    decision.allowed = False
+    decision.rule = rule
+    decision.message = f"coschedule: rule {rule}: {message}"
+    decision.reasons.append(f"denied by rule {rule}")
+    return decision
+
+
+def _affinity_ops(
+    pod_spec: Mapping[str, Any],
+    placeholder: str,
+    previous: str | None,
+    topology_key: str,
+    ops: list[Op],
+    decision: Decision,
+) -> None:
+    """Append the placeholder term to the pod's own affinity, creating only what is absent."""
+    term = marks.affinity_term(placeholder, topology_key)
+    if not pod_spec:
+        ops.append(jsonpatch.add("/spec", {"affinity": {"podAffinity": {REQUIRED: [term]}}}))
+        decision.reasons.append("affinity: created spec.affinity with the placeholder term")
+        return
+    affinity = podview.sub_object(pod_spec, "affinity", "pod.spec")
+    if affinity is None:
+        ops.append(jsonpatch.add("/spec/affinity", {"podAffinity": {REQUIRED: [term]}}))
+        decision.reasons.append("affinity: created spec.affinity with the placeholder term")
+        return
+    pod_affinity = podview.sub_object(affinity, "podAffinity", "pod.spec.affinity")
+    if pod_affinity is None:
+        ops.append(jsonpatch.add("/spec/affinity/podAffinity", {REQUIRED: [term]}))
+        decision.reasons.append(
+            "affinity: added podAffinity; the pod's node affinity and anti-affinity are kept"
+        )
+        return
+    terms = podview.sub_list(pod_affinity, REQUIRED, "pod.spec.affinity.podAffinity")
+    base = "/spec/affinity/podAffinity/" + REQUIRED
+    if terms is None:
+        ops.append(jsonpatch.add(base, [term]))
+        decision.reasons.append("affinity: added a required podAffinity list to the pod's own")
+        return
+
+    present = False
+    stale: list[int] = []
+    for index, existing in enumerate(terms):
+        instance = marks.term_placeholder(existing)
+        if instance is None:
+            continue
+        if instance == placeholder and existing.get("topologyKey") == topology_key:
+            present = True
+        elif previous is not None and instance == previous:
+            # Ours from an earlier admission under another decision (reinvocation after
+            # another webhook changed the pod): it would pin the pod twice.
+            stale.append(index)
+        elif instance != placeholder:
+            decision.warnings.append(
+                f"pod already has an affinity-assistant term to {instance!r}: is Tekton's own "
+                "Affinity Assistant also on? Set coschedule: disabled in Tekton's feature-flags "
+                "so that only one of them pins this run"
+            )
+    for index in reversed(stale):
+        ops.append(jsonpatch.remove(f"{base}/{index}"))
+        decision.reasons.append(f"affinity: removed the stale term to {previous!r}")
+    if present:
+        decision.reasons.append("affinity: the placeholder term is already there")
+    else:
+        ops.append(jsonpatch.add(base + "/-", term))
+        decision.reasons.append(
+            f"affinity: appended the placeholder term to {len(terms) - len(stale)} existing "
+            "required podAffinity term(s)"
+        )
+
+
+def _mark_ops(
+    meta: Mapping[str, Any],
+    labels: Mapping[str, str],
+    annotations_wanted: dict[str, str],
+    placeholder: str,
+    ops: list[Op],
+) -> None:
+    """Label the pod with its placeholder and annotate what the reconciler needs."""
+    if not meta:
+        ops.append(
+            jsonpatch.add(
+                "/metadata",
+                {"labels": {LABEL_PLACEHOLDER: placeholder}, "annotations": annotations_wanted},
+            )
+        )
+        return
+    if meta.get("labels") is None:
+        ops.append(jsonpatch.add("/metadata/labels", {LABEL_PLACEHOLDER: placeholder}))
+    elif labels.get(LABEL_PLACEHOLDER) != placeholder:
+        ops.append(jsonpatch.add(_PLACEHOLDER_LABEL_PATH, placeholder))
+
+    annotations = podview.string_map(meta, "annotations")
+    if meta.get("annotations") is None:
+        ops.append(jsonpatch.add("/metadata/annotations", annotations_wanted))
+        return
+    for key, value in annotations_wanted.items():
+        if annotations.get(key) != value:
+            path = _ANNOTATION_PATHS.get(key) or jsonpatch.pointer("metadata", "annotations", key)
+            ops.append(jsonpatch.add(path, value))

@@ -1,0 +1,233 @@
+"""The reconciler's plain data: what it observed of one group, and the actions it decides.
+
+Frozen dataclasses only; built by the controller from its caches, read by ``decide.plan``.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from coschedule.marks import ClaimTemplate, Mode
+
+Obj = dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class OwnerRef:
+    """An object reference as in ``metadata.ownerReferences``."""
+
+    api_version: str
+    kind: str
+    name: str
+    uid: str
+
+    def as_owner_reference(self) -> dict[str, Any]:
+        # blockOwnerDeletion false: no finalizer RBAC on the engines' kinds is needed.
+        return {
+            "apiVersion": self.api_version,
+            "kind": self.kind,
+            "name": self.name,
+            "uid": self.uid,
+            "controller": False,
+            "blockOwnerDeletion": False,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class MarkedPod:
+    """A pod the webhook marked, as far as the reconciler reads it (see ``marks.parse``)."""
+
+    namespace: str
+    name: str
+    uid: str
+    created: str  # creationTimestamp (RFC 3339 sorts as text)
+    placeholder: str
+    mode: Mode
+    run: str
+    run_label: str
+    claims: tuple[str, ...]
+    topology_key: str
+    node_selector: Mapping[str, str]
+    tolerations: tuple[Mapping[str, Any], ...]
+    owner: OwnerRef | None  # the pod's controller ownerReference
+    live: bool  # phase not Succeeded/Failed and not being deleted
+    finished_at: float | None = None  # when its last container ended, for idle grace
+    # The run's claim templates as the webhook decided them for this pod (volume
+    # co-location); None when the webhook followed an existing StatefulSet or did not rewrite.
+    claim_templates: tuple[ClaimTemplate, ...] | None = None
+    scheduler_name: str = ""  # spec.schedulerName; the placeholder follows it
+
+
+@dataclass(frozen=True, slots=True)
+class Taint:
+    key: str
+    value: str
+    effect: str
+
+
+@dataclass(frozen=True, slots=True)
+class NodeInfo:
+    name: str
+    unschedulable: bool
+    taints: tuple[Taint, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class PlaceholderPod:
+    namespace: str
+    name: str
+    node_name: str  # "" while unscheduled
+    tolerations: tuple[Mapping[str, Any], ...]
+    deleting: bool
+
+
+@dataclass(frozen=True, slots=True)
+class ObservedSet:
+    """A managed StatefulSet as cached (the raw dict stays available for patches)."""
+
+    namespace: str
+    name: str
+    uid: str
+    resource_version: str
+    replicas: int | None
+    update_strategy: str
+    labels: Mapping[str, str]
+    annotations: Mapping[str, str]
+    owner_references: tuple[Mapping[str, Any], ...]
+    deleting: bool
+    templates: Mapping[str, str] = field(default_factory=dict)  # template -> original claim
+
+
+class OwnerStatus(enum.Enum):
+    RUNNING = "running"
+    DONE = "done"  # completed, failed, or deleted
+    UNKNOWN = "unknown"  # not checked yet, or the last check failed
+    # Finding the root failed (429, 5xx, network): nothing is known; ``detail`` says why.
+    LOOKUP_FAILED = "lookup-failed"
+
+
+@dataclass(frozen=True, slots=True)
+class OwnerState:
+    """The run's root owner (None: no resolvable owner) and what its last check said."""
+
+    root: OwnerRef | None
+    status: OwnerStatus = OwnerStatus.UNKNOWN
+    checked_at: float | None = None
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Observed:
+    """Everything ``plan`` needs for one placeholder (namespace/name), and nothing else."""
+
+    namespace: str
+    name: str
+    pods: tuple[MarkedPod, ...] = ()
+    statefulset: ObservedSet | None = None
+    placeholder_pods: tuple[PlaceholderPod, ...] = ()
+    nodes: Mapping[str, NodeInfo] = field(default_factory=dict)
+    owner: OwnerState | None = None  # None: not resolved (yet) or not applicable
+    idle_since: float | None = None  # first time seen with no live pod (controller memory)
+    claim_templates: tuple[ClaimTemplate, ...] = ()
+    claims_to_delete: tuple[str, ...] = ()  # claims the StatefulSet created (volume issue)
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+# ---- actions -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class RecordEvent:
+    namespace: str
+    statefulset: str
+    reason: str
+    message: str
+    type: str = "Normal"
+
+
+@dataclass(frozen=True, slots=True)
+class CreateStatefulSet:
+    """Create the placeholder; ``event`` is recorded once it is created (not when an
+    existing one of ours only had its labels put back)."""
+
+    namespace: str
+    name: str
+    body: Obj
+    event: RecordEvent
+
+
+@dataclass(frozen=True, slots=True)
+class PatchStatefulSet:
+    """A JSON merge patch of the fields we own, guarded by the observed resourceVersion."""
+
+    namespace: str
+    name: str
+    patch: Obj
+    why: str
+
+
+@dataclass(frozen=True, slots=True)
+class DeletePlaceholderPod:
+    """Delete the placeholder pod so that it moves; ``event`` is recorded once deleted (not
+    when this very version of the pod was deleted already)."""
+
+    namespace: str
+    name: str
+    statefulset: str
+    node: str
+    reason: str  # "cordoned" | "tainted" (the evictions metric label)
+    message: str
+    event: RecordEvent
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteStatefulSet:
+    namespace: str
+    name: str
+    why: str
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteClaim:
+    """Delete a claim the placeholder's volumeClaimTemplates created (volume issue's hook)."""
+
+    namespace: str
+    name: str
+
+
+Action = (
+    CreateStatefulSet
+    | PatchStatefulSet
+    | DeletePlaceholderPod
+    | DeleteStatefulSet
+    | DeleteClaim
+    | RecordEvent
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Requeue:
+    """Look at this group again after ``after`` seconds (owner re-check, idle grace)."""
+
+    after: float
+    why: str
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """What ``plan`` decided for one group (controller-runtime's ``Result`` with the work):
+    the actions to carry out in order, and when to look again."""
+
+    actions: tuple[Action, ...] = ()
+    requeue: Requeue | None = None  # look again after a delay (None: on the next change)
+    # The observation was incomplete (an owner lookup failed): act on nothing, retry the
+    # key with backoff; says why.
+    retry: str | None = None
+    warning: str | None = None  # a log line at warning level (acted on incomplete data)
+    note: str | None = None  # why nothing was done (a debug line)

@@ -1,0 +1,54 @@
+"""The reconciler's Prometheus instruments, on a registry of its own (no globals)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from coschedule.config.store import last_reload_gauge, reload_errors_counter
+
+
+class ReconcileMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self.reconciles = Counter(
+            "coschedule_reconcile_total",
+            "Reconciles of one placeholder key (by the leader).",
+            registry=self.registry,
+        )
+        self.errors = Counter(
+            "coschedule_reconcile_errors_total",
+            "Reconciles that failed and were retried with backoff, by HTTP status (0: other).",
+            ["code"],
+            registry=self.registry,
+        )
+        self.placeholders = Gauge(
+            "coschedule_placeholders",
+            "Placeholder StatefulSets that exist (managed by coschedule).",
+            registry=self.registry,
+        )
+        self.evictions = Counter(
+            "coschedule_placeholder_evictions_total",
+            "Placeholder pods deleted off a node that stopped accepting them, by reason.",
+            ["reason"],
+            registry=self.registry,
+        )
+        self.relists = Counter(
+            "coschedule_watch_relists_total",
+            "Full relists after a watch expired (410 Gone), by resource.",
+            ["resource"],
+            registry=self.registry,
+        )
+        self.nodes_missing_topology = Gauge(
+            "coschedule_nodes_missing_topology_key",
+            "Nodes without the configured topology-key label: anti-affinity misbehaves there.",
+            registry=self.registry,
+        )
+        self.config_reload_errors = reload_errors_counter(self.registry)
+        self.config_last_reload_success = last_reload_gauge(self.registry)
+        self.leader = Gauge(
+            "coschedule_reconciler_leader",
+            "1 while this replica holds the leader Lease and acts, else 0.",
+            registry=self.registry,
+        )
+        for reason in ("cordoned", "tainted"):
+            self.evictions.labels(reason)

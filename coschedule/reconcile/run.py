@@ -1,0 +1,131 @@
+"""``coschedule reconcile``: caches, leader election, workers and the health port, wired."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import sys
+from collections.abc import Iterator
+
+import uvicorn
+
+from coschedule.config.folder import config_dir_or_exit
+from coschedule.config.settings import ConfigError
+from coschedule.config.store import SettingsStore, metric_hooks, reload_loop
+from coschedule.kube.client import Credentials, KubeClient, KubeConfigError, require
+from coschedule.kube.leader import ElectionConfig, LeaderElector
+from coschedule.probes import Probes, probes_app
+from coschedule.reconcile.controller import Controller
+from coschedule.reconcile.reconciler_metrics import ReconcileMetrics
+
+log = logging.getLogger("coschedule.reconcile")
+
+RELOAD_INTERVAL_SECONDS = 2.0
+EXIT_USAGE = 2
+
+
+class _Server(uvicorn.Server):
+    """Signals are ours: stopping releases the Lease before the process ends."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+def run_reconciler(args: argparse.Namespace) -> int:
+    from coschedule import logs
+
+    logs.setup(args.log_level)
+    metrics = ReconcileMetrics()
+    config_dir, note = config_dir_or_exit("reconcile", args.config_dir)
+    on_error, on_loaded = metric_hooks(metrics)
+    try:
+        store = SettingsStore(
+            config_dir, os.environ, on_error=on_error, on_loaded=on_loaded, note=note
+        )
+    except ConfigError as exc:
+        print(f"coschedule reconcile: refusing to start: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        creds = require(args.kubeconfig, os.environ, "the reconciler")
+    except KubeConfigError as exc:
+        print(f"coschedule reconcile: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    asyncio.run(serve_reconciler(args, creds, store, metrics))
+    return 0
+
+
+async def serve_reconciler(
+    args: argparse.Namespace,
+    creds: Credentials,
+    store: SettingsStore,
+    metrics: ReconcileMetrics,
+    stopping: asyncio.Event | None = None,
+) -> None:
+    client = KubeClient(creds, user_agent="coschedule-reconciler")
+    controller = Controller(client, lambda: store.current, metrics)
+    probes = Probes()
+    probes.checks["caches"] = controller.readiness
+    probes.checks["config"] = lambda: (True, store.detail())
+    health = _Server(
+        uvicorn.Config(
+            probes_app(probes, metrics.registry),
+            host="0.0.0.0",
+            port=args.health_port,
+            log_config=None,
+            access_log=False,
+            server_header=False,
+            lifespan="off",
+        )
+    )
+    elector: LeaderElector | None = None
+    if args.leader_elect:
+        elector = LeaderElector(
+            client,
+            ElectionConfig(namespace=args.namespace or creds.namespace),
+            on_started=controller.start_leading,
+            on_stopped=controller.stop_leading,
+        )
+    if stopping is None:  # the process's own run: SIGTERM stops it (and releases the Lease)
+        stopping = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.add_signal_handler(sig, stopping.set)
+
+    def reload() -> None:
+        if store.maybe_reload():
+            controller.settings_changed()
+
+    controller.start_informers()
+    tasks = [
+        asyncio.create_task(health.serve()),
+        asyncio.create_task(reload_loop(RELOAD_INTERVAL_SECONDS, reload, "config reload")),
+    ]
+    if elector is not None:
+        tasks.append(asyncio.create_task(elector.run()))
+    else:
+        controller.start_leading()
+    log.info(
+        "reconciler started",
+        extra={"health_port": args.health_port, "leader_elect": bool(args.leader_elect)},
+    )
+    try:
+        await stopping.wait()
+    finally:
+        log.info("shutting down")
+        controller.stop_leading()
+        if elector is not None:
+            tasks[-1].cancel()  # no renewal in flight while we release
+            await asyncio.gather(tasks[-1], return_exceptions=True)
+            await elector.release()
+        health.should_exit = True
+        for task in tasks[1:]:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await controller.stop()
+        await client.aclose()

@@ -1,0 +1,85 @@
+"""Typed, validated reads of a raw pod dict: only what the decisions use, nothing copied.
+
+kube-apiserver only sends pods it has decoded, so a shape error here means the request
+did not come from it; ``MalformedPod`` names the field so the answer is a clear HTTP 400.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any, overload
+
+_EMPTY: Mapping[str, Any] = {}
+
+
+class MalformedPod(ValueError):
+    """A field the decision reads has the wrong JSON type."""
+
+
+def metadata(pod: Mapping[str, Any]) -> Mapping[str, Any]:
+    return sub_object(pod, "metadata", "pod", _EMPTY)
+
+
+def spec(pod: Mapping[str, Any]) -> Mapping[str, Any]:
+    return sub_object(pod, "spec", "pod", _EMPTY)
+
+
+def string_map(meta: Mapping[str, Any], key: str) -> Mapping[str, str]:
+    """``labels`` or ``annotations``: an object of strings (absent or null means empty)."""
+    value = sub_object(meta, key, "pod.metadata", _EMPTY)
+    for k, v in value.items():
+        if not isinstance(v, str):
+            raise MalformedPod(f"pod.metadata.{key}[{k!r}] must be a string")
+    return value
+
+
+def claim_volumes(pod_spec: Mapping[str, Any]) -> Iterator[tuple[int, str, str]]:
+    """(index in spec.volumes, volume name, claimName) of every PVC volume."""
+    for index, volume in enumerate(sub_list(pod_spec, "volumes", "pod.spec") or ()):
+        if not isinstance(volume, dict):
+            raise MalformedPod(f"pod.spec.volumes[{index}] must be an object")
+        source = volume.get("persistentVolumeClaim")
+        if source is None:
+            continue
+        if not isinstance(source, dict):
+            raise MalformedPod(f"pod.spec.volumes[{index}].persistentVolumeClaim must be an object")
+        claim = source.get("claimName")
+        if not isinstance(claim, str) or not claim:
+            raise MalformedPod(
+                f"pod.spec.volumes[{index}].persistentVolumeClaim.claimName must be a "
+                "non-empty string"
+            )
+        name = volume.get("name")
+        yield index, name if isinstance(name, str) else "", claim
+
+
+@overload
+def sub_object(parent: Mapping[str, Any], key: str, where: str) -> Mapping[str, Any] | None: ...
+
+
+@overload
+def sub_object(
+    parent: Mapping[str, Any], key: str, where: str, empty: Mapping[str, Any]
+) -> Mapping[str, Any]: ...
+
+
+def sub_object(
+    parent: Mapping[str, Any], key: str, where: str, empty: Mapping[str, Any] | None = None
+) -> Mapping[str, Any] | None:
+    """An optional nested object: ``empty`` (None unless given) when absent or null."""
+    value = parent.get(key)
+    if value is None:
+        return empty
+    if not isinstance(value, dict):
+        raise MalformedPod(f"{where}.{key} must be an object, not {type(value).__name__}")
+    return value
+
+
+def sub_list(parent: Mapping[str, Any], key: str, where: str) -> list[Any] | None:
+    """An optional nested array: None when absent or null."""
+    value = parent.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, list):
+        raise MalformedPod(f"{where}.{key} must be an array, not {type(value).__name__}")
+    return value

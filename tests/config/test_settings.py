@@ -1,0 +1,233 @@
+"""The cluster config: Tekton's flag matrix, every key, env vs folder, hot reload."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from coschedule.config.settings import (
+    DEFAULT_GROUP_LABELS,
+    ConfigError,
+    load_settings,
+    parse_settings,
+    read_raw_config,
+)
+from coschedule.config.store import SettingsStore
+from coschedule.marks import Mode
+
+# (disable-affinity-assistant, coschedule) -> (with both keys, coschedule alone); None: invalid.
+MATRIX = [
+    ("false", "disabled", None, Mode.DISABLED),
+    ("false", "workspaces", Mode.WORKSPACES, Mode.WORKSPACES),
+    ("false", "pipelineruns", None, Mode.PIPELINERUNS),
+    ("false", "isolate-pipelinerun", None, Mode.ISOLATE_PIPELINERUN),
+    ("true", "disabled", Mode.DISABLED, Mode.DISABLED),
+    ("true", "workspaces", Mode.DISABLED, Mode.WORKSPACES),
+    ("true", "pipelineruns", Mode.PIPELINERUNS, Mode.PIPELINERUNS),
+    ("true", "isolate-pipelinerun", Mode.ISOLATE_PIPELINERUN, Mode.ISOLATE_PIPELINERUN),
+]
+
+
+@pytest.mark.parametrize(("disable", "coschedule", "both", "alone"), MATRIX)
+def test_flag_matrix(disable: str, coschedule: str, both: Mode | None, alone: Mode) -> None:
+    assert parse_settings({"coschedule": coschedule}).mode is alone
+    raw = {"disable-affinity-assistant": disable, "coschedule": coschedule}
+    if both is None:
+        with pytest.raises(ConfigError) as info:
+            parse_settings(raw)
+        # The error names both keys so an operator knows what to change.
+        assert "disable-affinity-assistant" in str(info.value)
+        assert "coschedule" in str(info.value)
+    else:
+        assert parse_settings(raw).mode is both
+
+
+def test_defaults_are_tektons() -> None:
+    settings = parse_settings({})
+    assert settings.mode is Mode.WORKSPACES
+    assert settings.topology_key == "kubernetes.io/hostname"
+    assert settings.group_labels == DEFAULT_GROUP_LABELS
+    assert settings.group_labels[0] == "coschedule.dev/group"
+    assert settings.idle_grace_seconds == 300
+    assert settings.stuck_grace_seconds == 30
+
+
+def test_stuck_grace_from_the_environment_and_the_folder(tmp_path: Path) -> None:
+    environ = {"COSCHEDULE_STUCK_GRACE_SECONDS": "12"}
+    assert load_settings(None, environ).stuck_grace_seconds == 12
+    (tmp_path / "stuck-grace-seconds").write_text("5\n")
+    assert load_settings(tmp_path, environ).stuck_grace_seconds == 5
+
+
+def test_deprecated_key_alone_uses_default_coschedule() -> None:
+    assert parse_settings({"disable-affinity-assistant": "true"}).mode is Mode.DISABLED
+    assert parse_settings({"disable-affinity-assistant": "false"}).mode is Mode.WORKSPACES
+
+
+@pytest.mark.parametrize(
+    ("raw", "fragment"),
+    [
+        ({"coschedule": "pipelinerun"}, "not a mode"),
+        ({"disable-affinity-assistant": "maybe"}, "not a boolean"),
+        ({"topology-key": "not a key!"}, "topology-key"),
+        ({"group-labels": " , "}, "group-labels"),
+        ({"group-labels": "a/b,a/b"}, "twice"),
+        ({"idle-grace-seconds": "soon"}, "idle-grace-seconds"),
+        ({"idle-grace-seconds": "-1"}, "idle-grace-seconds"),
+        ({"stuck-grace-seconds": "half a minute"}, "stuck-grace-seconds"),
+        ({"stuck-grace-seconds": "-5"}, "stuck-grace-seconds"),
+        ({"placeholder-resources": "requests: {cpu: lots}"}, "quantity"),
+        ({"placeholder-resources": "limits: [1]"}, "mapping"),
+        ({"placeholder-resources": "burst: {cpu: 1m}"}, "unknown section"),
+        ({"placeholder-priority-class": "Not_Valid"}, "placeholder-priority-class"),
+        ({"topologykey": "kubernetes.io/hostname"}, "unknown config key"),
+    ],
+)
+def test_bad_values_are_refused_with_the_key_named(raw: dict[str, str], fragment: str) -> None:
+    with pytest.raises(ConfigError, match=fragment):
+        parse_settings(raw)
+
+
+def test_every_key_parses() -> None:
+    settings = parse_settings(
+        {
+            "coschedule": "isolate-pipelinerun\n",
+            "topology-key": "topology.kubernetes.io/zone",
+            "group-labels": "example.com/run, tekton.dev/pipelineRun",
+            "placeholder-image": "registry.example.com/pause:3.10",
+            "placeholder-resources": "requests: {cpu: 5m, memory: 4Mi}\nlimits: {memory: 8Mi}",
+            "placeholder-priority-class": "ci-high",
+            "idle-grace-seconds": "60",
+            "rewrite-claims": "false",
+        }
+    )
+    assert settings.mode is Mode.ISOLATE_PIPELINERUN
+    assert settings.topology_key == "topology.kubernetes.io/zone"
+    assert settings.group_labels == ("example.com/run", "tekton.dev/pipelineRun")
+    assert settings.placeholder_image == "registry.example.com/pause:3.10"
+    assert settings.placeholder_resources == {
+        "requests": {"cpu": "5m", "memory": "4Mi"},
+        "limits": {"memory": "8Mi"},
+    }
+    assert settings.placeholder_priority_class == "ci-high"
+    assert settings.idle_grace_seconds == 60
+    assert settings.rewrite_claims is False
+
+
+def test_folder_wins_over_environment(tmp_path: Path) -> None:
+    (tmp_path / "topology-key").write_text("topology.kubernetes.io/zone")
+    environ = {
+        "COSCHEDULE_TOPOLOGY_KEY": "kubernetes.io/hostname",
+        "COSCHEDULE_COSCHEDULE": "pipelineruns",
+        # Kubernetes injects these for a Service named "coschedule": never config keys.
+        "COSCHEDULE_SERVICE_HOST": "10.0.0.1",
+        "COSCHEDULE_PORT_443_TCP": "tcp://10.0.0.1:443",
+        "HOME": "/root",
+    }
+    raw = read_raw_config(tmp_path, environ)
+    assert raw == {"topology-key": "topology.kubernetes.io/zone", "coschedule": "pipelineruns"}
+    settings = parse_settings(raw)
+    assert settings.topology_key == "topology.kubernetes.io/zone"
+    assert settings.mode is Mode.PIPELINERUNS
+
+
+def test_configmap_volume_layout_is_read(tmp_path: Path) -> None:
+    """A ConfigMap volume: keys are symlinks into ..data, a symlink to a timestamped dir."""
+    data = tmp_path / "..2026_11_21_06_00_00.000000001"
+    data.mkdir()
+    (data / "coschedule").write_text("pipelineruns")
+    (data / "_example").write_text("# documentation only")
+    (tmp_path / "..data").symlink_to(data.name)
+    (tmp_path / "coschedule").symlink_to("..data/coschedule")
+    (tmp_path / "_example").symlink_to("..data/_example")
+    assert read_raw_config(tmp_path, {}) == {"coschedule": "pipelineruns"}
+
+
+def mode_of(store: SettingsStore) -> Mode:
+    # A call, so that mypy does not carry an earlier narrowing across reloads.
+    return store.current.mode
+
+
+def test_reload_keeps_last_good_config_and_reports(tmp_path: Path) -> None:
+    errors: list[int] = []
+    (tmp_path / "coschedule").write_text("pipelineruns")
+    store = SettingsStore(tmp_path, {}, on_error=lambda: errors.append(1))
+    assert store.current.mode is Mode.PIPELINERUNS
+    assert store.maybe_reload() is False  # nothing changed
+
+    (tmp_path / "disable-affinity-assistant").write_text("false")  # invalid with pipelineruns
+    assert store.maybe_reload() is False
+    assert store.current.mode is Mode.PIPELINERUNS
+    assert store.error is not None
+    assert "disable-affinity-assistant" in store.error
+    assert "coschedule" in store.error
+    assert errors == [1]
+    store.maybe_reload()  # the same bad folder is reported once, not on every poll
+    assert errors == [1]
+
+    (tmp_path / "disable-affinity-assistant").unlink()
+    (tmp_path / "coschedule").write_text("isolate-pipelinerun")
+    assert store.maybe_reload() is True
+    assert mode_of(store) is Mode.ISOLATE_PIPELINERUN
+    assert store.error is None
+
+
+def test_start_refuses_invalid_combination(tmp_path: Path) -> None:
+    (tmp_path / "coschedule").write_text("disabled")
+    (tmp_path / "disable-affinity-assistant").write_text("false")
+    with pytest.raises(ConfigError, match="disable-affinity-assistant"):
+        SettingsStore(tmp_path, {})
+
+
+def test_every_invalid_key_is_reported_in_one_error() -> None:
+    raw = {
+        "coschedule": "sometimes",
+        "topology-key": "not a key!",
+        "idle-grace-seconds": "soon",
+        "group-shared-claims": "perhaps",
+        "policy-control-plane": "loudly",
+        "topologykey": "x",
+        "placeholder-image": "registry.k8s.io/pause:3.10",  # valid: not named
+    }
+    with pytest.raises(ConfigError) as caught:
+        parse_settings(raw)
+    message = str(caught.value)
+    assert message.startswith("6 config problems:")
+    for fragment in (
+        '"coschedule"',
+        '"topology-key"',
+        '"idle-grace-seconds"',
+        '"group-shared-claims"',
+        '"policy-control-plane"',
+        "unknown config key(s): topologykey",
+    ):
+        assert fragment in message
+    assert "placeholder-image" not in message.split("known keys are")[0]
+
+
+def test_one_invalid_key_reads_as_before() -> None:
+    with pytest.raises(ConfigError) as caught:
+        parse_settings({"idle-grace-seconds": "-1"})
+    assert str(caught.value) == 'config key "idle-grace-seconds": must be 0 or more'
+
+
+def test_reload_gauge_and_counter_hooks(tmp_path: Path) -> None:
+    from coschedule.config.store import metric_hooks
+    from coschedule.server.webhook_metrics import WebhookMetrics
+
+    metrics = WebhookMetrics()
+    on_error, on_loaded = metric_hooks(metrics)
+    store = SettingsStore(tmp_path, {}, on_error=on_error, on_loaded=on_loaded)
+
+    def gauge() -> float | None:
+        return metrics.registry.get_sample_value("coschedule_config_last_reload_successful")
+
+    assert gauge() == 1.0
+    (tmp_path / "idle-grace-seconds").write_text("soon")
+    store.maybe_reload()
+    assert gauge() == 0.0
+    assert metrics.registry.get_sample_value("coschedule_config_reload_errors_total") == 1.0
+    (tmp_path / "idle-grace-seconds").write_text("60")
+    store.maybe_reload()
+    assert gauge() == 1.0

@@ -1,0 +1,133 @@
+"""Event -> placeholder keys: which reconciles a change triggers (and which it must not)."""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+from coschedule.kube.client import KubeClient
+from coschedule.kube.informer import Informer, Obj
+from coschedule.reconcile import shapes
+from coschedule.reconcile.event_keys import (
+    BY_NODE,
+    BY_PLACEHOLDER,
+    MARKED_POD_INDEXERS,
+    PLACEHOLDER_POD_INDEXERS,
+    marked_pod_keys,
+    node_keys,
+    placeholder_pod_keys,
+)
+
+# The informers are fed by hand (``apply``, as their watch does): no API is reached.
+NO_CLIENT = cast(KubeClient, None)
+
+
+class KeyIndex:
+    """The controller's wiring of the three informers to the key functions, in miniature."""
+
+    def __init__(self) -> None:
+        self.pods = Informer(NO_CLIENT, "/api/v1/pods", name="pods", indexers=MARKED_POD_INDEXERS)
+        self.ppods = Informer(
+            NO_CLIENT, "/api/v1/pods", name="ppods", indexers=PLACEHOLDER_POD_INDEXERS
+        )
+        self.nodes = Informer(NO_CLIENT, "/api/v1/nodes", name="nodes")
+        self.keys_seen: list[str] = []
+        self.pods.add_handler(lambda e, o, old: self._saw(marked_pod_keys(e, o, old)))
+        self.ppods.add_handler(lambda e, o, old: self._saw(placeholder_pod_keys(e, o, old)))
+        self.nodes.add_handler(
+            lambda e, o, old: self._saw(
+                node_keys(e, o, old, self.ppods.by_index(BY_NODE, o["metadata"]["name"]))
+            )
+        )
+
+    def _saw(self, keys: list[str]) -> None:
+        self.keys_seen = keys
+
+    def _deliver(self, informer: Informer, event: str, obj: Obj) -> list[str]:
+        self.keys_seen = []
+        informer.apply(event, obj)
+        return self.keys_seen
+
+    def marked_pod(self, event: str, obj: Obj) -> list[str]:
+        return self._deliver(self.pods, event, obj)
+
+    def placeholder_pod(self, event: str, obj: Obj) -> list[str]:
+        return self._deliver(self.ppods, event, obj)
+
+    def node(self, event: str, obj: Obj) -> list[str]:
+        return self._deliver(self.nodes, event, obj)
+
+    def keys(self) -> set[str]:
+        return self.pods.index_values(BY_PLACEHOLDER) | self.ppods.index_values(BY_PLACEHOLDER)
+
+    @property
+    def group_pods(self) -> dict[str, set[str]]:
+        return {
+            key: {f"ci/{o['metadata']['name']}" for o in self.pods.by_index(BY_PLACEHOLDER, key)}
+            for key in self.pods.index_values(BY_PLACEHOLDER)
+        }
+
+    @property
+    def node_pods(self) -> dict[str, set[str]]:
+        return {
+            node: {o["metadata"]["name"] for o in self.ppods.by_index(BY_NODE, node)}
+            for node in self.ppods.index_values(BY_NODE)
+        }
+
+
+def ppod(name: str, instance: str, node: str) -> dict[str, Any]:
+    return shapes.slim_placeholder_pod(
+        {
+            "metadata": {
+                "name": name,
+                "namespace": "ci",
+                "labels": {
+                    "app.kubernetes.io/component": "affinity-assistant",
+                    "app.kubernetes.io/instance": instance,
+                    "app.kubernetes.io/managed-by": "coschedule",
+                },
+            },
+            "spec": {"nodeName": node},
+        }
+    )
+
+
+def node(name: str, **spec: Any) -> dict[str, Any]:
+    return shapes.slim_node({"metadata": {"name": name, "labels": {"a": "b"}}, "spec": spec})
+
+
+def test_node_changes_reach_only_the_placeholders_on_that_node_and_only_when_they_matter() -> None:
+    index = KeyIndex()
+    assert index.placeholder_pod("ADDED", ppod("p1-0", "p1", "n1")) == ["ci/p1"]
+    assert index.placeholder_pod("ADDED", ppod("p2-0", "p2", "n2")) == ["ci/p2"]
+    assert index.node("ADDED", node("n1")) == ["ci/p1"]
+    assert index.node("MODIFIED", node("n1")) == []  # a status heartbeat: nothing to do
+    assert index.node("MODIFIED", node("n1", unschedulable=True)) == ["ci/p1"]
+    taint = {"key": "k", "effect": "NoSchedule"}
+    assert index.node("MODIFIED", node("n1", unschedulable=True, taints=[taint])) == ["ci/p1"]
+    # The pod moves to n2: n1's changes no longer concern it.
+    assert index.placeholder_pod("MODIFIED", ppod("p1-0", "p1", "n2")) == ["ci/p1"]
+    assert index.node("MODIFIED", node("n1")) == []
+    assert index.node("MODIFIED", node("n2", unschedulable=True)) == ["ci/p1", "ci/p2"]
+    assert index.placeholder_pod("DELETED", ppod("p1-0", "p1", "n2")) == ["ci/p1"]
+    assert index.keys() == {"ci/p2"}
+
+
+def test_marked_pods_are_grouped_by_their_label_and_regrouped_when_it_changes() -> None:
+    def pod(label: str | None) -> dict[str, Any]:
+        labels = {"coschedule.dev/placeholder": label} if label else {}
+        return {"metadata": {"name": "x", "namespace": "ci", "labels": labels}}
+
+    index = KeyIndex()
+    assert index.marked_pod("ADDED", pod("a")) == ["ci/a"]
+    assert index.marked_pod("MODIFIED", pod("b")) == ["ci/a", "ci/b"]
+    assert index.group_pods == {"ci/b": {"ci/x"}}
+    assert index.marked_pod("MODIFIED", pod(None)) == ["ci/b"]
+    assert index.group_pods == {}
+
+
+def test_pods_that_are_not_our_placeholders_are_ignored() -> None:
+    index = KeyIndex()
+    stranger = ppod("web-0", "web", "n1")
+    stranger["metadata"]["labels"]["app.kubernetes.io/managed-by"] = "helm"
+    assert index.placeholder_pod("ADDED", stranger) == []
+    assert index.node_pods == {}

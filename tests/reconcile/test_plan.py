@@ -1,0 +1,680 @@
+"""Pure decisions: (observed pods, nodes, StatefulSets, owners) -> actions."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from coschedule.config.settings import Settings
+from coschedule.marks import BadMark, ClaimTemplate, Mode, claim_placeholder, run_placeholder
+from coschedule.reconcile import owners, shapes
+from coschedule.reconcile.observed import (
+    CreateStatefulSet,
+    DeleteClaim,
+    DeletePlaceholderPod,
+    DeleteStatefulSet,
+    NodeInfo,
+    Observed,
+    ObservedSet,
+    OwnerRef,
+    OwnerState,
+    OwnerStatus,
+    PatchStatefulSet,
+    PlaceholderPod,
+    Plan,
+    RecordEvent,
+    Taint,
+)
+from coschedule.reconcile.placeholder import (
+    ANNOTATION_TEMPLATE_HASH,
+    build_statefulset,
+    group_spec,
+    pod_template,
+    template_hash,
+)
+from coschedule.reconcile.plan import (
+    OWNER_RECHECK_SECONDS,
+    OWNER_RETRY_SECONDS,
+    owner_check_due,
+    plan,
+)
+from coschedule.reconcile.tolerations import eviction_reason, tolerates
+from tests.fixtures import DEFAULT_TOLERATIONS
+from tests.reconcile.pods import marked_pod, parsed, placeholder_of
+
+NOW = 1_800_000_000.0
+PIPELINERUN = OwnerRef("tekton.dev/v1", "PipelineRun", "pr-7f3k2", "uid-pr")
+RUNNING = OwnerState(PIPELINERUN, OwnerStatus.RUNNING, NOW, "")
+SETTINGS = Settings(mode=Mode.PIPELINERUNS)
+
+
+def only(result: Plan, kind: type) -> list[Any]:
+    return [a for a in result.actions if isinstance(a, kind)]
+
+
+def observed_for(*pods: dict[str, Any], **kwargs: Any) -> Observed:
+    parsed_pods = tuple(parsed(p) for p in pods)
+    name = parsed_pods[0].placeholder if parsed_pods else kwargs.pop("name")
+    namespace = parsed_pods[0].namespace if parsed_pods else kwargs.pop("namespace")
+    return Observed(namespace=namespace, name=name, pods=parsed_pods, **kwargs)
+
+
+def existing_set(observed: Observed, settings: Settings = SETTINGS, **over: Any) -> ObservedSet:
+    """The StatefulSet as we would have created it for ``observed``."""
+    body = created_body(observed, settings)
+    meta = body["metadata"]
+    base = ObservedSet(
+        namespace=observed.namespace,
+        name=observed.name,
+        uid="sts-uid",
+        resource_version="42",
+        replicas=1,
+        update_strategy="OnDelete",
+        labels=meta["labels"],
+        annotations=meta["annotations"],
+        owner_references=tuple(meta.get("ownerReferences", ())),
+        deleting=False,
+    )
+    return replace(base, **over)
+
+
+def created_body(observed: Observed, settings: Settings = SETTINGS) -> dict[str, Any]:
+    creates = only(plan(observed, settings, NOW), CreateStatefulSet)
+    assert len(creates) == 1
+    body: dict[str, Any] = creates[0].body
+    return body
+
+
+# ---- creation ------------------------------------------------------------------------
+
+
+def test_first_live_pod_creates_the_placeholder_statefulset() -> None:
+    pod = marked_pod("tekton-taskrun")
+    observed = observed_for(pod, owner=RUNNING)
+    actions = plan(observed, SETTINGS, NOW)
+    [create] = only(actions, CreateStatefulSet)
+    body = create.body
+    name = run_placeholder("ci", "pr-7f3k2")
+    assert create.name == name == placeholder_of(pod)
+    assert body["kind"] == "StatefulSet"
+    assert body["apiVersion"] == "apps/v1"
+    ours = {
+        "app.kubernetes.io/component": "affinity-assistant",
+        "app.kubernetes.io/instance": name,
+        "app.kubernetes.io/managed-by": "coschedule",
+    }
+    assert body["metadata"]["labels"] == ours
+    spec = body["spec"]
+    assert spec["template"]["metadata"]["labels"] == ours
+    assert spec["selector"] == {
+        "matchLabels": {k: v for k, v in ours.items() if "managed-by" not in k}
+    }
+    assert spec["replicas"] == 1
+    assert spec["podManagementPolicy"] == "Parallel"
+    assert spec["updateStrategy"] == {"type": "OnDelete"}
+    assert spec["serviceName"] == name
+    pod_spec = spec["template"]["spec"]
+    assert pod_spec["automountServiceAccountToken"] is False
+    assert pod_spec["enableServiceLinks"] is False
+    assert pod_spec["terminationGracePeriodSeconds"] <= 2
+    [container] = pod_spec["containers"]
+    assert container["image"] == SETTINGS.placeholder_image
+    ctx = container["securityContext"]
+    assert ctx["runAsNonRoot"] is True
+    assert ctx["runAsUser"] == 65532
+    assert ctx["readOnlyRootFilesystem"] is True
+    assert ctx["allowPrivilegeEscalation"] is False
+    assert ctx["capabilities"] == {"drop": ["ALL"]}
+    assert ctx["seccompProfile"] == {"type": "RuntimeDefault"}
+    preferred = pod_spec["affinity"]["podAntiAffinity"][
+        "preferredDuringSchedulingIgnoredDuringExecution"
+    ]
+    assert preferred == [
+        {
+            "weight": 100,
+            "podAffinityTerm": {
+                "labelSelector": {
+                    "matchLabels": {"app.kubernetes.io/component": "affinity-assistant"}
+                },
+                "topologyKey": "kubernetes.io/hostname",
+            },
+        }
+    ]
+    assert pod_spec["volumes"] == [
+        {"name": "claim-0", "persistentVolumeClaim": {"claimName": "pvc-1f1344866c"}}
+    ]
+    assert body["metadata"]["ownerReferences"] == [
+        {
+            "apiVersion": "tekton.dev/v1",
+            "kind": "PipelineRun",
+            "name": "pr-7f3k2",
+            "uid": "uid-pr",
+            "controller": False,
+            "blockOwnerDeletion": False,
+        }
+    ]
+    [create] = only(actions, CreateStatefulSet)
+    event = create.event
+    assert event.reason == "PlaceholderCreated"
+    assert "pr-7f3k2" in event.message
+    assert not only(actions, DeleteStatefulSet)
+
+
+def test_isolate_mode_requires_anti_affinity_with_the_configured_topology_key() -> None:
+    settings = Settings(mode=Mode.ISOLATE_PIPELINERUN, topology_key="topology.kubernetes.io/zone")
+    pod = marked_pod("tekton-taskrun", settings=settings)
+    body = created_body(observed_for(pod), settings)
+    anti = body["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"]
+    assert "preferredDuringSchedulingIgnoredDuringExecution" not in anti
+    [term] = anti["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert term["topologyKey"] == "topology.kubernetes.io/zone"
+    assert term["labelSelector"]["matchLabels"] == {
+        "app.kubernetes.io/component": "affinity-assistant"
+    }
+
+
+def test_workspaces_mode_mounts_the_groups_claim_and_has_no_owner() -> None:
+    pod = marked_pod("argo-workflow-pod", Mode.WORKSPACES)
+    observed = observed_for(pod, owner=RUNNING)
+    assert observed.name == claim_placeholder("ci", "wf-build-9xkq2-workdir")
+    body = created_body(observed, Settings(mode=Mode.WORKSPACES))
+    assert "ownerReferences" not in body["metadata"]
+    assert body["spec"]["template"]["spec"]["volumes"] == [
+        {"name": "claim-0", "persistentVolumeClaim": {"claimName": "wf-build-9xkq2-workdir"}}
+    ]
+    assert body["metadata"]["annotations"]["coschedule.dev/mode"] == "workspaces"
+
+
+def test_pipelineruns_mode_mounts_every_claim_of_the_run() -> None:
+    one = marked_pod("tekton-taskrun", created="2026-11-21T06:00:00Z")
+    two = marked_pod("tekton-taskrun-two-workspaces", created="2026-11-21T06:01:00Z")
+    none = marked_pod("tekton-taskrun-no-workspace", created="2026-11-21T06:02:00Z")
+    assert placeholder_of(one) == placeholder_of(two) == placeholder_of(none)
+    body = created_body(observed_for(one, two, none))
+    assert body["spec"]["template"]["spec"]["volumes"] == [
+        {"name": "claim-0", "persistentVolumeClaim": {"claimName": "pvc-1f1344866c"}},
+        {"name": "claim-1", "persistentVolumeClaim": {"claimName": "pvc-f87b6a85f3"}},
+    ]
+
+
+def test_node_selector_and_tolerations_come_from_the_first_pod() -> None:
+    first = marked_pod(
+        "tekton-taskrun-user-affinity", name="a-late", created="2026-11-21T06:00:00Z"
+    )
+    later = marked_pod("tekton-taskrun-user-affinity", name="b", created="2026-11-21T06:05:00Z")
+    later["spec"]["nodeSelector"] = {"node-pool": "other"}
+    later["spec"]["tolerations"] = []
+    tie = marked_pod("tekton-taskrun-user-affinity", name="0-tie", created="2026-11-21T06:00:00Z")
+    tie["spec"]["nodeSelector"] = {"node-pool": "tie-winner"}
+    body = created_body(observed_for(later, first))
+    pod_spec = body["spec"]["template"]["spec"]
+    assert pod_spec["nodeSelector"] == {"kubernetes.io/os": "linux", "node-pool": "ci-builders"}
+    assert {"key": "dedicated", "operator": "Equal", "value": "ci", "effect": "NoSchedule"} in (
+        pod_spec["tolerations"]
+    )
+    # Same creationTimestamp: the name decides, whatever order the cache lists them in.
+    for order in ((first, tie, later), (later, tie, first)):
+        body = created_body(observed_for(*order))
+        assert body["spec"]["template"]["spec"]["nodeSelector"] == {"node-pool": "tie-winner"}
+
+
+def test_image_resources_and_priority_class_come_from_settings() -> None:
+    settings = Settings(
+        mode=Mode.PIPELINERUNS,
+        placeholder_image="example.com/pause:9",
+        placeholder_resources={"requests": {"cpu": "2m", "memory": "4Mi"}},
+        placeholder_priority_class="ci-high",
+    )
+    body = created_body(observed_for(marked_pod("tekton-taskrun")), settings)
+    pod_spec = body["spec"]["template"]["spec"]
+    assert pod_spec["containers"][0]["image"] == "example.com/pause:9"
+    assert pod_spec["containers"][0]["resources"] == {"requests": {"cpu": "2m", "memory": "4Mi"}}
+    assert pod_spec["priorityClassName"] == "ci-high"
+
+
+def test_claim_templates_become_volume_claim_templates_with_mounts() -> None:
+    pod = parsed(marked_pod("tekton-taskrun"))
+    group = group_spec(pod.namespace, pod.placeholder, [pod])
+    assert group is not None
+    pvc_spec = {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}
+    owner = OwnerRef("tekton.dev/v1", "PipelineRun", "pr-7f3k2", "uid-pr")
+    template = ClaimTemplate("pvc-abc", "pvc-abc", pvc_spec)
+    body = build_statefulset(group, SETTINGS, owner, [template])
+    assert body["spec"]["volumeClaimTemplates"] == [
+        {
+            "metadata": {
+                "name": "pvc-abc",
+                "labels": {"app.kubernetes.io/managed-by": "coschedule"},
+                "annotations": {"coschedule.dev/claim": "pvc-abc"},
+                # Copied into the claim: deleting the run deletes it, whatever went first.
+                "ownerReferences": [owner.as_owner_reference()],
+            },
+            "spec": pvc_spec,
+        }
+    ]
+    mounts = body["spec"]["template"]["spec"]["containers"][0]["volumeMounts"]
+    assert [m["name"] for m in mounts] == ["pvc-abc"]
+    assert "volumeClaimTemplates" not in build_statefulset(group, SETTINGS)["spec"]
+
+
+def test_claims_made_by_our_templates_are_not_mounted_twice() -> None:
+    pod = marked_pod("tekton-taskrun-two-workspaces")
+    name = placeholder_of(pod)
+    made = f"pvc-abc-{name}-0"  # as the webhook rewrites a template claim
+    pod["metadata"]["annotations"]["coschedule.dev/claims"] = f"pvc-1f1344866c,{made}"
+    one = parsed(pod)
+    group = group_spec(one.namespace, name, [one])
+    assert group is not None
+    template = ClaimTemplate("pvc-abc", "", {"accessModes": ["ReadWriteOnce"]})
+    body = build_statefulset(group, SETTINGS, None, [template])
+    volumes = body["spec"]["template"]["spec"]["volumes"]
+    assert [v["persistentVolumeClaim"]["claimName"] for v in volumes] == ["pvc-1f1344866c"]
+
+
+def test_jobs_and_shipwright_and_argo_pods_each_get_a_placeholder() -> None:
+    for fixture in ("job-pod", "shipwright-buildrun-pod", "argo-workflow-pod"):
+        pod = marked_pod(fixture)
+        [create] = only(plan(observed_for(pod), SETTINGS, NOW), CreateStatefulSet)
+        assert create.name == placeholder_of(pod)
+
+
+def test_statefulset_being_deleted_is_recreated_later_not_patched() -> None:
+    observed = observed_for(marked_pod("tekton-taskrun"), owner=RUNNING)
+    sts = existing_set(observed, deleting=True)
+    actions = plan(replace(observed, statefulset=sts), SETTINGS, NOW)
+    assert not only(actions, CreateStatefulSet)
+    assert not only(actions, PatchStatefulSet)
+    assert actions.requeue is not None
+
+
+# ---- bad marks -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("edit", "why"),
+    [
+        (lambda m: m["annotations"].__setitem__("coschedule.dev/mode", "sometimes"), "not a mode"),
+        (lambda m: m["annotations"].pop("coschedule.dev/run"), "missing"),
+        (lambda m: m["annotations"].pop("coschedule.dev/topology-key"), "missing"),
+        (
+            lambda m: m["labels"].__setitem__(
+                "coschedule.dev/placeholder", "affinity-assistant-0000000000"
+            ),
+            "is not",
+        ),
+        (lambda m: m["annotations"].__setitem__("coschedule.dev/run", "other-run"), "is not"),
+    ],
+)
+def test_malformed_marks_are_skipped_with_a_reason(edit: Any, why: str) -> None:
+    pod = marked_pod("tekton-taskrun")
+    edit(pod["metadata"])
+    result = shapes.parse_marked(shapes.slim_marked_pod(pod))
+    assert isinstance(result, BadMark)
+    assert why in result.reason
+    assert result.name == "pr-7f3k2-build-pod"
+
+
+def test_workspaces_marks_need_exactly_one_claim() -> None:
+    pod = marked_pod("argo-workflow-pod", Mode.WORKSPACES)
+    pod["metadata"]["annotations"]["coschedule.dev/claims"] = "a,b"
+    result = shapes.parse_marked(shapes.slim_marked_pod(pod))
+    assert isinstance(result, BadMark)
+    assert "exactly one claim" in result.reason
+
+
+# ---- cordons and taints -----------------------------------------------------------------
+
+
+def _with_placeholder_pod(
+    node: NodeInfo, tolerations: tuple[dict[str, Any], ...] = ()
+) -> tuple[Observed, PlaceholderPod]:
+    observed = observed_for(marked_pod("tekton-taskrun", node="worker-1"), owner=RUNNING)
+    ppod = PlaceholderPod("ci", f"{observed.name}-0", node.name, tolerations, False)
+    observed = replace(
+        observed,
+        statefulset=existing_set(observed),
+        placeholder_pods=(ppod,),
+        nodes={node.name: node},
+    )
+    return observed, ppod
+
+
+def test_cordoned_node_deletes_the_placeholder_pod_only() -> None:
+    observed, ppod = _with_placeholder_pod(NodeInfo("worker-1", True, ()))
+    actions = plan(observed, SETTINGS, NOW)
+    [delete] = only(actions, DeletePlaceholderPod)
+    assert (delete.name, delete.node, delete.reason) == (ppod.name, "worker-1", "cordoned")
+    assert delete.statefulset == observed.name
+    event = delete.event
+    assert "worker-1" in event.message
+    assert "cordoned" in event.message
+    assert event.statefulset == observed.name
+    assert not only(actions, DeleteStatefulSet)
+    assert not only(actions, CreateStatefulSet)
+
+
+def test_schedulable_node_leaves_the_placeholder_alone() -> None:
+    observed, _ = _with_placeholder_pod(NodeInfo("worker-1", False, ()))
+    assert plan(observed, SETTINGS, NOW) == Plan()
+
+
+@pytest.mark.parametrize(
+    "taint",
+    [
+        Taint("node.kubernetes.io/unreachable", "", "NoExecute"),
+        Taint("node.kubernetes.io/not-ready", "", "NoExecute"),
+        Taint("ToBeDeletedByClusterAutoscaler", "1732171000", "NoSchedule"),
+        Taint("dedicated", "gpu", "NoSchedule"),
+    ],
+)
+def test_untolerated_taints_move_the_placeholder(taint: Taint) -> None:
+    # The DefaultTolerationSeconds tolerations (300 s) only delay an eviction: they do not count.
+    default = DEFAULT_TOLERATIONS
+    observed, _ = _with_placeholder_pod(NodeInfo("worker-1", False, (taint,)), default)
+    [delete] = only(plan(observed, SETTINGS, NOW), DeletePlaceholderPod)
+    assert delete.reason == "tainted"
+    assert taint.key in delete.message
+
+
+def test_tolerated_and_soft_taints_do_not_move_it() -> None:
+    node = NodeInfo(
+        "worker-1",
+        False,
+        (
+            Taint("dedicated", "ci", "NoSchedule"),
+            Taint("ci.example.com/spot", "yes", "NoSchedule"),
+            Taint("busy", "", "PreferNoSchedule"),
+        ),
+    )
+    tolerations = (
+        {"key": "dedicated", "operator": "Equal", "value": "ci", "effect": "NoSchedule"},
+        {"key": "ci.example.com/spot", "operator": "Exists"},
+    )
+    observed, _ = _with_placeholder_pod(node, tolerations)
+    assert not only(plan(observed, SETTINGS, NOW), DeletePlaceholderPod)
+
+
+def test_toleration_matching_rules() -> None:
+    taint = Taint("dedicated", "ci", "NoSchedule")
+    assert tolerates({"operator": "Exists"}, taint)  # empty key + Exists tolerates all
+    assert tolerates({"key": "dedicated", "operator": "Exists"}, taint)
+    assert tolerates({"key": "dedicated", "value": "ci"}, taint)  # operator defaults to Equal
+    assert not tolerates({"key": "dedicated", "operator": "Equal", "value": "gpu"}, taint)
+    assert not tolerates({"key": "dedicated", "operator": "Exists", "effect": "NoExecute"}, taint)
+    assert not tolerates({"key": "other", "operator": "Exists"}, taint)
+    assert not tolerates({"operator": "Equal", "value": "ci"}, taint)  # Equal needs a key
+    evicting = Taint("node.kubernetes.io/unreachable", "", "NoExecute")
+    assert tolerates({"operator": "Exists", "effect": "NoExecute"}, evicting)
+    assert not tolerates({"operator": "Exists", "tolerationSeconds": 30}, evicting)
+
+
+def test_cordon_wins_over_taint_as_the_reason() -> None:
+    node = NodeInfo("n", True, (Taint("node.kubernetes.io/unschedulable", "", "NoSchedule"),))
+    assert eviction_reason(node, ())[0] == "cordoned"
+
+
+def test_pods_already_terminating_or_unscheduled_are_not_deleted_again() -> None:
+    observed, ppod = _with_placeholder_pod(NodeInfo("worker-1", True, ()))
+    for other in (replace(ppod, deleting=True), replace(ppod, node_name="")):
+        assert not only(
+            plan(replace(observed, placeholder_pods=(other,)), SETTINGS, NOW), DeletePlaceholderPod
+        )
+
+
+# ---- teardown -------------------------------------------------------------------------
+
+
+def _quiet(owner: OwnerState | None, **kwargs: Any) -> Observed:
+    pod = marked_pod("tekton-taskrun", phase="Succeeded")
+    observed = observed_for(pod, owner=owner, **kwargs)
+    live_twin = observed_for(marked_pod("tekton-taskrun"), owner=owner)
+    return replace(observed, statefulset=existing_set(live_twin))
+
+
+def test_owner_completion_tears_the_run_down() -> None:
+    done = replace(RUNNING, status=OwnerStatus.DONE, detail="PipelineRun pr-7f3k2 Succeeded=True")
+    observed = replace(_quiet(done), claims_to_delete=("pvc-a-affinity-assistant-x-0",))
+    actions = plan(observed, SETTINGS, NOW)
+    [delete] = only(actions, DeleteStatefulSet)
+    assert delete.name == observed.name
+    assert "Succeeded=True" in delete.why
+    assert only(actions, DeleteClaim) == [DeleteClaim("ci", "pvc-a-affinity-assistant-x-0")]
+    assert [e.reason for e in only(actions, RecordEvent)] == ["PlaceholderDeleted"]
+
+
+def test_running_owner_keeps_a_quiet_run_and_asks_again_later() -> None:
+    # A gap between tasks: no live pod for an hour, but the PipelineRun still runs.
+    observed = replace(_quiet(RUNNING), idle_since=NOW - 3600)
+    actions = plan(observed, SETTINGS, NOW + 10)
+    assert not only(actions, DeleteStatefulSet)
+    requeue = actions.requeue
+    assert requeue is not None
+    assert 0 < requeue.after <= OWNER_RECHECK_SECONDS
+
+
+def test_unknown_owner_status_never_tears_down() -> None:
+    unknown = replace(RUNNING, status=OwnerStatus.UNKNOWN)
+    actions = plan(replace(_quiet(unknown), idle_since=NOW - 10_000), SETTINGS, NOW)
+    assert not only(actions, DeleteStatefulSet)
+
+
+def test_live_pods_keep_the_placeholder_even_when_the_owner_reports_done() -> None:
+    done = replace(RUNNING, status=OwnerStatus.DONE)
+    observed = observed_for(marked_pod("tekton-taskrun"), owner=done)
+    observed = replace(observed, statefulset=existing_set(observed))
+    assert not only(plan(observed, SETTINGS, NOW), DeleteStatefulSet)
+
+
+def test_runs_without_owner_go_after_the_idle_grace() -> None:
+    no_owner = OwnerState(None, detail="no pod has a controller owner")
+    observed = replace(_quiet(no_owner), idle_since=NOW - 100)
+    actions = plan(observed, SETTINGS, NOW)
+    assert not only(actions, DeleteStatefulSet)
+    requeue = actions.requeue
+    assert requeue is not None
+    assert requeue.after == pytest.approx(SETTINGS.idle_grace_seconds - 100)
+    later = plan(observed, SETTINGS, NOW + SETTINGS.idle_grace_seconds)
+    assert only(later, DeleteStatefulSet)
+
+
+def test_idle_grace_counts_from_the_last_pod_end_after_a_restart() -> None:
+    pod = marked_pod("job-pod", phase="Succeeded", finished_at="2026-11-21T06:10:00Z")
+    observed = observed_for(pod)
+    live = observed_for(marked_pod("job-pod"))
+    observed = replace(observed, statefulset=existing_set(live), idle_since=None)
+    ended = shapes.parse_time("2026-11-21T06:10:00Z")
+    assert ended is not None
+    assert not only(plan(observed, SETTINGS, ended + 299), DeleteStatefulSet)
+    assert only(plan(observed, SETTINGS, ended + 301), DeleteStatefulSet)
+
+
+def test_workspaces_groups_use_idle_grace_even_with_an_owner() -> None:
+    settings = Settings(mode=Mode.WORKSPACES, idle_grace_seconds=60)
+    pod = marked_pod("argo-workflow-pod", Mode.WORKSPACES, phase="Failed")
+    live = observed_for(marked_pod("argo-workflow-pod", Mode.WORKSPACES))
+    observed = replace(
+        observed_for(pod), statefulset=existing_set(live, settings), idle_since=NOW - 61
+    )
+    assert only(plan(observed, settings, NOW), DeleteStatefulSet)
+
+
+def test_statefulset_alone_after_restart_uses_its_own_annotations() -> None:
+    # No pod left in the cache: the StatefulSet says it is per-run and who owns it.
+    live = observed_for(marked_pod("tekton-taskrun"), owner=RUNNING)
+    sts = existing_set(live)
+    bare = Observed("ci", live.name, statefulset=sts, owner=RUNNING, idle_since=NOW - 9999)
+    assert not only(plan(bare, SETTINGS, NOW), DeleteStatefulSet)
+    gone = replace(RUNNING, status=OwnerStatus.DONE, detail="PipelineRun pr-7f3k2 was deleted")
+    assert only(plan(replace(bare, owner=gone), SETTINGS, NOW), DeleteStatefulSet)
+
+
+def test_owner_check_is_due_only_for_quiet_runs_and_not_too_often() -> None:
+    assert not owner_check_due(True, RUNNING, NOW + 999)
+    assert not owner_check_due(False, RUNNING, NOW + 1)
+    assert owner_check_due(False, RUNNING, NOW + OWNER_RECHECK_SECONDS)
+    assert owner_check_due(False, OwnerState(PIPELINERUN), NOW)
+    assert not owner_check_due(False, OwnerState(None), NOW)
+    assert not owner_check_due(False, replace(RUNNING, status=OwnerStatus.DONE), NOW + 999)
+
+
+@pytest.mark.parametrize(
+    ("kind", "status", "done"),
+    [
+        ("PipelineRun", {"conditions": [{"type": "Succeeded", "status": "Unknown"}]}, False),
+        ("PipelineRun", {"conditions": [{"type": "Succeeded", "status": "True"}]}, True),
+        ("TaskRun", {"conditions": [{"type": "Succeeded", "status": "False"}]}, True),
+        ("BuildRun", {"conditions": [{"type": "Succeeded", "status": "Unknown"}]}, False),
+        ("BuildRun", {"conditions": [{"type": "Succeeded", "status": "False"}]}, True),
+        ("Workflow", {"phase": "Running"}, False),
+        ("Workflow", {"phase": "Error"}, True),
+        ("Workflow", {"phase": "Succeeded"}, True),
+        ("Job", {"conditions": [{"type": "Complete", "status": "False"}]}, False),
+        ("Job", {"conditions": [{"type": "Failed", "status": "True"}]}, True),
+        ("Job", {}, False),
+    ],
+)
+def test_owner_completion_per_kind(kind: str, status: dict[str, Any], done: bool) -> None:
+    ref = OwnerRef("x/v1", kind, "run", "u1")
+    obj = {"metadata": {"name": "run", "uid": "u1"}, "status": status}
+    assert (owners.completion(ref, obj) is not None) is done
+
+
+def test_owner_deleted_or_replaced_is_done() -> None:
+    ref = OwnerRef("x/v1", "Workflow", "run", "u1")
+    assert owners.completion(ref, None)
+    running = {"phase": "Running"}
+    assert owners.completion(ref, {"metadata": {"uid": "u2"}, "status": running})
+    assert owners.completion(
+        ref, {"metadata": {"uid": "u1", "deletionTimestamp": "2026-01-01T00:00:00Z"}}
+    )
+
+
+def test_owner_walk_goes_from_taskrun_to_pipelinerun_or_buildrun_only() -> None:
+    taskrun = OwnerRef("tekton.dev/v1", "TaskRun", "tr", "u")
+
+    def owned_by(kind: str) -> dict[str, Any]:
+        ref = {"apiVersion": "x/v1", "kind": kind, "name": "p", "uid": "pu", "controller": True}
+        return {"metadata": {"ownerReferences": [ref]}}
+
+    parent = owners.parent_to_follow(taskrun, owned_by("PipelineRun"))
+    assert parent is not None
+    assert parent.kind == "PipelineRun"
+    parent = owners.parent_to_follow(taskrun, owned_by("BuildRun"))
+    assert parent is not None
+    assert parent.kind == "BuildRun"
+    assert owners.parent_to_follow(taskrun, owned_by("Something")) is None
+    job = OwnerRef("batch/v1", "Job", "j", "u")
+    assert owners.parent_to_follow(job, owned_by("CronJob")) is None
+
+
+# ---- drift: hand edits -----------------------------------------------------------------
+
+
+def test_hand_scaled_statefulset_is_patched_back_not_recreated() -> None:
+    observed = observed_for(marked_pod("tekton-taskrun"), owner=RUNNING)
+    sts = existing_set(observed, replicas=3)
+    actions = plan(replace(observed, statefulset=sts), SETTINGS, NOW)
+    [patch] = only(actions, PatchStatefulSet)
+    assert patch.patch["spec"] == {"replicas": 1}
+    assert patch.patch["metadata"]["resourceVersion"] == "42"
+    assert not only(actions, DeleteStatefulSet)
+    assert not only(actions, CreateStatefulSet)
+
+
+def test_unchanged_statefulset_needs_no_patch() -> None:
+    observed = observed_for(marked_pod("tekton-taskrun"), owner=RUNNING)
+    assert plan(replace(observed, statefulset=existing_set(observed)), SETTINGS, NOW) == Plan()
+
+
+def test_removed_labels_and_new_claims_are_patched_in() -> None:
+    first = marked_pod("tekton-taskrun", created="2026-11-21T06:00:00Z")
+    observed = observed_for(first, owner=RUNNING)
+    sts = existing_set(observed, labels={"app.kubernetes.io/instance": observed.name})
+    second = marked_pod("tekton-taskrun-two-workspaces", created="2026-11-21T06:01:00Z")
+    grown = observed_for(first, second, owner=RUNNING)
+    [patch] = only(plan(replace(grown, statefulset=sts), SETTINGS, NOW), PatchStatefulSet)
+    assert patch.patch["metadata"]["labels"] == {
+        "app.kubernetes.io/component": "affinity-assistant",
+        "app.kubernetes.io/managed-by": "coschedule",
+    }
+    volumes = patch.patch["spec"]["template"]["spec"]["volumes"]
+    assert [v["persistentVolumeClaim"]["claimName"] for v in volumes] == [
+        "pvc-1f1344866c",
+        "pvc-f87b6a85f3",
+    ]
+    group = group_spec("ci", grown.name, grown.pods)
+    assert group is not None
+    digest = template_hash(pod_template(group, SETTINGS))
+    assert patch.patch["metadata"]["annotations"][ANNOTATION_TEMPLATE_HASH] == digest
+
+
+def test_owner_resolved_after_creation_is_added_to_the_owner_references() -> None:
+    observed = observed_for(marked_pod("tekton-taskrun"), owner=None)
+    sts = existing_set(observed)
+    assert not sts.owner_references
+    [patch] = only(
+        plan(replace(observed, statefulset=sts, owner=RUNNING), SETTINGS, NOW), PatchStatefulSet
+    )
+    assert patch.patch["metadata"]["ownerReferences"][0]["uid"] == "uid-pr"
+
+
+def test_marks_keep_the_pods_controller_owner_for_owner_resolution() -> None:
+    pod = parsed(marked_pod("tekton-taskrun"))
+    assert pod.owner == OwnerRef(
+        "tekton.dev/v1", "TaskRun", "pr-7f3k2-build", "5ec72d68-3760-5cfd-8159-dfba55008a34"
+    )
+    assert parsed(marked_pod("argo-workflow-pod")).owner is not None
+    assert parsed(marked_pod("job-pod")).owner is not None
+
+
+def test_update_strategy_is_kept_on_delete_so_template_patches_never_restart_it() -> None:
+    observed = observed_for(marked_pod("tekton-taskrun"), owner=RUNNING)
+    sts = existing_set(observed, update_strategy="RollingUpdate")
+    [patch] = only(plan(replace(observed, statefulset=sts), SETTINGS, NOW), PatchStatefulSet)
+    assert patch.patch["spec"] == {"updateStrategy": {"type": "OnDelete", "rollingUpdate": None}}
+
+
+def test_owner_is_asked_again_soon_after_the_run_goes_quiet_then_less_often() -> None:
+    """The last pod ends a moment before Tekton marks the PipelineRun done: the next owner
+    check comes within seconds, not a whole period later; a long gap backs off."""
+    from datetime import UTC, datetime
+
+    def requeue_after(quiet_for: float) -> float:
+        ended = datetime.fromtimestamp(NOW - quiet_for, UTC).isoformat().replace("+00:00", "Z")
+        sts = existing_set(observed_for(marked_pod("tekton-taskrun"), owner=RUNNING))
+        pod = marked_pod("tekton-taskrun", phase="Succeeded", finished_at=ended)
+        observed = observed_for(pod, owner=RUNNING, statefulset=sts)  # checked just now
+        requeue = plan(observed, SETTINGS, NOW).requeue
+        assert requeue is not None
+        return float(requeue.after)
+
+    assert requeue_after(0.5) == pytest.approx(2.0)
+    assert requeue_after(10.0) == pytest.approx(10.0)
+    assert requeue_after(600.0) == pytest.approx(OWNER_RECHECK_SECONDS)
+    running = RUNNING
+    assert not owner_check_due(False, running, NOW + 1.0, quiet_for=1.0)
+    assert owner_check_due(False, running, NOW + 2.0, quiet_for=1.0)
+    assert not owner_check_due(False, running, NOW + 20.0, quiet_for=300.0)
+
+
+# ---- owner lookup failures are observed, and plan decides ----------------------------
+
+LOOKUP_FAILED = OwnerState(None, OwnerStatus.LOOKUP_FAILED, NOW, "503 Service Unavailable")
+
+
+def test_failed_owner_lookup_with_waiting_pods_creates_without_owner_and_looks_again() -> None:
+    result = plan(observed_for(marked_pod("tekton-taskrun"), owner=LOOKUP_FAILED), SETTINGS, NOW)
+    [create] = only(result, CreateStatefulSet)
+    assert "ownerReferences" not in create.body["metadata"]
+    assert result.requeue is not None
+    assert result.requeue.after == OWNER_RETRY_SECONDS
+    assert "503" in str(result.warning)
+    assert result.retry is None
+
+
+def test_failed_owner_lookup_with_a_placeholder_decides_nothing_and_retries() -> None:
+    observed = observed_for(marked_pod("tekton-taskrun"), owner=LOOKUP_FAILED)
+    result = plan(replace(observed, statefulset=existing_set(observed)), SETTINGS, NOW)
+    assert result == Plan(retry="503 Service Unavailable")

@@ -1,0 +1,135 @@
+"""``coschedule reconcile`` wired whole: two replicas hand over; the CLI process stops cleanly."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+
+from coschedule.config.store import SettingsStore
+from coschedule.kube.client import Credentials
+from coschedule.reconcile.reconciler_metrics import ReconcileMetrics
+from coschedule.reconcile.run import serve_reconciler
+from tests.reconcile.apiserver import MiniApi
+from tests.reconcile.conftest import eventually
+from tests.reconcile.pods import marked_pod, placeholder_of
+from tests.reconcile.test_controller import seed_cluster
+
+ROOT = Path(__file__).resolve().parents[2]
+LEASE = ("leases", "coschedule-system", "coschedule-reconciler")
+
+
+def holder(api: MiniApi) -> str:
+    lease = api.get(*LEASE)
+    return str(lease["spec"]["holderIdentity"]) if lease else ""
+
+
+async def test_two_replicas_one_acts_and_the_other_takes_over_on_shutdown(
+    api: MiniApi, unused_tcp_port_factory: Callable[[], int]
+) -> None:
+    seed_cluster(api)
+    store = SettingsStore(None, {"COSCHEDULE_COSCHEDULE": "pipelineruns"})
+    replicas = []
+    for _ in range(2):
+        args = argparse.Namespace(
+            health_port=unused_tcp_port_factory(),
+            leader_elect=True,
+            namespace="coschedule-system",
+        )
+        stop = asyncio.Event()
+        metrics = ReconcileMetrics()
+        task = asyncio.create_task(
+            serve_reconciler(args, Credentials(server=api.url), store, metrics, stop)
+        )
+        replicas.append((stop, metrics, task))
+        await eventually(lambda: holder(api) != "")
+
+    def leading(metrics: ReconcileMetrics) -> bool:
+        return metrics.registry.get_sample_value("coschedule_reconciler_leader") == 1
+
+    await eventually(lambda: any(leading(m) for _, m, _ in replicas))
+    [leader] = [r for r in replicas if leading(r[1])]
+    [follower] = [r for r in replicas if r is not leader]
+    first = marked_pod("tekton-taskrun")
+    api.put("pods", first)
+    await eventually(lambda: api.get("statefulsets", "ci", placeholder_of(first)) is not None)
+    assert (leader[1].registry.get_sample_value("coschedule_reconcile_total") or 0) > 0
+    assert not follower[1].registry.get_sample_value("coschedule_reconcile_total")
+
+    leader[0].set()  # SIGTERM: stop acting, release the Lease
+    await asyncio.wait_for(leader[2], 5)
+    # The 15 s lease was released: the follower acts within a couple of retry periods.
+    took = await eventually(lambda: leading(follower[1]), within=6)
+    assert took < 5
+    second = marked_pod("argo-workflow-pod")
+    api.put("pods", second)
+    await eventually(lambda: api.get("statefulsets", "ci", placeholder_of(second)) is not None)
+    follower[0].set()
+    await asyncio.wait_for(follower[2], 5)
+
+
+async def test_cli_process_serves_probes_and_releases_the_lease_on_sigterm(
+    api: MiniApi, tmp_path: Path, unused_tcp_port: int
+) -> None:
+    seed_cluster(api)
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        f"""apiVersion: v1
+kind: Config
+clusters: [{{name: kmock, cluster: {{server: "{api.url}"}}}}]
+users: [{{name: me, user: {{token: t0k3n}}}}]
+contexts: [{{name: here, context: {{cluster: kmock, user: me, namespace: coschedule-system}}}}]
+current-context: here
+"""
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("COSCHEDULE_", "KUBE"))}
+    (tmp_path / "config").mkdir()
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "coschedule.cli.main",
+        "reconcile",
+        "--kubeconfig",
+        str(kubeconfig),
+        "--config-dir",
+        str(tmp_path / "config"),
+        "--health-port",
+        str(unused_tcp_port),
+        cwd=ROOT,
+        env={**env, "PYTHONPATH": str(ROOT)},
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{unused_tcp_port}") as http:
+
+            async def ready() -> bool:
+                try:
+                    return (await http.get("/readyz")).status_code == 200
+                except httpx.TransportError:
+                    return False
+
+            for _ in range(400):
+                if await ready():
+                    break
+                await asyncio.sleep(0.025)
+            assert await ready()
+            metrics = (await http.get("/metrics")).text
+            assert "coschedule_watch_relists_total" in metrics
+        await eventually(lambda: holder(api) != "")
+        process.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(process.wait(), 5) == 0
+        assert holder(api) == ""  # released for a fast handover
+        assert process.stderr is not None
+        stderr = (await process.stderr.read()).decode()
+        assert '"msg":"released the Lease"' in stderr
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
