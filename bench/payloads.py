@@ -160,6 +160,14 @@ def tekton_pod() -> dict[str, Any]:
     return data
 
 
+def denied_pod() -> dict[str, Any]:
+    """The Tekton pod with an invalid mode label: denied (rule invalid-mode), so the webhook
+    logs one INFO line for it (the logging-cost step)."""
+    pod = tekton_pod()
+    pod["metadata"]["labels"]["coschedule.dev/mode"] = "sometimes"
+    return pod
+
+
 def fat_pod() -> dict[str, Any]:
     """~60 KB: 20 containers, each with 37 env vars and 6+1 mounts; a run label; one PVC."""
     sa_volume, sa_mount = _sa_volume()

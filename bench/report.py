@@ -273,6 +273,7 @@ def render(results: dict[str, Any]) -> str:
     lines += _open_table(results)
     lines += ["", "### Pure decide cost (bench.decide, in process, no network)", ""]
     lines.append(decide_bench.render(results.get("decide", [])))
+    lines += _phases_table(results)
     lines += _reconciler_section(results.get("reconciler", {}))
     return "\n".join(lines) + "\n"
 
@@ -325,6 +326,25 @@ def _other_figures(results: dict[str, Any]) -> list[str]:
             f"{_num(leak.get('rss_after_mib'), 1)} MiB",
         ),
     ]
+    logging_cost = results.get("logging")
+    if logging_cost:
+        rows.append(
+            (
+                "logging at INFO (JSON to a file) against logging off: throughput lost, "
+                "median of paired A/B rounds (goal: ≤ 5 %)",
+                "; ".join(
+                    f"{name} review {row['cost_pct']:+.1f} % (medians {_num(row['info_rps'])}/s "
+                    f"vs {_num(row['off_rps'])}/s; CPU per admission "
+                    f"{row.get('cpu_cost_pct', 0):+.1f} %, {row['info_cpu_us']:.0f} vs "
+                    f"{row['off_cpu_us']:.0f} µs)"
+                    for name, row in (
+                        ("Tekton (allowed, not logged)", logging_cost.get("tekton")),
+                        ("denied (one INFO line)", logging_cost.get("denied")),
+                    )
+                    if row
+                ),
+            )
+        )
     churn = results.get("churn")
     if churn:
         rows.append(
@@ -337,6 +357,42 @@ def _other_figures(results: dict[str, Any]) -> list[str]:
         )
     out = ["", "Other figures (no goal set):", "", "| figure | value |", "|---|---|"]
     out += [f"| {name} | {value} |" for name, value in rows]
+    return out
+
+
+def _phases_table(results: dict[str, Any]) -> list[str]:
+    phases = results.get("phases")
+    if not phases:
+        return []
+    out = [
+        "",
+        "### One Tekton admission by phase (bench.phases, in process, µs)",
+        "",
+        "full: as the hot path did it before (orjson parse of the whole review, "
+        "prometheus_client instruments); lean: as it does now. Cold: right after 8 MiB "
+        "were copied.",
+        "",
+        "| phase | full, hot | lean, hot | full, cold | lean, cold |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for row in phases["phases"]:
+        out.append(
+            f"| {row['phase']} | {row['full_hot_us']:.1f} | {row['lean_hot_us']:.1f} | "
+            f"{row['full_cold_us']:.1f} | {row['lean_cold_us']:.1f} |"
+        )
+    ratio = results.get("ratio", {})
+    server_us = ratio.get("webhook_cpu_us")
+    line = (
+        f"Whole handle (lean): {phases['handle_hot_us']:.1f} µs hot, "
+        f"{phases['handle_cold_us']:.1f} µs cold."
+    )
+    if server_us:
+        line += (
+            f" The server spends {server_us:.0f} µs of CPU per admission at max throughput: "
+            f"{server_us - phases['handle_cold_us']:.0f} µs of it is TLS, HTTP and ASGI "
+            f"(the floor's whole cost is {ratio.get('floor_cpu_us', 0):.0f} µs)."
+        )
+    out += ["", line]
     return out
 
 

@@ -127,6 +127,7 @@ class Server:
     port: int = field(default_factory=free_port)
     processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
     log_dir: Path | None = None
+    log_level: str = "info"  # the webhook's logging, as `coschedule serve`; "off" disables it
 
     @property
     def label(self) -> str:
@@ -156,6 +157,8 @@ class Server:
             ]
             if cpu is not None:
                 args += ["--cpu", str(cpu)]
+            if self.app == "webhook":
+                args += ["--log-level", self.log_level]
             if len(self.cpus) > 1:
                 args.append("--reuse-port")
             log = (

@@ -22,11 +22,12 @@ from typing import Any, Final
 
 import orjson
 
-from bench import appcost
+from bench import appcost, phases
 from bench import decide as decide_bench
 from bench.loadgen import ClosedResult, run_closed, run_openloop, wrk_path, wrk_version
 from bench.payloads import (
     ROOT,
+    denied_pod,
     fat_pod,
     not_selected_pod,
     review_bytes,
@@ -347,6 +348,63 @@ def bench_ratio(
     }
 
 
+def bench_logging(ws: Workspace, plan: Plan, log: Log) -> dict[str, Any]:
+    """What logging costs: the webhook at INFO (the default; JSON lines to a file) against
+    the webhook with logging disabled, A/B interleaved on one core, on the Tekton review
+    (allowed: nothing is logged, one level check) and on a denied one (one INFO line each)."""
+    path = ws.root / "denied.json"
+    path.write_bytes(review_bytes(denied_pod()))
+    ws.bodies["denied"] = path
+    cpu: list[int | None] = [plan.server_cpus[0]]
+    out: dict[str, Any] = {}
+    with (
+        Server("webhook", ws.cert_dir, cpu, log_dir=ws.log_dir, log_level="info") as info,
+        Server("webhook", ws.cert_dir, cpu, log_dir=ws.log_dir, log_level="off") as off,
+    ):
+        for server in (info, off):
+            server.start(ws.body(RATIO_PAYLOAD))
+            _warm(server, ws, plan, plan.client_cpu)
+        for payload in (RATIO_PAYLOAD, "denied"):
+            rounds = []
+            for index in range(plan.ratio_rounds):
+                pair = {}
+                for server in (info, off):
+                    row = _closed_row(server, ws, payload, plan, plan.client_cpu)
+                    pair[server.log_level] = row
+                    log(
+                        f"logging {payload} round {index + 1}/{plan.ratio_rounds}: "
+                        f"{server.log_level} {row['rps']:,.0f}/s"
+                    )
+                rounds.append(pair)
+            info_rps = statistics.median(r["info"]["rps"] for r in rounds)
+            off_rps = statistics.median(r["off"]["rps"] for r in rounds)
+            info_cpu = statistics.median(r["info"]["cpu_s_per_1000"] for r in rounds)
+            off_cpu = statistics.median(r["off"]["cpu_s_per_1000"] for r in rounds)
+            # Each round's pair ran back to back: the median of the paired ratios is less
+            # at the mercy of other work on the machine than a ratio of two medians.
+            per_round = [r["off"]["rps"] / r["info"]["rps"] for r in rounds if r["info"]["rps"]]
+            cpu_per_round = [
+                r["info"]["cpu_s_per_1000"] / r["off"]["cpu_s_per_1000"]
+                for r in rounds
+                if r["off"]["cpu_s_per_1000"]
+            ]
+            out[payload] = {
+                "info_rps": round(info_rps, 1),
+                "off_rps": round(off_rps, 1),
+                # > 0: logging at INFO is slower by this much (median of the paired rounds).
+                "cost_pct": round((statistics.median(per_round) - 1) * 100, 1)
+                if per_round
+                else None,
+                "info_cpu_us": round(info_cpu * 1000, 1),
+                "off_cpu_us": round(off_cpu * 1000, 1),
+                "cpu_cost_pct": round((statistics.median(cpu_per_round) - 1) * 100, 1)
+                if cpu_per_round
+                else None,
+                "per_round_cost_pct": [round((x - 1) * 100, 1) for x in per_round],
+            }
+    return out
+
+
 def _sample_rss(
     server: Server, every: float, stop: threading.Event, into: list[tuple[float, float, float]]
 ) -> None:
@@ -530,6 +588,10 @@ def run(plan: Plan, out_dir: Path) -> dict[str, Any]:
     log("pure decide cost")
     with _pinned(server_cpu):
         results["decide"] = bench_decide(plan.quick)
+        log("µs per phase of one admission")
+        results["phases"] = (
+            phases.measure(budget=0.02, cold_calls=50) if plan.quick else phases.measure()
+        )
 
     with workspace() as ws:
         log("ASGI app cost in process")
@@ -600,6 +662,9 @@ def run(plan: Plan, out_dir: Path) -> dict[str, Any]:
         results["two_workers_layout"] = {"worker_cpus": workers, "generator_cpu": client}
         results["closed_loop"] = closed
         results["open_loop"] = opened
+
+        log("logging cost: INFO against logging off")
+        results["logging"] = bench_logging(ws, plan, log)
 
         log(f"leak check: {plan.leak_requests:,} requests")
         results["leak"] = bench_leak(ws, plan, log)

@@ -15,6 +15,7 @@ import argparse
 import asyncio
 import base64
 import contextlib
+import logging
 import os
 import socket
 import ssl
@@ -26,6 +27,7 @@ import orjson
 import uvicorn
 
 from bench.payloads import BENCH_UID
+from coschedule import logs
 from coschedule.server.mutate_endpoint import Receive, Scope, Send
 
 WEBHOOK_MODE: Final[str] = "pipelineruns"
@@ -151,7 +153,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cert-dir", type=Path, required=True)
     parser.add_argument("--cpu", type=int, default=None, help="pin this process to one core")
     parser.add_argument("--reuse-port", action="store_true")
+    parser.add_argument(
+        "--log-level",
+        choices=["debug", "info", "off"],
+        default="info",
+        help="the webhook's logging as `coschedule serve --log-format json` sets it up, "
+        "to stderr; off: logging disabled (the logging-cost comparison)",
+    )
     args = parser.parse_args(argv)
+    if args.log_level == "off":
+        logging.disable(logging.CRITICAL)
+    else:
+        logs.setup(args.log_level, "json")
     if args.cpu is not None:
         os.sched_setaffinity(0, {args.cpu})
     if args.app == "webhook":

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import uvicorn
 
-from bench import appcost, openloop, report, suite
+from bench import appcost, openloop, phases, report, suite
 from bench.loadgen import run_closed, run_openloop, run_wrk, wrk_path
 from bench.openloop import LoadConfig, percentiles
 from bench.servers import Server, expected_answer
@@ -276,3 +276,40 @@ def test_table_puts_the_ratio_first_with_goals() -> None:
     assert verdicts == ["MISSED", "met", "met", "MISSED", "n/a", "met"]
     assert "reconciler benchmark not available" in table
     assert "Test CPU" in table
+
+
+def test_phases_time_every_phase_both_ways() -> None:
+    result = phases.measure(budget=0.005, cold_calls=5)
+    assert [row["phase"] for row in result["phases"]] == list(phases.PHASES)
+    for row in result["phases"]:
+        assert row["full_hot_us"] >= 0
+        assert row["lean_cold_us"] > 0
+    assert result["handle_hot_us"] > 0
+
+
+def test_table_shows_phases_and_logging_cost() -> None:
+    results = _results()
+    results["ratio"] = {**results.get("ratio", {}), "webhook_cpu_us": 90.0, "floor_cpu_us": 70.0}
+    results["phases"] = {
+        "payload": "tekton",
+        "phases": [
+            {
+                "phase": name,
+                "full_hot_us": 2.0,
+                "lean_hot_us": 1.0,
+                "full_cold_us": 4.0,
+                "lean_cold_us": 3.0,
+            }
+            for name in phases.PHASES
+        ],
+        "handle_hot_us": 30.0,
+        "handle_cold_us": 40.0,
+    }
+    row = {"info_rps": 9000.0, "off_rps": 9090.0, "cost_pct": 1.0, "cpu_cost_pct": 2.0}
+    row |= {"info_cpu_us": 100.0, "off_cpu_us": 99.0}
+    results["logging"] = {"tekton": row, "denied": row}
+    table = report.render(results)
+    assert "| decide | 2.0 | 1.0 | 4.0 | 3.0 |" in table
+    assert "50 µs of it is TLS, HTTP and ASGI" in table
+    assert "logging at INFO" in table
+    assert "+1.0 %" in table

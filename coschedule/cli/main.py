@@ -27,7 +27,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from coschedule.server.serve import ServeOptions, build_webhook, serve
     from coschedule.server.webhook_metrics import WebhookMetrics
 
-    logs.setup(args.log_level)
+    logs.setup(args.log_level, args.log_format)
     metrics = WebhookMetrics()
     config_dir, note = folder.config_dir_or_exit("serve", args.config_dir)
     on_error, on_loaded = metric_hooks(metrics)
@@ -239,6 +239,18 @@ def cmd_reconcile(args: argparse.Namespace) -> int:
     return run_reconciler(args)
 
 
+def _log_format_flag(parser: argparse.ArgumentParser) -> None:
+    from coschedule.logs import FORMATS
+
+    parser.add_argument(
+        "--log-format",
+        choices=FORMATS,
+        default="text",
+        help="text (key=value, for a terminal; the default) or json (one object per line; "
+        "what the manifests set)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="coschedule",
@@ -278,6 +290,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="run on the cluster-wide settings alone, even if a cluster is found",
     )
     serve.add_argument("--log-level", type=options.log_level, default="info", help=log_help)
+    _log_format_flag(serve)
     serve.set_defaults(func=cmd_serve)
 
     rec = sub.add_parser("reconcile", help="run the placeholder reconciler")
@@ -299,6 +312,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="act only while holding the coschedule-reconciler Lease (run 2+ replicas)",
     )
     rec.add_argument("--log-level", type=options.log_level, default="info", help=log_help)
+    _log_format_flag(rec)
     rec.set_defaults(func=cmd_reconcile)
 
     certs = sub.add_parser("certs", help="make a CA and a serving certificate")

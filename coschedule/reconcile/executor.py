@@ -59,8 +59,16 @@ class Executor:
     def forget_pod(self, pod_key: str) -> None:
         self.evicted.pop(pod_key, None)
 
-    def _extra(self, key: str, **more: Any) -> dict[str, Any]:
-        return {"placeholder": key, "run": self.run_of(key), **more}
+    def _extra(self, key: str, action: str, **more: Any) -> dict[str, Any]:
+        """The fields of an action's log line; the admission log uses the same names."""
+        namespace, _, name = key.partition("/")
+        return {
+            "action": action,
+            "namespace": namespace,
+            "placeholder": name,
+            "run": self.run_of(key),
+            **more,
+        }
 
     async def execute(self, key: str, actions: Iterable[Action], sts_obj: Obj | None) -> None:
         uid = str(((sts_obj or {}).get("metadata") or {}).get("uid") or "")
@@ -77,7 +85,10 @@ class Executor:
                     object_path("apps/v1", "statefulsets", action.namespace, action.name),
                     action.patch,
                 )
-                log.info("patched placeholder", extra=self._extra(key, why=action.why))
+                log.info(
+                    "patched placeholder",
+                    extra=self._extra(key, "patch-statefulset", reason=action.why),
+                )
             elif isinstance(action, DeletePlaceholderPod):
                 if await self._evict(key, action):
                     await self._event(action.event, uid)
@@ -87,12 +98,15 @@ class Executor:
                     body=BACKGROUND,
                 )
                 self.torn_down(key)
-                log.info("deleted placeholder: run done", extra=self._extra(key, why=action.why))
+                log.info(
+                    "deleted placeholder: run done",
+                    extra=self._extra(key, "delete-statefulset", reason=action.why),
+                )
             elif isinstance(action, DeleteClaim):
                 await self.client.delete(
                     object_path("v1", "persistentvolumeclaims", action.namespace, action.name)
                 )
-                log.info("deleted claim", extra=self._extra(key, claim=action.name))
+                log.info("deleted claim", extra=self._extra(key, "delete-claim", claim=action.name))
             elif isinstance(action, RecordEvent):
                 await self._event(action, uid)
 
@@ -107,7 +121,14 @@ class Executor:
         self.metrics.evictions.labels(action.reason).inc()
         log.info(
             "deleted placeholder pod so that it moves",
-            extra=self._extra(key, node=action.node, reason=action.reason, why=action.message),
+            extra=self._extra(
+                key,
+                "delete-placeholder-pod",
+                pod=action.name,
+                node=action.node,
+                reason=action.reason,
+                detail=action.message,
+            ),
         )
         return True
 
@@ -128,17 +149,24 @@ class Executor:
                     f"{path}/{action.name}",
                     {"metadata": {"labels": action.body["metadata"]["labels"]}},
                 )
-                log.warning("placeholder lost its labels; restored", extra=self._extra(key))
+                log.warning(
+                    "placeholder lost its labels; restored",
+                    extra=self._extra(key, "patch-statefulset", reason="labels restored"),
+                )
                 return None
             log.error(
                 "a StatefulSet with the placeholder's name exists and is not ours",
-                extra=self._extra(key),
+                extra=self._extra(key, "create-statefulset", reason="name taken"),
             )
             raise
-        log.info("created placeholder", extra=self._extra(key))
+        log.info(
+            "created placeholder",
+            extra=self._extra(key, "create-statefulset", reason="run has pods, no placeholder"),
+        )
         return str((created.get("metadata") or {}).get("uid") or "")
 
     async def _event(self, action: RecordEvent, uid: str) -> None:
+        """Record the Event, and log it; an Event the API refuses is a warning only."""
         stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         involved: dict[str, Any] = {
             "apiVersion": "apps/v1",
@@ -172,3 +200,13 @@ class Executor:
                     "error": str(exc),
                 },
             )
+            return
+        log.info(
+            "recorded event",
+            extra=self._extra(
+                f"{action.namespace}/{action.statefulset}",
+                "record-event",
+                reason=action.reason,
+                detail=action.message,
+            ),
+        )

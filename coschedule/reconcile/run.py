@@ -39,7 +39,7 @@ class _Server(uvicorn.Server):
 def run_reconciler(args: argparse.Namespace) -> int:
     from coschedule import logs
 
-    logs.setup(args.log_level)
+    logs.setup(args.log_level, args.log_format)
     metrics = ReconcileMetrics()
     config_dir, note = config_dir_or_exit("reconcile", args.config_dir)
     on_error, on_loaded = metric_hooks(metrics)

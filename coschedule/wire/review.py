@@ -6,7 +6,7 @@ as a sentence with a JSON path, for an HTTP 400. Nothing here builds model objec
 
 from __future__ import annotations
 
-import base64
+import binascii
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,7 +20,7 @@ class BadReview(ValueError):
     """The request is not a usable AdmissionReview v1: answer HTTP 400 with this message."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: a frozen dataclass costs ~1 µs more per admission
 class Review:
     uid: str
     group: str
@@ -108,7 +108,7 @@ def encode_response(
     response: dict[str, Any] = {"uid": uid, "allowed": allowed}
     if patch:
         response["patchType"] = "JSONPatch"
-        response["patch"] = base64.b64encode(orjson.dumps(patch)).decode("ascii")
+        response["patch"] = binascii.b2a_base64(orjson.dumps(patch), newline=False).decode()
     if not allowed or message:
         status: dict[str, Any] = {"message": message or ""}
         if code is not None:
@@ -119,6 +119,27 @@ def encode_response(
     if warnings:
         response["warnings"] = warnings
     return orjson.dumps({"apiVersion": API_VERSION, "kind": KIND, "response": response})
+
+
+# What encode_response writes before the uid, and after it for an allowed pod with a patch:
+# the hot path's answer is joined from bytes (the same bytes, a test checks).
+_PREFIX = b'{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","response":{"uid":'
+_PATCHED = b',"allowed":true,"patchType":"JSONPatch","patch":"'
+
+
+def encode_allowed(uid: str, patch: list[dict[str, Any]], warnings: list[str]) -> bytes:
+    """``encode_response(uid, allowed=True, patch=patch, warnings=warnings)``, cheaper."""
+    if not patch or warnings:
+        return encode_response(uid, allowed=True, patch=patch, warnings=warnings)
+    return b"".join(
+        (
+            _PREFIX,
+            orjson.dumps(uid),
+            _PATCHED,
+            binascii.b2a_base64(orjson.dumps(patch), newline=False),
+            b'"}}',
+        )
+    )
 
 
 def error_body(message: str) -> bytes:

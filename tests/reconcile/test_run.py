@@ -101,6 +101,8 @@ current-context: here
         str(tmp_path / "config"),
         "--health-port",
         str(unused_tcp_port),
+        "--log-format",
+        "json",  # as the manifests run it
         cwd=ROOT,
         env={**env, "PYTHONPATH": str(ROOT)},
         stdout=asyncio.subprocess.DEVNULL,

@@ -83,6 +83,8 @@ current-context: here
             str(tmp_path / "config"),
             "--health-port",
             str(health),
+            "--log-format",
+            "json",  # as the manifests run it
         ],
         cwd=ROOT,
         env={**env, "PYTHONPATH": str(ROOT)},

@@ -1,0 +1,84 @@
+"""One log line per admission decision: INFO when denied, warned or refused as a bad
+request, DEBUG when allowed. Nothing is built for an allowed pod unless DEBUG is on.
+
+The fields (``extra``, so the JSON formatter makes them keys): ``uid``, ``namespace``,
+``pod`` (its name, or its generateName while it has none), ``run``, ``mode``,
+``placeholder``, ``rule`` and ``latency_ms`` (body read to answer encoded), plus
+``warnings`` and ``ops`` where there are any. The reconciler's action lines use the same
+names for ``run``, ``namespace`` and ``placeholder``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from coschedule.config.settings import Settings
+from coschedule.mutate.decision import Decision, run_identity
+from coschedule.wire.review import Review
+
+log = logging.getLogger("coschedule.admission")
+
+
+def _pod_name(pod: Any) -> str | None:
+    meta = pod.get("metadata") if isinstance(pod, Mapping) else None
+    if not isinstance(meta, Mapping):
+        return None
+    name = meta.get("name") or meta.get("generateName")
+    return name if isinstance(name, str) else None
+
+
+def _run(pod: Any, settings: Settings) -> str | None:
+    meta = pod.get("metadata") if isinstance(pod, Mapping) else None
+    labels = meta.get("labels") if isinstance(meta, Mapping) else None
+    if not isinstance(labels, Mapping):
+        return None
+    identity = run_identity(labels, settings.group_labels)
+    return identity[1] if identity is not None else None
+
+
+def _latency_ms(start: float) -> float:
+    return round((time.perf_counter() - start) * 1000, 3)
+
+
+def decided(review: Review, pod: Any, decision: Decision, settings: Settings, start: float) -> None:
+    """A decided pod: INFO when denied or warned, DEBUG when allowed as it is."""
+    if not decision.allowed:
+        level, message = logging.INFO, "admission denied"
+    elif decision.warnings:
+        level, message = logging.INFO, "admission allowed with warnings"
+    else:
+        level, message = logging.DEBUG, "admission allowed"
+    if not log.isEnabledFor(level):
+        return
+    extra: dict[str, object] = {
+        "uid": review.uid,
+        "namespace": review.namespace,
+        "pod": _pod_name(pod),
+        "run": _run(pod, settings),
+        "mode": decision.mode_label,
+        "placeholder": decision.placeholder,
+        "rule": decision.rule,
+        "latency_ms": _latency_ms(start),
+        "ops": len(decision.ops),
+    }
+    if review.dry_run:
+        extra["dry_run"] = True
+    if decision.warnings:
+        extra["warnings"] = decision.warnings
+    log.log(level, message, extra=extra)
+
+
+def bad_request(error: str, review: Review | None, start: float) -> None:
+    """A request answered HTTP 400 (not a usable review, or a malformed pod)."""
+    extra: dict[str, object] = {
+        "uid": review.uid if review is not None else None,
+        "namespace": review.namespace if review is not None else None,
+        "pod": _pod_name(review.object) if review is not None else None,
+        "rule": "bad-request",
+        "error": error,
+        "latency_ms": _latency_ms(start),
+    }
+    log.info("admission refused: bad request", extra=extra)
