@@ -51,6 +51,7 @@ TLS_SECRET = "coschedule-webhook-tls"
 CONFIGMAP = "coschedule-config"
 WEBHOOK_CONFIG = "coschedule"
 WEBHOOK_NAME = "pods.coschedule.dev"
+RUNS_WEBHOOK_NAME = "runs.coschedule.dev"
 IMAGE = "ghcr.io/coschedule/coschedule"
 UID = 65532
 CONFIG_DIR = "/etc/coschedule/config"
@@ -270,7 +271,7 @@ def test_every_object_is_valid_against_the_kubernetes_schemas(
 
 def test_every_object_has_a_name_and_the_right_scope(rendered: list[Obj]) -> None:
     cluster_scoped = {"Namespace", "ClusterRole", "ClusterRoleBinding"}
-    cluster_scoped.add("MutatingWebhookConfiguration")
+    cluster_scoped |= {"MutatingWebhookConfiguration", "CustomResourceDefinition"}
     seen: set[str] = set()
     for obj in rendered:
         meta = obj["metadata"]
@@ -294,6 +295,7 @@ def test_base_has_the_expected_objects() -> None:
     assert kinds == sorted(
         [
             f"Namespace {NAMESPACE}",
+            "CustomResourceDefinition concurrencycontrols.coschedule.dev",
             f"ServiceAccount {NAMESPACE}/coschedule-webhook",
             f"ServiceAccount {NAMESPACE}/coschedule-reconciler",
             "ClusterRole coschedule-webhook",
@@ -316,11 +318,42 @@ def test_base_has_the_expected_objects() -> None:
 # ---- the webhook registration ----------------------------------------------------------
 
 
-def _webhook(docs: list[Obj]) -> Obj:
+def _webhook(docs: list[Obj], name: str = WEBHOOK_NAME) -> Obj:
     config = one(docs, "MutatingWebhookConfiguration", WEBHOOK_CONFIG)
-    assert len(config["webhooks"]) == 1
-    hook: Obj = config["webhooks"][0]
-    return hook
+    assert [h["name"] for h in config["webhooks"]] == [WEBHOOK_NAME, RUNS_WEBHOOK_NAME]
+    (hook,) = [h for h in config["webhooks"] if h["name"] == name]
+    return dict(hook)
+
+
+def test_run_webhook_registration(rendered: list[Obj]) -> None:
+    pods, runs = _webhook(rendered), _webhook(rendered, RUNS_WEBHOOK_NAME)
+    assert runs["clientConfig"]["service"] == {
+        **pods["clientConfig"]["service"],
+        "path": "/mutate-runs",
+    }
+    assert runs["rules"] == [
+        {
+            "operations": ["CREATE"],
+            "apiGroups": ["tekton.dev"],
+            "apiVersions": ["v1"],
+            "resources": ["pipelineruns"],
+            "scope": "Namespaced",
+        },
+        {
+            "operations": ["CREATE"],
+            "apiGroups": ["argoproj.io"],
+            "apiVersions": ["v1alpha1"],
+            "resources": ["workflows"],
+            "scope": "Namespaced",
+        },
+    ]
+    # Same namespaces as the pod webhook; fail closed (docs/deploy.md says why).
+    assert runs["namespaceSelector"] == pods["namespaceSelector"]
+    assert runs["failurePolicy"] == "Fail"
+    assert runs["sideEffects"] == "None"
+    assert runs["admissionReviewVersions"] == ["v1"]
+    assert 1 <= runs["timeoutSeconds"] <= 5
+    assert "objectSelector" not in runs
 
 
 def test_webhook_registration_follows_the_design(rendered: list[Obj]) -> None:
@@ -644,14 +677,17 @@ EXPECTED_PERMISSIONS: dict[str, set[Permission]] = {
         "core", "namespaces persistentvolumeclaims", "get list watch"
     )
     | _grant("core", "pods persistentvolumes", "list watch")
-    | _grant("apps", "statefulsets", "get list watch"),
+    | _grant("apps", "statefulsets", "get list watch")
+    | _grant("coschedule.dev", "concurrencycontrols", "list watch"),
     "ClusterRole coschedule-reconciler": _grant("core", "pods", "get list watch delete")
     | _grant("core", "nodes", "get list watch")
     | _grant("apps", "statefulsets", "get list watch create update patch delete")
     | _grant("core", "persistentvolumeclaims", "get list watch delete")
     | _grant("core", "persistentvolumes", "get")
-    | _grant("tekton.dev", "pipelineruns taskruns", "get")
-    | _grant("argoproj.io", "workflows", "get")
+    | _grant("tekton.dev", "taskruns", "get")
+    | _grant("tekton.dev", "pipelineruns", "get list watch patch")
+    | _grant("argoproj.io", "workflows", "get list watch patch")
+    | _grant("coschedule.dev", "concurrencycontrols", "get list watch")
     | _grant("shipwright.io", "buildruns", "get")
     | _grant("batch", "jobs", "get")
     | _grant("core events.k8s.io", "events", "create patch"),

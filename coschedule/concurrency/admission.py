@@ -1,0 +1,148 @@
+"""Run admission: (run, the namespace's controls) -> labels and, usually, pending.
+
+Per matching control the run gets ``concurrency.coschedule.dev/<control>: <label value>``
+(and, when the key had to be hashed, an annotation of the same name with the key itself).
+Unless its author set its start state, the run is made pending (Tekton ``spec.status:
+PipelineRunPending``, Argo ``spec.suspend: true``) and annotated ``coschedule.dev/pending-by:
+concurrency``: the reconciler starts it. Idempotent: a reinvocation adds nothing.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from coschedule.concurrency.control import Control
+from coschedule.concurrency.names import (
+    ANNOTATION_PENDING_BY,
+    GROUPED_VALUE,
+    LABEL_GROUPED,
+    LABEL_PREFIX,
+    PENDING_BY_US,
+)
+from coschedule.concurrency.runs import TEKTON_PENDING, Kind, is_pending, params, start_state_set
+from coschedule.concurrency.template import label_value
+from coschedule.wire.jsonpatch import Op, add, pointer, remove
+
+
+class Outcome(enum.Enum):
+    UNTOUCHED = "untouched: no ConcurrencyControl selects it"
+    MADE_PENDING = "made pending: the reconciler starts it when its group lets it"
+    AUTHOR_PENDING = "left pending by its author: grouped, never started by coschedule"
+    AUTHOR_STATE = "left as its author set it (spec start state given): grouped only"
+    ALREADY_PENDING = "already pending by coschedule (reinvocation): nothing to add"
+
+
+@dataclass(frozen=True, slots=True)
+class Match:
+    control: Control
+    key: str
+    value: str  # the label value: the key, or its hash
+
+    @property
+    def hashed(self) -> bool:
+        return self.value != self.key
+
+
+@dataclass(frozen=True, slots=True)
+class RunAdmission:
+    outcome: Outcome
+    matches: tuple[Match, ...] = ()
+    ops: list[Op] = field(default_factory=list)
+
+
+def _str_map(value: Any) -> dict[str, str]:
+    if not isinstance(value, Mapping):
+        return {}
+    return {str(k): v for k, v in value.items() if isinstance(v, str)}
+
+
+def match_controls(
+    kind: Kind, run: Mapping[str, Any], namespace: str, controls: Iterable[Control]
+) -> tuple[Match, ...]:
+    meta = run.get("metadata")
+    meta = meta if isinstance(meta, Mapping) else {}
+    labels = _str_map(meta.get("labels"))
+    annotations = _str_map(meta.get("annotations"))
+    run_params: dict[str, Any] | None = None
+    found: list[Match] = []
+    for control in sorted(controls, key=lambda c: c.name):
+        if not control.holds(kind, labels):
+            continue
+        if run_params is None:
+            run_params = params(kind, run)
+        key = control.key.expand(namespace, labels, annotations, run_params)
+        found.append(Match(control, key, label_value(key)))
+    return tuple(found)
+
+
+def admit_run(
+    kind: Kind, run: Mapping[str, Any], namespace: str, controls: Iterable[Control]
+) -> RunAdmission:
+    matches = match_controls(kind, run, namespace, controls)
+    if not matches:
+        return RunAdmission(Outcome.UNTOUCHED)
+    meta = run.get("metadata")
+    meta = meta if isinstance(meta, Mapping) else {}
+    labels = meta.get("labels")
+    annotations = meta.get("annotations")
+    ops: list[Op] = []
+
+    wanted = {LABEL_GROUPED: GROUPED_VALUE}
+    wanted.update({LABEL_PREFIX + m.control.name: m.value for m in matches})
+    _merge_map(ops, "labels", labels, wanted, stale_prefix=LABEL_PREFIX)
+
+    notes = {LABEL_PREFIX + m.control.name: m.key for m in matches if m.hashed}
+    pending = is_pending(kind, run)
+    ours = isinstance(annotations, Mapping) and (
+        annotations.get(ANNOTATION_PENDING_BY) == PENDING_BY_US
+    )
+    if pending and ours:
+        outcome = Outcome.ALREADY_PENDING
+    elif pending:
+        outcome = Outcome.AUTHOR_PENDING
+    elif start_state_set(kind, run):
+        outcome = Outcome.AUTHOR_STATE
+    else:
+        outcome = Outcome.MADE_PENDING
+        notes[ANNOTATION_PENDING_BY] = PENDING_BY_US
+    _merge_map(ops, "annotations", annotations, notes)
+    if outcome is Outcome.MADE_PENDING:
+        ops.append(_pending_op(kind, run))
+    return RunAdmission(outcome, matches, ops)
+
+
+def _merge_map(
+    ops: list[Op],
+    name: str,
+    current: Any,
+    wanted: Mapping[str, str],
+    *,
+    stale_prefix: str | None = None,
+) -> None:
+    """Ops that make ``metadata.<name>`` hold ``wanted`` (and drop stale keys with the
+    prefix, e.g. a copied run's label for a control that no longer selects it)."""
+    if not isinstance(current, Mapping):
+        if wanted:
+            ops.append(add(pointer("metadata", name), dict(wanted)))
+        return
+    for key, value in wanted.items():
+        if current.get(key) != value:
+            ops.append(add(pointer("metadata", name, key), value))
+    if stale_prefix is not None:
+        for key in sorted(current):
+            if str(key).startswith(stale_prefix) and key not in wanted:
+                ops.append(remove(pointer("metadata", name, str(key))))
+
+
+def _pending_op(kind: Kind, run: Mapping[str, Any]) -> Op:
+    has_spec = isinstance(run.get("spec"), Mapping)
+    if kind is Kind.PIPELINE_RUN:
+        if not has_spec:
+            return add("/spec", {"status": TEKTON_PENDING})
+        return add("/spec/status", TEKTON_PENDING)
+    if not has_spec:
+        return add("/spec", {"suspend": True})
+    return add("/spec/suspend", True)

@@ -1,0 +1,115 @@
+"""A ``ConcurrencyControl`` object -> a frozen ``Control``, with the CRD schema's checks.
+
+The API server validates controls with the CRD's schema and CEL rules; these checks mirror
+them so that ``explain`` (offline) and a cache fed by an older CRD refuse what the API server
+would, with the same field names in the message.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from coschedule.concurrency.names import API_VERSION, KIND, MAX_CONTROL_NAME
+from coschedule.concurrency.runs import Kind, Strategy
+from coschedule.concurrency.selector import BadSelector, Selector, parse_selector
+from coschedule.concurrency.template import BadTemplate, Template, parse_template
+
+DEFAULT_KINDS = frozenset({Kind.PIPELINE_RUN, Kind.WORKFLOW})
+SPEC_FIELDS = frozenset({"selector", "kinds", "key", "strategy", "maxRunning"})
+
+
+class BadControl(ValueError):
+    """The control is invalid; the message names the field."""
+
+
+@dataclass(frozen=True, slots=True)
+class Control:
+    namespace: str
+    name: str
+    selector: Selector
+    kinds: frozenset[Kind]
+    key: Template
+    strategy: Strategy
+    max_running: int = 1
+
+    @property
+    def ref(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    def holds(self, kind: Kind, labels: Mapping[str, str]) -> bool:
+        """This control applies to a run of ``kind`` with ``labels``."""
+        return kind in self.kinds and self.selector.matches(labels)
+
+
+def parse_control(obj: Mapping[str, Any], namespace: str | None = None) -> Control:
+    if obj.get("kind", KIND) != KIND:
+        raise BadControl(f"kind must be {KIND}, not {obj.get('kind')!r}")
+    if obj.get("apiVersion", API_VERSION) != API_VERSION:
+        raise BadControl(f"apiVersion must be {API_VERSION}, not {obj.get('apiVersion')!r}")
+    meta = obj.get("metadata")
+    if not isinstance(meta, Mapping) or not isinstance(meta.get("name"), str) or not meta["name"]:
+        raise BadControl("metadata.name is required")
+    name = str(meta["name"])
+    if len(name) > MAX_CONTROL_NAME:
+        raise BadControl(
+            f"metadata.name must be at most {MAX_CONTROL_NAME} characters: it becomes the "
+            "name part of the label concurrency.coschedule.dev/<name>"
+        )
+    ns = str(meta.get("namespace") or namespace or "default")
+    spec = obj.get("spec")
+    if not isinstance(spec, Mapping):
+        raise BadControl("spec is required")
+    unknown = set(spec) - SPEC_FIELDS
+    if unknown:
+        raise BadControl(f"spec has unknown field(s) {sorted(unknown)}")
+    if "selector" not in spec:
+        raise BadControl("spec.selector is required ({} selects every run in the namespace)")
+    try:
+        selector = parse_selector(spec["selector"])
+    except BadSelector as exc:
+        raise BadControl(str(exc)) from None
+    kinds = _kinds(spec.get("kinds"))
+    key_text = spec.get("key", "")
+    if not isinstance(key_text, str):
+        raise BadControl("spec.key must be a string")
+    try:
+        key = parse_template(key_text)
+    except BadTemplate as exc:
+        raise BadControl(str(exc)) from None
+    raw_strategy = spec.get("strategy")
+    if raw_strategy is None:
+        raise BadControl(f"spec.strategy is required: one of {_choices(Strategy)}")
+    try:
+        strategy = Strategy(raw_strategy)
+    except ValueError:
+        raise BadControl(
+            f"spec.strategy: {raw_strategy!r} is not one of {_choices(Strategy)}"
+        ) from None
+    max_running = spec.get("maxRunning", 1)
+    if not isinstance(max_running, int) or isinstance(max_running, bool) or max_running < 1:
+        raise BadControl(f"spec.maxRunning must be an integer of at least 1, not {max_running!r}")
+    if strategy is not Strategy.QUEUE and max_running != 1:
+        raise BadControl(
+            "spec.maxRunning applies to strategy Queue only: remove it or use strategy: Queue"
+        )
+    return Control(ns, name, selector, kinds, key, strategy, max_running)
+
+
+def _kinds(raw: Any) -> frozenset[Kind]:
+    if raw is None:
+        return DEFAULT_KINDS
+    if not isinstance(raw, list) or not raw:
+        raise BadControl(f"spec.kinds must be a non-empty list of {_choices(Kind)}")
+    kinds: set[Kind] = set()
+    for i, item in enumerate(raw):
+        try:
+            kinds.add(Kind(item))
+        except ValueError:
+            raise BadControl(f"spec.kinds[{i}]: {item!r} is not one of {_choices(Kind)}") from None
+    return frozenset(kinds)
+
+
+def _choices(enum_type: Any) -> str:
+    return ", ".join(member.value for member in enum_type)

@@ -1,0 +1,182 @@
+"""The reconciler's decision for one group (namespace, control, key): which runs start and
+which are cancelled. Pure: observed runs and controls in, actions out.
+
+- ``Cancel``, ``GracefullyCancel``, ``GracefullyStop``: the newest run (creation time, then
+  name) may start; every older run that is running or pending by us is cancelled with the
+  strategy's value. Finished and stopping runs are never touched; runs their authors made
+  pending are never started, never cancelled, and never count as "newer" (they may never
+  start).
+- ``Queue``: the oldest runs pending by us may start while fewer than ``maxRunning`` runs of
+  the group are running (a stopping run still runs); nothing is cancelled.
+- A run in several groups starts only when every group that holds it lets it, and none
+  cancels it. A group whose control is gone, or no longer selects the run, holds nothing:
+  its runs pending by us start (never stranded).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from coschedule.concurrency.control import Control
+from coschedule.concurrency.runs import CANCEL_VALUES, Run, State, Strategy
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class GroupKey:
+    namespace: str
+    control: str
+    value: str
+
+    def __str__(self) -> str:
+        # Label values and control names hold no "/": the string splits back unambiguously.
+        return f"{self.namespace}/{self.control}/{self.value}"
+
+    @classmethod
+    def parse(cls, text: str) -> GroupKey:
+        namespace, control, value = text.split("/", 2)
+        return cls(namespace, control, value)
+
+
+@dataclass(frozen=True, slots=True)
+class Group:
+    key: GroupKey
+    control: Control | None  # None: the control is gone
+    runs: tuple[Run, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    held: frozenset[str]  # runs (by name) the group's control holds
+    allowed: frozenset[str]  # held runs this group lets start
+    cancels: Mapping[str, tuple[str, str]]  # run -> (cancel value, the newer run's name)
+    running: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class CancelRun:
+    run: Run
+    value: str
+    strategy: Strategy
+    control: str
+    newer: str
+    key: str
+
+
+@dataclass(frozen=True, slots=True)
+class StartRun:
+    run: Run
+    control: str
+    why: str
+
+
+Action = CancelRun | StartRun
+VerdictOf = Callable[[GroupKey], Verdict | None]
+
+
+def held_runs(group: Group) -> list[Run]:
+    control = group.control
+    if control is None:
+        return []
+    return [r for r in group.runs if control.holds(r.kind, r.labels)]
+
+
+def verdict(group: Group) -> Verdict:
+    control = group.control
+    held = held_runs(group)
+    names = frozenset(r.name for r in held)
+    if control is None or not held:
+        return Verdict(names, frozenset(), {})
+    if control.strategy is Strategy.QUEUE:
+        running = sum(1 for r in held if r.state in (State.RUNNING, State.STOPPING))
+        waiting = sorted((r for r in held if r.state is State.PENDING_BY_US), key=lambda r: r.order)
+        free = max(0, control.max_running - running)
+        return Verdict(names, frozenset(r.name for r in waiting[:free]), {}, running)
+    contenders = [r for r in held if r.state is not State.PENDING_BY_AUTHOR]
+    if not contenders:
+        return Verdict(names, frozenset(), {})
+    newest = max(contenders, key=lambda r: r.order)
+    cancels = {
+        r.name: (CANCEL_VALUES[r.kind][control.strategy], newest.name)
+        for r in contenders
+        if r is not newest and r.state in (State.RUNNING, State.PENDING_BY_US)
+    }
+    allowed = frozenset({newest.name}) if newest.state is State.PENDING_BY_US else frozenset()
+    running = sum(1 for r in held if r.state is State.RUNNING)
+    return Verdict(names, allowed, cancels, running)
+
+
+def plan(key: GroupKey, groups: Mapping[GroupKey, Group]) -> list[Action]:
+    """Actions for group ``key``; ``groups`` holds it and every other group its runs are in
+    (a group missing from it counts as holding nothing)."""
+    group = groups[key]
+    verdicts: dict[GroupKey, Verdict] = {}
+
+    def of(k: GroupKey) -> Verdict | None:
+        if k not in verdicts:
+            g = groups.get(k)
+            if g is None:
+                return None
+            verdicts[k] = verdict(g)
+        return verdicts[k]
+
+    mine = of(key)
+    assert mine is not None
+    control = group.control
+    actions: list[Action] = []
+    for run in sorted(group.runs, key=lambda r: r.order):
+        if run.name in mine.cancels and control is not None:
+            value, newer = mine.cancels[run.name]
+            actions.append(
+                CancelRun(
+                    run, value, control.strategy, control.name, newer, run.key_of(key.control)
+                )
+            )
+    for run in sorted(group.runs, key=lambda r: r.order):
+        if run.state is not State.PENDING_BY_US or run.name in mine.cancels:
+            continue
+        if run.name in mine.held and run.name not in mine.allowed:
+            continue
+        if _blocked_elsewhere(run, key, of):
+            continue
+        if run.name in mine.held and control is not None:
+            why = _why(control, run, mine)
+        else:
+            why = (
+                f"ConcurrencyControl {key.control} no longer exists"
+                if control is None
+                else f"ConcurrencyControl {key.control} no longer selects it"
+            )
+        actions.append(StartRun(run, key.control, why))
+    return actions
+
+
+def _blocked_elsewhere(run: Run, key: GroupKey, of: VerdictOf) -> bool:
+    for control, value in run.groups().items():
+        other = GroupKey(run.namespace, control, value)
+        if other == key:
+            continue
+        theirs = of(other)
+        if theirs is None or run.name not in theirs.held:
+            continue
+        if run.name in theirs.cancels or run.name not in theirs.allowed:
+            return True
+    return False
+
+
+def _why(control: Control, run: Run, mine: Verdict) -> str:
+    if control.strategy is Strategy.QUEUE:
+        return (
+            f"a slot is free in ConcurrencyControl {control.name} "
+            f"({mine.running} of maxRunning {control.max_running} running), "
+            f"key {run.key_of(control.name)}"
+        )
+    return f"newest run of ConcurrencyControl {control.name}, key {run.key_of(control.name)}"
+
+
+def group_keys(run: Run) -> list[GroupKey]:
+    return [GroupKey(run.namespace, c, v) for c, v in sorted(run.groups().items())]
+
+
+def pending_by_us(runs: Sequence[Run]) -> int:
+    return sum(1 for r in runs if r.state is State.PENDING_BY_US)
