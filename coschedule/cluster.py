@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 from coschedule.config.settings import Settings
 from coschedule.kube.claim_cache import ClaimCache
 from coschedule.kube.client import Credentials, KubeClient, KubeConfigError, discover
+from coschedule.kube.controls import ControlCache
 from coschedule.kube.informer import Informer
 from coschedule.kube.namespace_cache import NamespaceCache
 from coschedule.kube.volumes import VolumeCache
@@ -34,6 +35,7 @@ class ClusterLink:
     namespaces: NamespaceCache | None = None
     claims: ClaimCache | None = None
     volumes: VolumeCache | None = None
+    controls: ControlCache | None = None
 
     @classmethod
     def connect(
@@ -50,7 +52,13 @@ class ClusterLink:
             return cls()
         client = KubeClient(creds, user_agent="coschedule-webhook")
         informer = Informer(client, "/api/v1/namespaces", name="namespaces")
-        return cls(client, NamespaceCache(informer), ClaimCache(client), VolumeCache(client))
+        return cls(
+            client,
+            NamespaceCache(informer),
+            ClaimCache(client),
+            VolumeCache(client),
+            ControlCache(client),
+        )
 
     @property
     def online(self) -> bool:
@@ -89,6 +97,8 @@ class ClusterLink:
                 return synced, None if synced else not_synced("volume cache")
 
             probes.checks["volume-cache"] = volumes_synced
+        if self.controls is not None:
+            probes.checks["concurrency-controls"] = self.controls.readiness
 
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[None]:
@@ -101,6 +111,8 @@ class ClusterLink:
             tasks.append(asyncio.create_task(self.claims.pods.run()))
         if self.volumes is not None:
             tasks.append(asyncio.create_task(self.volumes.informer.run()))
+        if self.controls is not None:
+            tasks.append(asyncio.create_task(self.controls.run()))
         try:
             yield
         finally:

@@ -63,7 +63,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     store.adjust = link.adjust_settings
     store.current = link.adjust_settings(store.current)
-    webhook = build_webhook(store, metrics, cert_dir, link.namespaces, link.claims, link.volumes)
+    webhook = build_webhook(
+        store, metrics, cert_dir, link.namespaces, link.claims, link.volumes, link.controls
+    )
     link.add_probes(webhook.probes)
     serve_options = ServeOptions(
         host=args.host, port=args.port, health_port=args.health_port, cert_dir=cert_dir

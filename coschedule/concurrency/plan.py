@@ -47,7 +47,7 @@ class Group:
 
 @dataclass(frozen=True, slots=True)
 class Verdict:
-    held: frozenset[str]  # runs (by name) the group's control holds
+    held: frozenset[str]  # runs (by ident) the group's control holds
     allowed: frozenset[str]  # held runs this group lets start
     cancels: Mapping[str, tuple[str, str]]  # run -> (cancel value, the newer run's name)
     running: int = 0
@@ -84,24 +84,24 @@ def held_runs(group: Group) -> list[Run]:
 def verdict(group: Group) -> Verdict:
     control = group.control
     held = held_runs(group)
-    names = frozenset(r.name for r in held)
+    names = frozenset(r.ident for r in held)
     if control is None or not held:
         return Verdict(names, frozenset(), {})
     if control.strategy is Strategy.QUEUE:
         running = sum(1 for r in held if r.state in (State.RUNNING, State.STOPPING))
         waiting = sorted((r for r in held if r.state is State.PENDING_BY_US), key=lambda r: r.order)
         free = max(0, control.max_running - running)
-        return Verdict(names, frozenset(r.name for r in waiting[:free]), {}, running)
+        return Verdict(names, frozenset(r.ident for r in waiting[:free]), {}, running)
     contenders = [r for r in held if r.state is not State.PENDING_BY_AUTHOR]
     if not contenders:
         return Verdict(names, frozenset(), {})
     newest = max(contenders, key=lambda r: r.order)
     cancels = {
-        r.name: (CANCEL_VALUES[r.kind][control.strategy], newest.name)
+        r.ident: (CANCEL_VALUES[r.kind][control.strategy], newest.name)
         for r in contenders
         if r is not newest and r.state in (State.RUNNING, State.PENDING_BY_US)
     }
-    allowed = frozenset({newest.name}) if newest.state is State.PENDING_BY_US else frozenset()
+    allowed = frozenset({newest.ident}) if newest.state is State.PENDING_BY_US else frozenset()
     running = sum(1 for r in held if r.state is State.RUNNING)
     return Verdict(names, allowed, cancels, running)
 
@@ -125,21 +125,21 @@ def plan(key: GroupKey, groups: Mapping[GroupKey, Group]) -> list[Action]:
     control = group.control
     actions: list[Action] = []
     for run in sorted(group.runs, key=lambda r: r.order):
-        if run.name in mine.cancels and control is not None:
-            value, newer = mine.cancels[run.name]
+        if run.ident in mine.cancels and control is not None:
+            value, newer = mine.cancels[run.ident]
             actions.append(
                 CancelRun(
                     run, value, control.strategy, control.name, newer, run.key_of(key.control)
                 )
             )
     for run in sorted(group.runs, key=lambda r: r.order):
-        if run.state is not State.PENDING_BY_US or run.name in mine.cancels:
+        if run.state is not State.PENDING_BY_US or run.ident in mine.cancels:
             continue
-        if run.name in mine.held and run.name not in mine.allowed:
+        if run.ident in mine.held and run.ident not in mine.allowed:
             continue
         if _blocked_elsewhere(run, key, of):
             continue
-        if run.name in mine.held and control is not None:
+        if run.ident in mine.held and control is not None:
             why = _why(control, run, mine)
         else:
             why = (
@@ -157,9 +157,9 @@ def _blocked_elsewhere(run: Run, key: GroupKey, of: VerdictOf) -> bool:
         if other == key:
             continue
         theirs = of(other)
-        if theirs is None or run.name not in theirs.held:
+        if theirs is None or run.ident not in theirs.held:
             continue
-        if run.name in theirs.cancels or run.name not in theirs.allowed:
+        if run.ident in theirs.cancels or run.ident not in theirs.allowed:
             return True
     return False
 

@@ -175,6 +175,11 @@ class Run:
         return (timestamp(self.created), self.name)
 
     @property
+    def ident(self) -> str:
+        """Unique within a namespace: a PipelineRun and a Workflow may share a name."""
+        return f"{self.kind.value}/{self.name}"
+
+    @property
     def pending_by_us(self) -> bool:
         return self.state is State.PENDING_BY_US
 

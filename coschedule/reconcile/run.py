@@ -19,6 +19,7 @@ from coschedule.config.store import SettingsStore, metric_hooks, reload_loop
 from coschedule.kube.client import Credentials, KubeClient, KubeConfigError, require
 from coschedule.kube.leader import ElectionConfig, LeaderElector
 from coschedule.probes import Probes, probes_app
+from coschedule.reconcile.concurrency import ConcurrencyController
 from coschedule.reconcile.controller import Controller
 from coschedule.reconcile.reconciler_metrics import ReconcileMetrics
 
@@ -68,8 +69,10 @@ async def serve_reconciler(
 ) -> None:
     client = KubeClient(creds, user_agent="coschedule-reconciler")
     controller = Controller(client, lambda: store.current, metrics)
+    runs = ConcurrencyController(client, metrics.registry)
     probes = Probes()
     probes.checks["caches"] = controller.readiness
+    probes.checks["concurrency"] = runs.readiness
     probes.checks["config"] = lambda: (True, store.detail())
     health = _Server(
         uvicorn.Config(
@@ -82,13 +85,22 @@ async def serve_reconciler(
             lifespan="off",
         )
     )
+
+    def lead() -> None:
+        controller.start_leading()
+        runs.start_leading()
+
+    def follow() -> None:
+        controller.stop_leading()
+        runs.stop_leading()
+
     elector: LeaderElector | None = None
     if args.leader_elect:
         elector = LeaderElector(
             client,
             ElectionConfig(namespace=args.namespace or creds.namespace),
-            on_started=controller.start_leading,
-            on_stopped=controller.stop_leading,
+            on_started=lead,
+            on_stopped=follow,
         )
     if stopping is None:  # the process's own run: SIGTERM stops it (and releases the Lease)
         stopping = asyncio.Event()
@@ -102,6 +114,7 @@ async def serve_reconciler(
             controller.settings_changed()
 
     controller.start_informers()
+    runs.start_informers()
     tasks = [
         asyncio.create_task(health.serve()),
         asyncio.create_task(reload_loop(RELOAD_INTERVAL_SECONDS, reload, "config reload")),
@@ -109,7 +122,7 @@ async def serve_reconciler(
     if elector is not None:
         tasks.append(asyncio.create_task(elector.run()))
     else:
-        controller.start_leading()
+        lead()
     log.info(
         "reconciler started",
         extra={"health_port": args.health_port, "leader_elect": bool(args.leader_elect)},
@@ -118,7 +131,7 @@ async def serve_reconciler(
         await stopping.wait()
     finally:
         log.info("shutting down")
-        controller.stop_leading()
+        follow()
         if elector is not None:
             tasks[-1].cancel()  # no renewal in flight while we release
             await asyncio.gather(tasks[-1], return_exceptions=True)
@@ -128,4 +141,5 @@ async def serve_reconciler(
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         await controller.stop()
+        await runs.stop()
         await client.aclose()

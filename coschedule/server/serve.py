@@ -18,6 +18,7 @@ from coschedule.mutate.decision import VolumeView
 from coschedule.probes import Probes, probes_app
 from coschedule.server.https_app import HttpsApp
 from coschedule.server.mutate_endpoint import AdmissionHandler, ClaimCacheView, NamespaceLookup
+from coschedule.server.runs import ControlLookup, RunAdmissionHandler
 from coschedule.server.tls import ServingCertificate
 from coschedule.server.webhook_metrics import WebhookMetrics
 
@@ -52,6 +53,7 @@ class Webhook:
     certificate: ServingCertificate
     probes: Probes
     handler: AdmissionHandler
+    runs: RunAdmissionHandler
 
     def reload_once(self) -> None:
         self.settings.maybe_reload()
@@ -65,6 +67,7 @@ def build_webhook(
     namespaces: NamespaceLookup | None = None,
     claims: ClaimCacheView | None = None,
     volumes: VolumeView | None = None,
+    controls: ControlLookup | None = None,
 ) -> Webhook:
     certificate = ServingCertificate(cert_dir, metrics)
     certificate.load()
@@ -80,12 +83,13 @@ def build_webhook(
     probes.checks["certificate"] = cert_check
     probes.checks["config"] = config_check
     handler = AdmissionHandler(settings, metrics, namespaces, claims, volumes)
-    return Webhook(settings, metrics, certificate, probes, handler)
+    runs = RunAdmissionHandler(metrics, controls, namespaces)
+    return Webhook(settings, metrics, certificate, probes, handler, runs)
 
 
 async def serve(webhook: Webhook, options: ServeOptions) -> None:
     https_config = uvicorn.Config(
-        HttpsApp(webhook.handler, probes_app(webhook.probes, None)),
+        HttpsApp(webhook.handler, probes_app(webhook.probes, None), webhook.runs),
         host=options.host,
         port=options.port,
         ssl_context_factory=lambda _config, _default: webhook.certificate.context,

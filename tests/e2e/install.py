@@ -19,7 +19,7 @@ import yaml
 
 from coschedule import certs
 from tests.e2e.cluster import ControlPlane, Proc, free_port, wait_healthy
-from tests.e2e.kube import Api, Obj, path_for
+from tests.e2e.kube import Api, Obj, path_for, wait_for
 from tests.e2e.pki import write_kubeconfig
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -115,6 +115,7 @@ class Coschedule:
     reconciler_ports: dict[str, int] = field(default_factory=dict)
     reconciler_missing: str | None = None  # why no reconciler runs, when none can
     manifest_webhook: Obj | None = None
+    manifest_webhooks: list[Obj] = field(default_factory=list)
 
     @property
     def api(self) -> Api:
@@ -148,6 +149,7 @@ class Coschedule:
                     hooks = obj.get("webhooks") or []
                     if hooks:
                         self.manifest_webhook = hooks[0]
+                        self.manifest_webhooks = list(hooks)
         names = {(obj.get("kind"), (obj.get("metadata") or {}).get("name")) for obj in objects}
         missing = [sa for sa in (WEBHOOK_SA, RECONCILER_SA) if ("ServiceAccount", sa) not in names]
         if missing:
@@ -158,6 +160,7 @@ class Coschedule:
             )
         for obj in objects:
             api.ensure(obj)
+        self.install_crds()
         self.webhook_kubeconfig = write_kubeconfig(
             self.workdir / "webhook.kubeconfig",
             self.plane.server,
@@ -172,6 +175,24 @@ class Coschedule:
             sa_token(api, RECONCILER_SA),
             RECONCILER_SA,
         )
+
+    def install_crds(self) -> None:
+        """The CRDs the manifests ship (ConcurrencyControl), established before the
+        processes start watching them."""
+        for obj in self.rendered:
+            if obj.get("kind") != "CustomResourceDefinition":
+                continue
+            self.api.ensure(obj)
+            name = obj["metadata"]["name"]
+
+            def established(name: str = name) -> bool:
+                crd = self.api.must_get("CustomResourceDefinition", name)
+                return any(
+                    c.get("type") == "Established" and c.get("status") == "True"
+                    for c in (crd.get("status") or {}).get("conditions") or []
+                )
+
+            wait_for(f"CRD {name} to be established", established)
 
     def _ca(self) -> Path:
         assert self.plane.pki is not None
@@ -223,16 +244,19 @@ class Coschedule:
         wait_healthy(f"http://127.0.0.1:{health}/readyz", self.webhook, timeout=30)
 
     def register_webhook(self) -> Obj:
-        hook = copy.deepcopy(self.manifest_webhook or FALLBACK_WEBHOOK)
-        hook["clientConfig"] = {
-            "url": f"https://127.0.0.1:{self.webhook_port}/mutate",
-            "caBundle": self.ca_bundle,
-        }
+        """Every webhook of the manifests' configuration, each at its own path."""
+        hooks = [copy.deepcopy(h) for h in self.manifest_webhooks or [FALLBACK_WEBHOOK]]
+        for hook in hooks:
+            path = ((hook.get("clientConfig") or {}).get("service") or {}).get("path", "/mutate")
+            hook["clientConfig"] = {
+                "url": f"https://127.0.0.1:{self.webhook_port}{path}",
+                "caBundle": self.ca_bundle,
+            }
         config: Obj = {
             "apiVersion": "admissionregistration.k8s.io/v1",
             "kind": "MutatingWebhookConfiguration",
             "metadata": {"name": WEBHOOK_CONFIG_NAME, "labels": {"e2e": "true"}},
-            "webhooks": [hook],
+            "webhooks": hooks,
         }
         return self.api.create(config)
 

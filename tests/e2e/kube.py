@@ -48,6 +48,7 @@ KINDS: dict[str, tuple[str, str, bool]] = {
     "PipelineRun": ("tekton.dev/v1", "pipelineruns", True),
     "TaskRun": ("tekton.dev/v1", "taskruns", True),
     "Workflow": ("argoproj.io/v1alpha1", "workflows", True),
+    "ConcurrencyControl": ("coschedule.dev/v1alpha1", "concurrencycontrols", True),
 }
 
 

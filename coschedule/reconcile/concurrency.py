@@ -1,0 +1,426 @@
+"""Run concurrency control in the reconciler: ConcurrencyControls and grouped runs ->
+keyed work queue (one key per group: namespace/control/value) -> ``plan`` -> patches.
+
+Runs are watched with a label selector (only those the webhook grouped); a run type whose
+CRD is not installed is looked for again later. State lives on the runs (labels and the
+pending-by annotation), so a restart or a new leader rebuilds everything from the watch.
+Every patch carries the resourceVersion the decision was made on: a stale decision (another
+replica, a cache behind the API server) gets 409 and is made again, so nothing starts twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from coschedule.concurrency.control import Control
+from coschedule.concurrency.names import (
+    ANNOTATION_PENDING_BY,
+    LABEL_GROUPED,
+    LABEL_PREFIX,
+)
+from coschedule.concurrency.plan import (
+    Action,
+    CancelRun,
+    Group,
+    GroupKey,
+    StartRun,
+    group_keys,
+    plan,
+)
+from coschedule.concurrency.runs import (
+    ENGINES,
+    Kind,
+    Run,
+    State,
+    Strategy,
+    cancel_patch,
+    parse_run,
+    start_patch,
+    timestamp,
+)
+from coschedule.kube.client import ApiError, KubeClient, object_path
+from coschedule.kube.controls import ControlCache
+from coschedule.kube.discovery import RETRY_SECONDS, wait_served
+from coschedule.kube.informer import Informer, Obj, object_key
+from coschedule.reconcile.workqueue import WorkQueue
+
+log = logging.getLogger("coschedule.concurrency")
+
+DEFAULT_WORKERS = 2
+CONFLICT_RETRY_SECONDS = 0.2
+
+
+class ConcurrencyMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.cancellations = Counter(
+            "coschedule_concurrency_cancellations_total",
+            "Runs cancelled because a newer run of their group arrived, by strategy.",
+            ["strategy"],
+            registry=registry,
+        )
+        self.pending = Gauge(
+            "coschedule_concurrency_pending_runs",
+            "Runs held pending by coschedule, waiting for their group to let them start.",
+            registry=registry,
+        )
+        self.start_delay = Histogram(
+            "coschedule_concurrency_start_delay_seconds",
+            "From a run's creation to coschedule starting it.",
+            buckets=(0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600, 14400),
+            registry=registry,
+        )
+        self.starts = Counter(
+            "coschedule_concurrency_starts_total",
+            "Runs started by coschedule.",
+            registry=registry,
+        )
+        for strategy in Strategy:
+            if strategy is not Strategy.QUEUE:
+                self.cancellations.labels(strategy.value)
+
+
+def slim_run(obj: Obj) -> Obj:
+    """What the decisions read of a run: identity, labels, our annotations, start state."""
+    meta = obj.get("metadata") or {}
+    annotations = meta.get("annotations") or {}
+    spec = obj.get("spec") or {}
+    status = obj.get("status") or {}
+    slim_status: dict[str, Any] = {}
+    if "phase" in status:
+        slim_status["phase"] = status["phase"]
+    conditions = [
+        c
+        for c in status.get("conditions") or ()
+        if isinstance(c, dict) and c.get("type") == "Succeeded"
+    ]
+    if conditions:
+        slim_status["conditions"] = conditions
+    return {
+        "metadata": {
+            "name": meta.get("name"),
+            "namespace": meta.get("namespace"),
+            "uid": meta.get("uid"),
+            "resourceVersion": meta.get("resourceVersion"),
+            "creationTimestamp": meta.get("creationTimestamp"),
+            "labels": meta.get("labels") or {},
+            "annotations": {
+                k: v
+                for k, v in annotations.items()
+                if k == ANNOTATION_PENDING_BY or k.startswith(LABEL_PREFIX)
+            },
+        },
+        "spec": {k: spec[k] for k in ("status", "suspend", "shutdown") if k in spec},
+        "status": slim_status,
+    }
+
+
+RunKey = tuple[Kind, str]  # (kind, namespace/name)
+
+
+class ConcurrencyController:
+    def __init__(
+        self,
+        client: KubeClient,
+        registry: CollectorRegistry,
+        *,
+        workers: int = DEFAULT_WORKERS,
+        clock: Callable[[], float] = time.time,
+        discovery_retry: float = RETRY_SECONDS,
+        retry_base: float | None = None,
+    ) -> None:
+        self.client = client
+        self.metrics = ConcurrencyMetrics(registry)
+        self.clock = clock
+        self.workers = workers
+        self.discovery_retry = discovery_retry
+        self.queue = WorkQueue() if retry_base is None else WorkQueue(retry_base=retry_base)
+        self.controls = ControlCache(client, discovery_retry=discovery_retry)
+        self.controls.listeners.append(self._on_control)
+        self.runs: dict[Kind, Informer] = {}
+        self.absent: dict[Kind, bool | None] = {}  # None: not asked yet
+        self.discovered: dict[Kind, asyncio.Event] = {}
+        for kind, engine in ENGINES.items():
+            informer = Informer(
+                client,
+                f"/apis/{engine.api_version}/{engine.plural}",
+                name=engine.plural,
+                label_selector=LABEL_GROUPED,
+                transform=slim_run,
+            )
+            informer.add_handler(self._handler(kind))
+            self.runs[kind] = informer
+            self.absent[kind] = None
+            self.discovered[kind] = asyncio.Event()
+        self.group_runs: dict[GroupKey, set[RunKey]] = {}
+        self.run_groups: dict[RunKey, set[GroupKey]] = {}
+        self.control_groups: dict[tuple[str, str], set[GroupKey]] = {}
+        self.pending: set[RunKey] = set()
+        self._leading = False
+        self._tasks: list[asyncio.Task[None]] = []
+        self._workers: list[asyncio.Task[None]] = []
+
+    # ---- lifecycle ----------------------------------------------------------------------
+
+    def _ready_parts(self) -> list[str]:
+        waiting = []
+        ok, _ = self.controls.readiness()
+        if not ok:
+            waiting.append("concurrencycontrols")
+        for kind, informer in self.runs.items():
+            if self.absent[kind] is None or (
+                not self.absent[kind] and not informer.synced.is_set()
+            ):
+                waiting.append(informer.name)
+        return waiting
+
+    def readiness(self) -> tuple[bool, str | None]:
+        waiting = self._ready_parts()
+        if waiting:
+            return False, f"caches not synced: {', '.join(waiting)}"
+        absent = [self.runs[k].name for k, a in self.absent.items() if a]
+        if self.controls.absent:
+            absent.append("concurrencycontrols")
+        return True, (f"not served (CRD not installed): {', '.join(absent)}" if absent else None)
+
+    def start_informers(self) -> None:
+        self._tasks = [asyncio.create_task(self.controls.run())]
+        self._tasks += [asyncio.create_task(self._run_kind(kind)) for kind in self.runs]
+
+    async def _run_kind(self, kind: Kind) -> None:
+        engine = ENGINES[kind]
+
+        def absent() -> None:
+            self.absent[kind] = True
+            self.discovered[kind].set()
+
+        await wait_served(
+            self.client,
+            engine.api_version,
+            engine.plural,
+            retry=self.discovery_retry,
+            on_absent=absent,
+        )
+        self.absent[kind] = False
+        self.discovered[kind].set()
+        await self.runs[kind].run()
+
+    async def wait_synced(self) -> None:
+        await self.controls.wait_synced()
+        for kind, informer in self.runs.items():
+            await self.discovered[kind].wait()
+            if not self.absent[kind]:
+                await informer.synced.wait()
+
+    def start_leading(self) -> None:
+        if self._leading:
+            return
+        self._leading = True
+        self._workers = [asyncio.create_task(self._lead())]
+
+    async def _lead(self) -> None:
+        await self.wait_synced()
+        for key in list(self.group_runs):
+            self.queue.add(str(key))
+        self._workers += [asyncio.create_task(self._worker()) for _ in range(self.workers)]
+
+    def stop_leading(self) -> None:
+        self._leading = False
+        for task in self._workers:
+            task.cancel()
+        self._workers = []
+        self.queue.cancel_timers()
+
+    async def stop(self) -> None:
+        workers = self._workers
+        self.stop_leading()
+        for task in self._tasks:
+            task.cancel()
+        for task in [*workers, *self._tasks]:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks = []
+
+    # ---- event handlers -----------------------------------------------------------------
+
+    def _handler(self, kind: Kind) -> Callable[[str, Obj], None]:
+        def handle(event: str, obj: Obj) -> None:
+            self._on_run(kind, event, obj)
+
+        return handle
+
+    def _on_run(self, kind: Kind, event: str, obj: Obj) -> None:
+        key: RunKey = (kind, object_key(obj))
+        old = self.run_groups.pop(key, set())
+        new: set[GroupKey] = set()
+        if event != "DELETED":
+            run = parse_run(kind, obj)
+            new = set(group_keys(run))
+            if run.state is State.PENDING_BY_US:
+                self.pending.add(key)
+            else:
+                self.pending.discard(key)
+        else:
+            self.pending.discard(key)
+        self.metrics.pending.set(len(self.pending))
+        for group in old - new:
+            members = self.group_runs.get(group)
+            if members is not None:
+                members.discard(key)
+                if not members:
+                    del self.group_runs[group]
+                    by_control = self.control_groups.get((group.namespace, group.control))
+                    if by_control is not None:
+                        by_control.discard(group)
+                        if not by_control:
+                            del self.control_groups[(group.namespace, group.control)]
+        for group in new:
+            self.group_runs.setdefault(group, set()).add(key)
+            self.control_groups.setdefault((group.namespace, group.control), set()).add(group)
+        if new:
+            self.run_groups[key] = new
+        for group in old | new:
+            self.queue.add(str(group))
+
+    def _on_control(self, namespace: str, name: str, control: Control | None) -> None:
+        for group in self.control_groups.get((namespace, name), ()):
+            self.queue.add(str(group))
+
+    # ---- workers --------------------------------------------------------------------------
+
+    async def _worker(self) -> None:
+        while True:
+            key = await self.queue.get()
+            try:
+                await self.reconcile_key(key)
+            finally:
+                self.queue.done(key)
+
+    async def reconcile_key(self, key: str) -> None:
+        try:
+            conflicts = await self.reconcile(GroupKey.parse(key))
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # the loop never dies; the group is retried later
+            delay = self.queue.retry(key)
+            log.warning(
+                "concurrency reconcile failed; retrying",
+                extra={"group": key, "error": str(exc), "retry_in": round(delay, 3)},
+            )
+            return
+        if conflicts:
+            # Our cache was behind: the watch brings the new version (and requeues the
+            # group); look again soon in any case.
+            self.queue.add_after(key, CONFLICT_RETRY_SECONDS)
+        else:
+            self.queue.forget(key)
+
+    def run_of(self, key: RunKey) -> Run | None:
+        kind, name = key
+        obj = self.runs[kind].store.get(name)
+        return parse_run(kind, obj) if obj is not None else None
+
+    def group(self, key: GroupKey) -> Group:
+        runs = [r for k in sorted(self.group_runs.get(key, ())) if (r := self.run_of(k))]
+        return Group(key, self.controls.get(key.namespace, key.control), tuple(runs))
+
+    def observe(self, key: GroupKey) -> dict[GroupKey, Group]:
+        """The group and every other group its runs are in, from the caches."""
+        groups = {key: self.group(key)}
+        for run in groups[key].runs:
+            for other in group_keys(run):
+                if other not in groups:
+                    groups[other] = self.group(other)
+        return groups
+
+    async def reconcile(self, key: GroupKey) -> int:
+        """Carry out the group's plan; returns how many patches met a newer version."""
+        actions = plan(key, self.observe(key))
+        conflicts = 0
+        for action in actions:
+            if not self._leading:
+                return conflicts
+            try:
+                await self.execute(action)
+            except ApiError as exc:
+                if exc.status == 404:
+                    continue  # the run is gone: nothing to start or cancel
+                if exc.status != 409:
+                    raise
+                conflicts += 1
+        return conflicts
+
+    async def execute(self, action: Action) -> None:
+        run = action.run
+        engine = ENGINES[run.kind]
+        path = object_path(engine.api_version, engine.plural, run.namespace, run.name)
+        if isinstance(action, CancelRun):
+            await self.client.patch(path, cancel_patch(run, action.value))
+            self.metrics.cancellations.labels(action.strategy.value).inc()
+            message = (
+                f"cancelled by ConcurrencyControl {action.control}: newer run {action.newer}, "
+                f"key {action.key}"
+            )
+            log.info(
+                "cancelled run",
+                extra={
+                    "run": f"{run.namespace}/{run.name}",
+                    "kind": run.kind.value,
+                    "why": message,
+                },
+            )
+            await self._event(run, "Cancelled", message, "Normal")
+        elif isinstance(action, StartRun):
+            await self.client.patch(path, start_patch(run))
+            created = timestamp(run.created)
+            if created:
+                self.metrics.start_delay.observe(max(0.0, self.clock() - created))
+            self.metrics.starts.inc()
+            message = f"started by coschedule: {action.why}"
+            log.info(
+                "started run",
+                extra={
+                    "run": f"{run.namespace}/{run.name}",
+                    "kind": run.kind.value,
+                    "why": message,
+                },
+            )
+            await self._event(run, "Started", message, "Normal")
+
+    async def _event(self, run: Run, reason: str, message: str, kind: str) -> None:
+        stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        engine = ENGINES[run.kind]
+        body = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{run.name}.", "namespace": run.namespace},
+            "involvedObject": {
+                "apiVersion": engine.api_version,
+                "kind": run.kind.value,
+                "name": run.name,
+                "namespace": run.namespace,
+                "uid": run.uid,
+            },
+            "reason": reason,
+            "message": message,
+            "type": kind,
+            "source": {"component": "coschedule-reconciler"},
+            "reportingComponent": "coschedule.dev/reconciler",
+            "firstTimestamp": stamp,
+            "lastTimestamp": stamp,
+            "count": 1,
+        }
+        try:
+            await self.client.create(object_path("v1", "events", run.namespace), body)
+        except Exception as exc:  # an Event is a courtesy: never retry a reconcile for it
+            log.warning(
+                "could not record an Event",
+                extra={"run": f"{run.namespace}/{run.name}", "error": str(exc)},
+            )

@@ -1,0 +1,538 @@
+"""Run concurrency control on a real control plane: ConcurrencyControls validated by the API
+server, runs labelled and held pending by the webhook, started and cancelled by the
+reconciler. There is no Tekton or Argo controller: "started" and "cancelled" are what the
+API server stored (Tekton ``spec.status``, Argo ``spec.suspend`` / ``spec.shutdown``);
+"finished" is written through the status subresource, as the engines' controllers do."""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import statistics
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from tests.e2e.conftest import _NOTES, E2E, RECONCILER_REPLICAS
+from tests.e2e.kube import Api, ApiError, Obj, wait_for
+from tests.e2e.world import make_namespace, unique
+
+pytestmark = pytest.mark.e2e
+
+PENDING_BY = "coschedule.dev/pending-by"
+LABEL = "concurrency.coschedule.dev/"
+TIMEOUT = 20.0
+
+
+@pytest.fixture
+def reconciling(e2e: E2E) -> Iterator[None]:
+    e2e.require("reconciler")
+    yield
+    for name in RECONCILER_REPLICAS:  # whatever a scenario killed runs again afterwards
+        proc = e2e.product.reconcilers.get(name)
+        if proc is None or not proc.alive():
+            e2e.product.reconcilers.pop(name, None)
+            e2e.product.start_reconciler(name)
+
+
+# ---- objects ---------------------------------------------------------------------------
+
+
+def control_manifest(ns: str, name: str, spec: Obj) -> Obj:
+    return {
+        "apiVersion": "coschedule.dev/v1alpha1",
+        "kind": "ConcurrencyControl",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": spec,
+    }
+
+
+def run_manifest(
+    kind: str,
+    ns: str,
+    name: str,
+    params: dict[str, str],
+    *,
+    labels: dict[str, str] | None = None,
+    pending: bool = False,
+) -> Obj:
+    meta = {"name": name, "namespace": ns, "labels": {"app": "ci", **(labels or {})}}
+    if kind == "PipelineRun":
+        spec: Obj = {
+            "pipelineRef": {"name": "build"},
+            "params": [{"name": k, "value": v} for k, v in params.items()],
+        }
+        if pending:
+            spec["status"] = "PipelineRunPending"
+        return {"apiVersion": "tekton.dev/v1", "kind": kind, "metadata": meta, "spec": spec}
+    spec = {
+        "workflowTemplateRef": {"name": "build"},
+        "arguments": {"parameters": [{"name": k, "value": v} for k, v in params.items()]},
+    }
+    if pending:
+        spec["suspend"] = True
+    return {"apiVersion": "argoproj.io/v1alpha1", "kind": kind, "metadata": meta, "spec": spec}
+
+
+def make_control(e2e: E2E, ns: str, name: str, spec: Obj, kind: str = "PipelineRun") -> None:
+    """Create the control and wait until the webhook's cache has it (a dry-run run gets its
+    label)."""
+    e2e.api.create(control_manifest(ns, name, spec))
+    probe = run_manifest(kind, ns, "probe", {})
+    probe["metadata"]["labels"].update((spec.get("selector") or {}).get("matchLabels") or {})
+    wait_for(
+        f"the webhook to see ConcurrencyControl {ns}/{name}",
+        lambda: LABEL + name in e2e.api.create(probe, dry_run=True)["metadata"].get("labels", {}),
+        timeout=15,
+    )
+
+
+def state(obj: Obj) -> str:
+    """pending-us | pending-author | started | cancel value | done."""
+    spec = obj.get("spec") or {}
+    status = obj.get("status") or {}
+    ours = (obj["metadata"].get("annotations") or {}).get(PENDING_BY) == "concurrency"
+    if obj["kind"] == "PipelineRun":
+        for c in status.get("conditions") or []:
+            if c.get("type") == "Succeeded" and c.get("status") in ("True", "False"):
+                return "done"
+        value = spec.get("status")
+        if value == "PipelineRunPending":
+            return "pending-us" if ours else "pending-author"
+        return str(value) if value else "started"
+    if status.get("phase") in ("Succeeded", "Failed", "Error"):
+        return "done"
+    if spec.get("shutdown"):
+        return str(spec["shutdown"])
+    if spec.get("suspend"):
+        return "pending-us" if ours else "pending-author"
+    return "started"
+
+
+def states(api: Api, kind: str, ns: str, names: list[str]) -> dict[str, str]:
+    return {name: state(api.must_get(kind, name, ns)) for name in names}
+
+
+def wait_states(
+    api: Api, kind: str, ns: str, want: dict[str, str], timeout: float = TIMEOUT
+) -> dict[str, str]:
+    names = list(want)
+    return wait_for(
+        f"{kind}s in {ns} to reach {want}",
+        lambda: now if (now := states(api, kind, ns, names)) == want else None,
+        timeout=timeout,
+        interval=0.1,
+        describe=lambda: f"now: {states(api, kind, ns, names)}\nevents:\n{events(api, ns)}",
+    )
+
+
+def finish(api: Api, kind: str, ns: str, name: str) -> None:
+    if kind == "PipelineRun":
+        status: Obj = {
+            "conditions": [
+                {
+                    "type": "Succeeded",
+                    "status": "True",
+                    "reason": "Succeeded",
+                    "lastTransitionTime": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                }
+            ]
+        }
+    else:
+        status = {"phase": "Succeeded"}
+    api.patch(kind, name, {"status": status}, ns, subresource="status")
+
+
+def events(api: Api, ns: str) -> str:
+    return "\n".join(
+        f"  {e['involvedObject'].get('name')}: {e.get('reason')}: {e.get('message')}"
+        for e in api.list("Event", ns)
+        if e.get("source", {}).get("component") == "coschedule-reconciler"
+    )
+
+
+def run_events(api: Api, ns: str, name: str) -> list[tuple[str, str]]:
+    return [
+        (str(e.get("reason")), str(e.get("message")))
+        for e in api.list("Event", ns, field_selector=f"involvedObject.name={name}")
+        if e.get("source", {}).get("component") == "coschedule-reconciler"
+    ]
+
+
+# ---- validation by the API server -------------------------------------------------------
+
+
+BAD_CONTROLS: list[tuple[str, Obj, str]] = [
+    (
+        "bad operator",
+        {
+            "selector": {"matchExpressions": [{"key": "app", "operator": "Is"}]},
+            "strategy": "Cancel",
+        },
+        "spec.selector.matchExpressions[0].operator",
+    ),
+    (
+        "In without values",
+        {
+            "selector": {"matchExpressions": [{"key": "app", "operator": "In", "values": []}]},
+            "strategy": "Cancel",
+        },
+        "spec.selector.matchExpressions[0]",
+    ),
+    (
+        "bad label key",
+        {"selector": {"matchLabels": {"not a key!": "x"}}, "strategy": "Cancel"},
+        "spec.selector.matchLabels",
+    ),
+    ("no selector", {"strategy": "Cancel"}, "spec.selector"),
+    ("unknown strategy", {"selector": {}, "strategy": "Drop"}, "spec.strategy"),
+    ("maxRunning 0", {"selector": {}, "strategy": "Queue", "maxRunning": 0}, "spec.maxRunning"),
+    (
+        "maxRunning without Queue",
+        {"selector": {}, "strategy": "Cancel", "maxRunning": 3},
+        "spec.maxRunning",
+    ),
+    ("unclosed $(", {"selector": {}, "strategy": "Cancel", "key": "$(params.branch"}, "spec.key"),
+    ("unknown reference", {"selector": {}, "strategy": "Cancel", "key": "$(foo.x)"}, "spec.key"),
+    ("unknown kind", {"selector": {}, "strategy": "Cancel", "kinds": ["Job"]}, "spec.kinds[0]"),
+]
+
+
+@pytest.mark.parametrize(("case", "spec", "field"), BAD_CONTROLS, ids=[c[0] for c in BAD_CONTROLS])
+def test_api_server_rejects_bad_controls(
+    e2e: E2E, namespace: Callable[..., str], case: str, spec: Obj, field: str
+) -> None:
+    ns = namespace(prefix="cc-bad")
+    with pytest.raises(ApiError) as refused:
+        e2e.api.create(control_manifest(ns, "bad", spec))
+    assert refused.value.status == 422, refused.value
+    assert field in refused.value.body, (
+        f"{case}: the message does not name {field}:\n{refused.value.body}"
+    )
+
+
+def test_api_server_accepts_and_defaults_a_control(e2e: E2E, namespace: Callable[..., str]) -> None:
+    ns = namespace(prefix="cc-ok")
+    stored = e2e.api.create(
+        control_manifest(
+            ns, "ok", {"selector": {}, "strategy": "Cancel", "key": "a$b-$(params.x)$"}
+        )
+    )
+    assert stored["spec"]["kinds"] == ["PipelineRun", "Workflow"]
+    assert stored["spec"]["maxRunning"] == 1
+
+
+# ---- admission --------------------------------------------------------------------------
+
+
+@pytest.mark.usefixtures("reconciling")
+def test_unlabelled_namespace_is_untouched(e2e: E2E) -> None:
+    api = e2e.api
+    ns = unique("e2e-cc-off")
+    make_namespace(api, ns, None, enabled=False)
+    try:
+        api.create(control_manifest(ns, "all", {"selector": {}, "strategy": "Queue"}))
+        time.sleep(1.0)  # the webhook's cache has the control by now; it must not matter
+        stored = api.create(run_manifest("PipelineRun", ns, "r", {"branch": "main"}))
+        assert not any(k.startswith(LABEL) for k in stored["metadata"]["labels"]), stored
+        assert state(stored) == "started"
+    finally:
+        with contextlib.suppress(ApiError):
+            api.delete("Namespace", ns)
+
+
+@pytest.mark.usefixtures("reconciling")
+def test_key_that_is_not_a_label_value_is_hashed(e2e: E2E, namespace: Callable[..., str]) -> None:
+    ns = namespace(prefix="cc-hash")
+    make_control(e2e, ns, "ci", {"selector": {}, "strategy": "Cancel", "key": "$(params.branch)"})
+    stored = e2e.api.create(run_manifest("PipelineRun", ns, "r", {"branch": "feature/login"}))
+    value = stored["metadata"]["labels"][LABEL + "ci"]
+    assert len(value) == 16, value
+    int(value, 16)  # hex digits
+    assert stored["metadata"]["annotations"][LABEL + "ci"] == "feature/login"
+    wait_states(e2e.api, "PipelineRun", ns, {"r": "started"})
+
+
+# ---- Cancel family ----------------------------------------------------------------------
+
+
+@pytest.mark.usefixtures("reconciling")
+@pytest.mark.parametrize(
+    ("kind", "strategy", "value"),
+    [("PipelineRun", "Cancel", "Cancelled"), ("Workflow", "GracefullyCancel", "Stop")],
+)
+def test_newest_run_starts_older_ones_are_cancelled(
+    e2e: E2E, namespace: Callable[..., str], kind: str, strategy: str, value: str
+) -> None:
+    api = e2e.api
+    ns = namespace(prefix=f"cc-{kind.lower()}")
+    make_control(
+        e2e,
+        ns,
+        "ci",
+        {
+            "selector": {"matchLabels": {"app": "ci"}},
+            "strategy": strategy,
+            "key": "$(params.branch)",
+        },
+        kind,
+    )
+    # A finished run of the same key: never touched again.
+    api.create(run_manifest(kind, ns, "old-done", {"branch": "main"}))
+    wait_states(api, kind, ns, {"old-done": "started"})
+    finish(api, kind, ns, "old-done")
+    done_version = api.must_get(kind, "old-done", ns)["metadata"]["resourceVersion"]
+
+    names = ["first", "second", "third"]
+    for i, name in enumerate(names):
+        if i:
+            time.sleep(1.0)
+        created = api.create(run_manifest(kind, ns, name, {"branch": "main"}))
+        assert created["metadata"]["labels"][LABEL + "ci"] == "main"
+        assert state(created) == "pending-us", created
+    api.create(run_manifest(kind, ns, "other-key", {"branch": "dev"}))
+    wait_states(
+        api,
+        kind,
+        ns,
+        {"first": value, "second": value, "third": "started", "other-key": "started"},
+    )
+    time.sleep(1.0)  # nothing more may happen
+    assert states(api, kind, ns, [*names, "other-key"]) == {
+        "first": value,
+        "second": value,
+        "third": "started",
+        "other-key": "started",
+    }
+    assert api.must_get(kind, "old-done", ns)["metadata"]["resourceVersion"] == done_version
+    for name in ("first", "second"):
+        stored = api.must_get(kind, name, ns)
+        assert PENDING_BY not in (stored["metadata"].get("annotations") or {})
+        cancelled = [m for r, m in run_events(api, ns, name) if r == "Cancelled"]
+        assert cancelled, events(api, ns)
+        assert cancelled[-1].startswith("cancelled by ConcurrencyControl ci: newer run "), cancelled
+        assert cancelled[-1].endswith("key main"), cancelled
+    assert any(r == "Started" for r, _ in run_events(api, ns, "third")), events(api, ns)
+
+
+@pytest.mark.usefixtures("reconciling")
+def test_concurrent_creates_start_exactly_one(e2e: E2E, namespace: Callable[..., str]) -> None:
+    api = e2e.api
+    ns = namespace(prefix="cc-race")
+    make_control(
+        e2e,
+        ns,
+        "deploy",
+        {"selector": {}, "strategy": "Cancel", "key": "$(params.env)"},
+        "Workflow",
+    )
+    barrier = threading.Barrier(2)
+    errors: list[BaseException] = []
+
+    def create(name: str) -> None:
+        try:
+            barrier.wait(5)
+            api.create(run_manifest("Workflow", ns, name, {"env": "prod"}))
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=create, args=(n,)) for n in ("wf-a", "wf-b")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert not errors, errors
+
+    def settled() -> dict[str, str] | None:
+        now = states(api, "Workflow", ns, ["wf-a", "wf-b"])
+        return now if sorted(now.values()) == ["Terminate", "started"] else None
+
+    wait_for(
+        "exactly one of two concurrent runs to start",
+        settled,
+        timeout=TIMEOUT,
+        describe=lambda: str(states(api, "Workflow", ns, ["wf-a", "wf-b"])),
+    )
+    time.sleep(1.0)
+    assert sorted(states(api, "Workflow", ns, ["wf-a", "wf-b"]).values()) == [
+        "Terminate",
+        "started",
+    ]
+
+
+# ---- Queue -----------------------------------------------------------------------------
+
+
+@pytest.mark.usefixtures("reconciling")
+@pytest.mark.parametrize("kind", ["PipelineRun", "Workflow"])
+def test_queue_starts_in_creation_order_as_runs_finish(
+    e2e: E2E, namespace: Callable[..., str], kind: str
+) -> None:
+    api = e2e.api
+    ns = namespace(prefix="cc-queue")
+    make_control(
+        e2e,
+        ns,
+        "env",
+        {"selector": {}, "strategy": "Queue", "maxRunning": 2, "key": "$(params.environment)"},
+        kind,
+    )
+    names = [f"q{i}" for i in range(1, 6)]
+    for name in names:
+        api.create(run_manifest(kind, ns, name, {"environment": "staging"}))
+    expected = {
+        "q1": "started",
+        "q2": "started",
+        "q3": "pending-us",
+        "q4": "pending-us",
+        "q5": "pending-us",
+    }
+    wait_states(api, kind, ns, expected)
+    for finished, starting in (("q1", "q3"), ("q2", "q4"), ("q3", "q5")):
+        time.sleep(0.5)  # a wrong extra start would show by now
+        assert states(api, kind, ns, names) == expected
+        finish(api, kind, ns, finished)
+        expected[finished] = "done"
+        expected[starting] = "started"
+        wait_states(api, kind, ns, expected)
+    for name in names:
+        started = [m for r, m in run_events(api, ns, name) if r == "Started"]
+        assert len(started) == 1, (name, started)
+
+
+@pytest.mark.usefixtures("reconciling")
+def test_author_pending_run_is_grouped_but_never_started(
+    e2e: E2E, namespace: Callable[..., str]
+) -> None:
+    api = e2e.api
+    ns = namespace(prefix="cc-author")
+    make_control(e2e, ns, "one", {"selector": {}, "strategy": "Queue", "key": "x"})
+    held = api.create(run_manifest("PipelineRun", ns, "held", {}, pending=True))
+    assert held["metadata"]["labels"][LABEL + "one"] == "x"
+    assert PENDING_BY not in (held["metadata"].get("annotations") or {})
+    # A run of ours in the same group starts (the slot is free): the reconciler looked.
+    api.create(run_manifest("PipelineRun", ns, "ours", {}))
+    wait_states(api, "PipelineRun", ns, {"held": "pending-author", "ours": "started"})
+    finish(api, "PipelineRun", ns, "ours")
+    time.sleep(1.5)
+    assert state(api.must_get("PipelineRun", "held", ns)) == "pending-author"
+
+
+@pytest.mark.usefixtures("reconciling")
+def test_deleting_the_control_starts_the_runs_it_held(
+    e2e: E2E, namespace: Callable[..., str]
+) -> None:
+    api = e2e.api
+    ns = namespace(prefix="cc-delete")
+    make_control(e2e, ns, "gate", {"selector": {}, "strategy": "Queue", "key": "k"}, "Workflow")
+    for name in ("w1", "w2", "w3"):
+        api.create(run_manifest("Workflow", ns, name, {}))
+    wait_states(api, "Workflow", ns, {"w1": "started", "w2": "pending-us", "w3": "pending-us"})
+    api.delete("ConcurrencyControl", "gate", ns)
+    wait_states(api, "Workflow", ns, {"w1": "started", "w2": "started", "w3": "started"})
+
+
+# ---- leader loss mid-burst ------------------------------------------------------------
+
+
+@pytest.mark.usefixtures("reconciling")
+def test_killing_the_leader_mid_burst_loses_nothing(
+    e2e: E2E, namespace: Callable[..., str]
+) -> None:
+    if len(e2e.product.reconcilers) < 2:
+        pytest.skip("e2e: needs two reconciler replicas")
+    api = e2e.api
+    ns = namespace(prefix="cc-ha")
+    # CI runs (no deploy label) cancel by branch; deploys queue per environment.
+    make_control(
+        e2e,
+        ns,
+        "ci",
+        {
+            "selector": {"matchExpressions": [{"key": "deploy", "operator": "DoesNotExist"}]},
+            "strategy": "Cancel",
+            "key": "$(params.branch)",
+        },
+    )
+    make_control(
+        e2e,
+        ns,
+        "deploy",
+        {
+            "selector": {"matchLabels": {"deploy": "yes"}},
+            "strategy": "Queue",
+            "key": "$(params.env)",
+        },
+    )
+    branches = [f"b{i}" for i in range(6)]
+    cancel_runs: dict[str, list[str]] = {b: [] for b in branches}
+    queue_runs: list[str] = []
+    leader = wait_for("a reconciler to lead", e2e.product.leader)
+    for round_ in range(3):
+        for branch in branches:
+            name = f"{branch}-r{round_}"
+            api.create(run_manifest("PipelineRun", ns, name, {"branch": branch}))
+            cancel_runs[branch].append(name)
+        name = f"deploy-{round_}"
+        api.create(run_manifest("PipelineRun", ns, name, {"env": "prod"}, labels={"deploy": "yes"}))
+        queue_runs.append(name)
+        if round_ == 1:
+            e2e.product.reconcilers[leader].kill()  # SIGKILL mid-burst: no Lease release
+        time.sleep(1.0)
+    want: dict[str, str] = {}
+    for names in cancel_runs.values():
+        want.update({n: "Cancelled" for n in names[:-1]})
+        want[names[-1]] = "started"
+    want.update({queue_runs[0]: "started", **{n: "pending-us" for n in queue_runs[1:]}})
+    wait_states(api, "PipelineRun", ns, want, timeout=60)
+    for finished, starting in itertools.pairwise(queue_runs):
+        finish(api, "PipelineRun", ns, finished)
+        want[finished] = "done"
+        want[starting] = "started"
+        wait_states(api, "PipelineRun", ns, want)
+    for name in want:
+        started = [m for r, m in run_events(api, ns, name) if r == "Started"]
+        assert len(started) <= 1, (name, started)
+
+
+# ---- latency -------------------------------------------------------------------------
+
+
+@pytest.mark.usefixtures("reconciling")
+def test_cancel_latency(e2e: E2E, namespace: Callable[..., str]) -> None:
+    """Creation of a run -> the older run cancelled and the new one started, on this
+    control plane (printed in the summary; the goal is p99 <= 1 s)."""
+    api = e2e.api
+    ns = namespace(prefix="cc-latency")
+    make_control(e2e, ns, "ci", {"selector": {}, "strategy": "Cancel", "key": "$(params.branch)"})
+    api.create(run_manifest("PipelineRun", ns, "run-000", {"branch": "main"}))
+    wait_states(api, "PipelineRun", ns, {"run-000": "started"})
+    samples: list[float] = []
+    previous = "run-000"
+    for i in range(1, 41):
+        name = f"run-{i:03d}"
+        start = time.monotonic()
+        api.create(run_manifest("PipelineRun", ns, name, {"branch": "main"}))
+
+        def settled(name: str = name, previous: str = previous) -> bool:
+            now = states(api, "PipelineRun", ns, [previous, name])
+            return now == {previous: "Cancelled", name: "started"}
+
+        wait_for(
+            f"{name} started and {previous} cancelled", settled, timeout=TIMEOUT, interval=0.01
+        )
+        samples.append(time.monotonic() - start)
+        previous = name
+    samples.sort()
+    p50 = statistics.median(samples)
+    p99 = samples[min(len(samples) - 1, int(0.99 * len(samples)))]
+    note = (
+        f"concurrency: creation -> older cancelled + newer started, {len(samples)} runs: "
+        f"p50 {p50 * 1000:.0f} ms, p99 {p99 * 1000:.0f} ms, max {samples[-1] * 1000:.0f} ms "
+        "(goal p99 <= 1000 ms)"
+    )
+    _NOTES.append(note)
+    print(note)
+    assert p99 < 5.0, note  # a gross regression; the figure itself is the benchmark
