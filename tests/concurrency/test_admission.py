@@ -1,0 +1,169 @@
+"""Run admission: labels per matching control, pending unless the author said otherwise,
+and idempotent under reinvocation (the patch applied, then decided again, adds nothing)."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import jsonpatch
+import pytest
+
+from coschedule.concurrency.admission import Outcome, admit_run
+from coschedule.concurrency.control import Control, parse_control
+from coschedule.concurrency.runs import Kind, State, state_of
+from tests.concurrency.runs import control, pipeline_run, workflow
+
+Obj = dict[str, Any]
+
+
+def controls(*specs: tuple[str, dict[str, Any]]) -> list[Control]:
+    return [parse_control(control(name, spec)) for name, spec in specs]
+
+
+CI = ("ci", {"selector": {}, "strategy": "Cancel", "key": "$(params.branch)"})
+
+
+def apply(run: Obj, ops: list[Obj]) -> Obj:
+    result: Obj = jsonpatch.apply_patch(copy.deepcopy(run), ops)
+    return result
+
+
+def test_a_matching_pipeline_run_is_labelled_and_made_pending() -> None:
+    run = pipeline_run("pr-1", params={"branch": "main"})
+    decision = admit_run(Kind.PIPELINE_RUN, run, "ci", controls(CI))
+    assert decision.outcome is Outcome.MADE_PENDING
+    stored = apply(run, decision.ops)
+    assert stored["metadata"]["labels"]["concurrency.coschedule.dev/ci"] == "main"
+    assert stored["metadata"]["labels"]["coschedule.dev/concurrency"] == "grouped"
+    assert stored["metadata"]["annotations"] == {"coschedule.dev/pending-by": "concurrency"}
+    assert stored["spec"]["status"] == "PipelineRunPending"
+    assert state_of(Kind.PIPELINE_RUN, stored) is State.PENDING_BY_US
+    # Everything else is as submitted.
+    stored["metadata"]["labels"] = run["metadata"]["labels"]
+    del stored["metadata"]["annotations"]
+    del stored["spec"]["status"]
+    assert stored == run
+
+
+def test_a_matching_workflow_is_suspended() -> None:
+    run = workflow("wf-1", params={"branch": "dev"})
+    decision = admit_run(Kind.WORKFLOW, run, "ci", controls(CI))
+    stored = apply(run, decision.ops)
+    assert stored["spec"]["suspend"] is True
+    assert stored["metadata"]["labels"]["concurrency.coschedule.dev/ci"] == "dev"
+    assert state_of(Kind.WORKFLOW, stored) is State.PENDING_BY_US
+
+
+def test_ops_are_hand_built_and_escaped() -> None:
+    run = pipeline_run("pr-1", params={"branch": "main"})
+    decision = admit_run(Kind.PIPELINE_RUN, run, "ci", controls(CI))
+    paths = [op["path"] for op in decision.ops]
+    assert "/metadata/labels/concurrency.coschedule.dev~1ci" in paths
+    assert "/metadata/labels/coschedule.dev~1concurrency" in paths
+    assert "/spec/status" in paths
+
+
+@pytest.mark.parametrize(
+    ("kind", "run"),
+    [
+        (Kind.PIPELINE_RUN, pipeline_run("pr", params={"branch": "x"})),
+        (Kind.WORKFLOW, workflow("wf", params={"branch": "x"})),
+        (Kind.PIPELINE_RUN, pipeline_run("pr", params={"branch": "feature/x"})),
+        (Kind.PIPELINE_RUN, pipeline_run("pr", status="PipelineRunPending")),
+        (Kind.WORKFLOW, workflow("wf", suspend=True)),
+    ],
+)
+def test_reinvocation_adds_nothing(kind: Kind, run: Obj) -> None:
+    found = controls(CI, ("other", {"selector": {}, "strategy": "Queue", "key": "x~y/z"}))
+    first = admit_run(kind, run, "ci", found)
+    stored = apply(run, first.ops)
+    again = admit_run(kind, stored, "ci", found)
+    assert again.ops == []
+    assert again.matches == first.matches
+
+
+def test_runs_without_labels_or_annotations_maps_get_them_whole() -> None:
+    run = pipeline_run("pr")
+    del run["metadata"]["labels"]
+    del run["spec"]
+    decision = admit_run(Kind.PIPELINE_RUN, run, "ci", controls(CI))
+    assert decision.ops[0]["path"] == "/metadata/labels"
+    stored = apply(run, decision.ops)
+    assert stored["spec"] == {"status": "PipelineRunPending"}
+    assert stored["metadata"]["labels"]["concurrency.coschedule.dev/ci"] == ""
+
+
+def test_author_pending_is_grouped_but_not_ours() -> None:
+    run = pipeline_run("pr", status="PipelineRunPending", params={"branch": "main"})
+    decision = admit_run(Kind.PIPELINE_RUN, run, "ci", controls(CI))
+    assert decision.outcome is Outcome.AUTHOR_PENDING
+    stored = apply(run, decision.ops)
+    assert "annotations" not in stored["metadata"]
+    assert stored["metadata"]["labels"]["concurrency.coschedule.dev/ci"] == "main"
+    assert state_of(Kind.PIPELINE_RUN, stored) is State.PENDING_BY_AUTHOR
+
+
+def test_author_suspended_workflow_is_not_ours() -> None:
+    decision = admit_run(Kind.WORKFLOW, workflow("wf", suspend=True), "ci", controls(CI))
+    assert decision.outcome is Outcome.AUTHOR_PENDING
+    assert all(op["path"] != "/spec/suspend" for op in decision.ops)
+
+
+def test_a_run_created_cancelled_keeps_its_state() -> None:
+    decision = admit_run(
+        Kind.PIPELINE_RUN, pipeline_run("pr", status="Cancelled"), "ci", controls(CI)
+    )
+    assert decision.outcome is Outcome.AUTHOR_STATE
+    assert all(not op["path"].startswith("/spec") for op in decision.ops)
+
+
+def test_unmatched_runs_are_untouched() -> None:
+    found = controls(("ci", {"selector": {"matchLabels": {"app": "ci"}}, "strategy": "Cancel"}))
+    decision = admit_run(Kind.PIPELINE_RUN, pipeline_run("pr"), "ci", found)
+    assert decision.outcome is Outcome.UNTOUCHED
+    assert decision.ops == []
+
+
+def test_kinds_limit_a_control() -> None:
+    found = controls(("wf-only", {"selector": {}, "strategy": "Cancel", "kinds": ["Workflow"]}))
+    assert admit_run(Kind.PIPELINE_RUN, pipeline_run("pr"), "ci", found).ops == []
+    assert admit_run(Kind.WORKFLOW, workflow("wf"), "ci", found).ops
+
+
+def test_an_invalid_label_value_key_is_hashed_and_kept_in_an_annotation() -> None:
+    run = pipeline_run("pr", params={"branch": "feature/login"})
+    decision = admit_run(Kind.PIPELINE_RUN, run, "ci", controls(CI))
+    (match,) = decision.matches
+    assert match.hashed
+    stored = apply(run, decision.ops)
+    assert stored["metadata"]["labels"]["concurrency.coschedule.dev/ci"] == match.value
+    assert len(match.value) == 16
+    assert stored["metadata"]["annotations"]["concurrency.coschedule.dev/ci"] == "feature/login"
+
+
+def test_every_matching_control_labels_the_run() -> None:
+    found = controls(
+        CI,
+        (
+            "env",
+            {"selector": {}, "strategy": "Queue", "key": "$(context.namespace)-$(labels.team)"},
+        ),
+    )
+    run = pipeline_run("pr", params={"branch": "main"}, labels={"team": "blue"})
+    stored = apply(run, admit_run(Kind.PIPELINE_RUN, run, "prod", found).ops)
+    labels = stored["metadata"]["labels"]
+    assert labels["concurrency.coschedule.dev/ci"] == "main"
+    assert labels["concurrency.coschedule.dev/env"] == "prod-blue"
+
+
+def test_a_copied_runs_stale_group_labels_are_dropped() -> None:
+    run = pipeline_run(
+        "pr",
+        params={"branch": "main"},
+        labels={"concurrency.coschedule.dev/gone": "x", "concurrency.coschedule.dev/ci": "old"},
+    )
+    stored = apply(run, admit_run(Kind.PIPELINE_RUN, run, "ci", controls(CI)).ops)
+    labels = stored["metadata"]["labels"]
+    assert "concurrency.coschedule.dev/gone" not in labels
+    assert labels["concurrency.coschedule.dev/ci"] == "main"
