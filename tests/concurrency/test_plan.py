@@ -1,0 +1,297 @@
+"""The group plan: who starts, who is cancelled, for every strategy and both engines."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from coschedule.concurrency.control import Control, parse_control
+from coschedule.concurrency.plan import (
+    CancelRun,
+    Group,
+    GroupKey,
+    StartRun,
+    group_keys,
+    plan,
+)
+from coschedule.concurrency.runs import (
+    Kind,
+    Run,
+    State,
+    cancel_patch,
+    parse_run,
+    start_patch,
+)
+from tests.concurrency.runs import control, pipeline_run, workflow
+
+Obj = dict[str, Any]
+PENDING = {"coschedule.dev/pending-by": "concurrency"}
+
+
+def ctl(name: str = "ci", **spec: Any) -> Control:
+    return parse_control(control(name, {"selector": {}, "strategy": "Cancel", **spec}))
+
+
+def pr(name: str, second: int, *, groups: dict[str, str] | None = None, **kw: Any) -> Run:
+    labels = {f"concurrency.coschedule.dev/{c}": v for c, v in (groups or {"ci": "main"}).items()}
+    labels.update(kw.pop("labels", {}))
+    created = f"2026-11-23T02:00:{second:02d}Z"
+    return parse_run(Kind.PIPELINE_RUN, pipeline_run(name, labels=labels, created=created, **kw))
+
+
+def wf(name: str, second: int, *, groups: dict[str, str] | None = None, **kw: Any) -> Run:
+    labels = {f"concurrency.coschedule.dev/{c}": v for c, v in (groups or {"ci": "main"}).items()}
+    created = f"2026-11-23T02:00:{second:02d}Z"
+    return parse_run(Kind.WORKFLOW, workflow(name, labels=labels, created=created, **kw))
+
+
+def pending_pr(name: str, second: int, **kw: Any) -> Run:
+    return pr(name, second, status="PipelineRunPending", annotations=PENDING, **kw)
+
+
+def pending_wf(name: str, second: int, **kw: Any) -> Run:
+    return wf(name, second, suspend=True, annotations=PENDING, **kw)
+
+
+KEY = GroupKey("ci", "ci", "main")
+
+
+def decide(control: Control | None, *runs: Run, key: GroupKey = KEY) -> list[Any]:
+    return plan(key, {key: Group(key, control, runs)})
+
+
+def summary(actions: list[Any]) -> list[tuple[str, str, str]]:
+    out = []
+    for action in actions:
+        if isinstance(action, CancelRun):
+            out.append(("cancel", action.run.name, action.value))
+        else:
+            assert isinstance(action, StartRun)
+            out.append(("start", action.run.name, ""))
+    return out
+
+
+# ---- states ----------------------------------------------------------------------------
+
+
+def test_states_per_engine() -> None:
+    assert pending_pr("a", 0).state is State.PENDING_BY_US
+    assert pr("a", 0, status="PipelineRunPending").state is State.PENDING_BY_AUTHOR
+    assert pr("a", 0).state is State.RUNNING
+    assert pr("a", 0, status="CancelledRunFinally").state is State.STOPPING
+    assert pr("a", 0, succeeded="True").state is State.DONE
+    assert pr("a", 0, succeeded="False").state is State.DONE
+    assert pr("a", 0, succeeded="Unknown").state is State.RUNNING
+    assert pending_wf("w", 0).state is State.PENDING_BY_US
+    assert wf("w", 0, suspend=True).state is State.PENDING_BY_AUTHOR
+    assert wf("w", 0, shutdown="Stop").state is State.STOPPING
+    for phase in ("Succeeded", "Failed", "Error"):
+        assert wf("w", 0, phase=phase).state is State.DONE
+    assert wf("w", 0, phase="Running").state is State.RUNNING
+
+
+# ---- Cancel family ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("strategy", "tekton", "argo"),
+    [
+        ("Cancel", "Cancelled", "Terminate"),
+        ("GracefullyCancel", "CancelledRunFinally", "Stop"),
+        ("GracefullyStop", "StoppedRunFinally", "Stop"),
+    ],
+)
+def test_newest_starts_older_unfinished_are_cancelled(
+    strategy: str, tekton: str, argo: str
+) -> None:
+    control = ctl(strategy=strategy)
+    runs = (
+        pr("done", 0, succeeded="True"),
+        pr("running", 1),
+        pending_pr("waiting", 2),
+        pending_wf("wf-waiting", 3),
+        pending_pr("newest", 4),
+    )
+    assert summary(decide(control, *runs)) == [
+        ("cancel", "running", tekton),
+        ("cancel", "waiting", tekton),
+        ("cancel", "wf-waiting", argo),
+        ("start", "newest", ""),
+    ]
+
+
+def test_cancel_event_names_the_newer_run_and_key() -> None:
+    (cancel, _) = decide(ctl(), pr("old", 0), pending_pr("new", 1))
+    assert isinstance(cancel, CancelRun)
+    assert (cancel.control, cancel.newer, cancel.key) == ("ci", "new", "main")
+
+
+def test_creation_time_then_name_orders_runs() -> None:
+    actions = decide(ctl(), pending_pr("b", 5), pending_pr("a", 5), pending_pr("c", 4))
+    assert summary(actions) == [
+        ("cancel", "c", "Cancelled"),
+        ("cancel", "a", "Cancelled"),
+        ("start", "b", ""),
+    ]
+
+
+def test_finished_and_stopping_runs_are_never_touched() -> None:
+    actions = decide(
+        ctl(),
+        pr("done", 0, succeeded="False"),
+        pr("stopping", 1, status="Cancelled"),
+        pending_pr("new", 2),
+    )
+    assert summary(actions) == [("start", "new", "")]
+
+
+def test_a_started_newest_run_needs_nothing() -> None:
+    assert decide(ctl(), pr("old", 0, status="Cancelled"), pr("new", 1)) == []
+
+
+def test_author_pending_runs_are_neither_started_nor_cancelled_nor_newer() -> None:
+    actions = decide(ctl(), pr("running", 0), pr("held", 5, status="PipelineRunPending"))
+    assert actions == []
+    actions = decide(ctl(), pr("held", 0, status="PipelineRunPending"), pending_pr("new", 5))
+    assert summary(actions) == [("start", "new", "")]
+
+
+def test_a_newest_finished_run_still_cancels_older_ones() -> None:
+    actions = decide(ctl(), pr("old", 0), pr("new", 1, succeeded="True"))
+    assert summary(actions) == [("cancel", "old", "Cancelled")]
+
+
+def test_cancelling_a_pending_run_drops_our_annotation_and_argo_suspension() -> None:
+    run = pending_wf("w", 0)
+    patch = cancel_patch(run, "Terminate")
+    assert patch == {
+        "metadata": {"resourceVersion": "1", "annotations": {"coschedule.dev/pending-by": None}},
+        "spec": {"shutdown": "Terminate", "suspend": False},
+    }
+    assert cancel_patch(pr("r", 0, rv="9"), "Cancelled") == {
+        "metadata": {"resourceVersion": "9"},
+        "spec": {"status": "Cancelled"},
+    }
+
+
+def test_start_patches_carry_the_version_they_were_decided_on() -> None:
+    assert start_patch(pending_pr("p", 0, rv="7")) == {
+        "metadata": {"resourceVersion": "7", "annotations": {"coschedule.dev/pending-by": None}},
+        "spec": {"status": None},
+    }
+    assert start_patch(pending_wf("w", 0, rv="8"))["spec"] == {"suspend": False}
+
+
+# ---- Queue -----------------------------------------------------------------------------
+
+
+def queue(max_running: int = 1) -> Control:
+    return ctl(strategy="Queue", maxRunning=max_running)
+
+
+def test_queue_starts_the_oldest_up_to_max_running() -> None:
+    runs = [pending_pr(f"q{i}", i) for i in range(5)]
+    assert summary(decide(queue(2), *runs)) == [("start", "q0", ""), ("start", "q1", "")]
+
+
+def test_queue_counts_running_and_stopping_runs_not_done_or_author_pending() -> None:
+    runs = (
+        pr("running", 0),
+        pr("stopping", 1, status="Cancelled"),
+        pr("done", 2, succeeded="True"),
+        pr("held", 3, status="PipelineRunPending"),
+        pending_pr("next", 4),
+        pending_pr("later", 5),
+    )
+    assert decide(queue(2), *runs) == []
+    assert summary(decide(queue(3), *runs)) == [("start", "next", "")]
+
+
+def test_queue_never_cancels() -> None:
+    runs = [pr(f"r{i}", i) for i in range(4)]
+    assert decide(queue(1), *runs) == []
+
+
+def test_queue_start_reason_says_how_full_the_group_is() -> None:
+    (start,) = decide(queue(2), pr("a", 0), pending_pr("b", 1))
+    assert isinstance(start, StartRun)
+    assert "1 of maxRunning 2 running" in start.why
+
+
+# ---- never stranded --------------------------------------------------------------------
+
+
+def test_a_deleted_control_releases_its_pending_runs() -> None:
+    actions = decide(
+        None, pending_pr("a", 0), pending_wf("b", 1), pr("c", 2, status="PipelineRunPending")
+    )
+    assert summary(actions) == [("start", "a", ""), ("start", "b", "")]
+    assert all("no longer exists" in a.why for a in actions)
+
+
+def test_a_control_that_stops_matching_releases_its_runs() -> None:
+    narrowed = parse_control(
+        control("ci", {"selector": {"matchLabels": {"app": "other"}}, "strategy": "Queue"})
+    )
+    actions = decide(narrowed, pending_pr("a", 0), pending_pr("b", 1))
+    assert summary(actions) == [("start", "a", ""), ("start", "b", "")]
+    assert "no longer selects it" in actions[0].why
+
+
+def test_a_control_whose_kinds_no_longer_include_the_run_releases_it() -> None:
+    only_wf = ctl(strategy="Queue", kinds=["Workflow"])
+    actions = decide(only_wf, pr("running-wf-less", 0), pending_pr("a", 1))
+    assert summary(actions) == [("start", "a", "")]
+
+
+# ---- several groups --------------------------------------------------------------------
+
+
+def test_a_run_in_two_groups_starts_only_when_both_let_it() -> None:
+    both = {"ci": "main", "env": "prod"}
+    a = pending_pr("a", 0, groups=both)
+    blocker = pr("deploying", 0, groups={"env": "prod"})
+    ci_key, env_key = GroupKey("ci", "ci", "main"), GroupKey("ci", "env", "prod")
+    groups = {
+        ci_key: Group(ci_key, ctl(), (a,)),
+        env_key: Group(env_key, ctl("env", strategy="Queue"), (a, blocker)),
+    }
+    assert plan(ci_key, groups) == []  # ci lets it; env is full
+    assert plan(env_key, groups) == []
+    finished = pr("deploying", 0, groups={"env": "prod"}, succeeded="True")
+    groups[env_key] = Group(env_key, groups[env_key].control, (a, finished))
+    assert summary(plan(ci_key, groups)) == [("start", "a", "")]
+    assert summary(plan(env_key, groups)) == [("start", "a", "")]
+
+
+def test_a_cancel_from_one_group_wins_over_a_start_from_another() -> None:
+    both = {"ci": "main", "env": "prod"}
+    old = pending_pr("old", 0, groups=both)
+    new = pending_pr("new", 1, groups={"ci": "main"})
+    ci_key, env_key = GroupKey("ci", "ci", "main"), GroupKey("ci", "env", "prod")
+    groups = {
+        ci_key: Group(ci_key, ctl(), (old, new)),
+        env_key: Group(env_key, ctl("env", strategy="Queue"), (old,)),
+    }
+    assert summary(plan(env_key, groups)) == []
+    assert summary(plan(ci_key, groups)) == [("cancel", "old", "Cancelled"), ("start", "new", "")]
+
+
+def test_a_group_missing_from_the_observation_holds_nothing() -> None:
+    a = pending_pr("a", 0, groups={"ci": "main", "gone": "x"})
+    assert summary(decide(ctl(), a)) == [("start", "a", "")]
+
+
+def test_a_pipeline_run_and_a_workflow_may_share_a_name() -> None:
+    actions = decide(ctl(), pending_pr("same", 0), pending_wf("same", 1))
+    assert summary(actions) == [("cancel", "same", "Cancelled"), ("start", "same", "")]
+    assert actions[0].run.kind is Kind.PIPELINE_RUN
+    assert actions[1].run.kind is Kind.WORKFLOW
+
+
+def test_group_keys_round_trip() -> None:
+    run = pr("r", 0, groups={"ci": "main", "env": ""})
+    keys = group_keys(run)
+    assert keys == [GroupKey("ci", "ci", "main"), GroupKey("ci", "env", "")]
+    assert [GroupKey.parse(str(k)) for k in keys] == keys
