@@ -60,6 +60,7 @@ CONFLICT_RETRY_SECONDS = 0.2
 
 class ConcurrencyMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
         self.cancellations = Counter(
             "coschedule_concurrency_cancellations_total",
             "Runs cancelled because a newer run of their group arrived, by strategy.",

@@ -40,6 +40,7 @@ RESOURCES = {
     "taskruns": ("tekton.dev", "v1"),
     "workflows": ("argoproj.io", "v1alpha1"),
     "jobs": ("batch", "v1"),
+    "concurrencycontrols": ("coschedule.dev", "v1alpha1"),
 }
 
 
@@ -102,7 +103,9 @@ class _Watch:
 
 
 class MiniApi:
-    def __init__(self, handler: kmock.KubernetesScaffold) -> None:
+    def __init__(
+        self, handler: kmock.KubernetesScaffold, *, without: frozenset[str] = frozenset()
+    ) -> None:
         self.objects: dict[Key, Obj] = {}
         self.history: list[tuple[int, str, Obj]] = []  # (rv, plural, event)
         self.compacted_before = 0  # watches from an older resourceVersion get 410
@@ -120,6 +123,8 @@ class MiniApi:
         self.tokens: set[str] | None = None
         self.muted = False  # writes reach the store and history but no open watch
         for plural, (group, version) in RESOURCES.items():
+            if plural in without:  # a CRD that is not installed: not served, not discovered
+                continue
             handler[kmock.resource(group, version, plural)] << self.handle
 
     # ---- direct access for tests (as a controller or a user would act) ----------------

@@ -1,0 +1,239 @@
+"""Run concurrency control's API layer against the kmock emulator: watches with the label
+selector, patches with a resourceVersion precondition, Events, metrics, a missing CRD."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+from collections.abc import AsyncIterator
+from typing import Any
+
+import kmock
+import pytest
+from prometheus_client import CollectorRegistry
+
+from coschedule.concurrency.runs import Kind
+from coschedule.kube.client import Credentials, KubeClient
+from coschedule.kube.controls import ControlCache
+from coschedule.reconcile.concurrency import ConcurrencyController
+from tests.concurrency.runs import control, pipeline_run, workflow
+from tests.reconcile.apiserver import MiniApi
+from tests.reconcile.conftest import eventually
+
+Obj = dict[str, Any]
+PENDING = {"coschedule.dev/pending-by": "concurrency"}
+
+
+def grouped(obj: Obj, control_name: str, value: str, *, ours: bool = True) -> Obj:
+    obj = copy.deepcopy(obj)
+    obj["metadata"]["labels"].update(
+        {
+            "coschedule.dev/concurrency": "grouped",
+            f"concurrency.coschedule.dev/{control_name}": value,
+        }
+    )
+    if ours:
+        obj["metadata"]["annotations"] = dict(PENDING)
+    return obj
+
+
+def pending_pr(name: str, second: int, *, control_name: str = "ci", value: str = "main") -> Obj:
+    return grouped(
+        pipeline_run(name, status="PipelineRunPending", created=f"2026-11-23T02:00:{second:02d}Z"),
+        control_name,
+        value,
+    )
+
+
+def pending_wf(name: str, second: int, *, control_name: str = "ci", value: str = "main") -> Obj:
+    return grouped(
+        workflow(name, suspend=True, created=f"2026-11-23T02:00:{second:02d}Z"), control_name, value
+    )
+
+
+def sample(registry: CollectorRegistry, name: str, **labels: str) -> float:
+    value = registry.get_sample_value(name, labels)
+    return 0.0 if value is None else value
+
+
+@pytest.fixture
+async def controller(client: KubeClient) -> AsyncIterator[ConcurrencyController]:
+    made = ConcurrencyController(client, CollectorRegistry(), discovery_retry=0.1, retry_base=0.01)
+    made.start_informers()
+    yield made
+    await made.stop()
+
+
+def pr_spec(api: MiniApi, name: str) -> Obj:
+    obj = api.get("pipelineruns", "ci", name)
+    assert obj is not None
+    spec: Obj = obj["spec"]
+    return spec
+
+
+async def test_newest_starts_and_older_is_cancelled_with_events(
+    api: MiniApi, controller: ConcurrencyController
+) -> None:
+    api.put("concurrencycontrols", control("ci", {"selector": {}, "strategy": "GracefullyStop"}))
+    api.put("pipelineruns", pending_pr("old", 1))
+    api.put("pipelineruns", pending_pr("new", 2))
+    api.put("workflows", pending_wf("wf-old", 0))
+    controller.start_leading()
+    await eventually(lambda: "status" not in pr_spec(api, "new"))
+    await eventually(lambda: pr_spec(api, "old").get("status") == "StoppedRunFinally")
+    wf = api.get("workflows", "ci", "wf-old")
+    assert wf is not None
+    await eventually(lambda: (api.get("workflows", "ci", "wf-old") or {})["spec"].get("shutdown"))
+    wf = api.get("workflows", "ci", "wf-old")
+    assert wf is not None
+    assert wf["spec"]["shutdown"] == "Stop"
+    assert wf["spec"]["suspend"] is False
+    for name in ("old", "new"):
+        obj = api.get("pipelineruns", "ci", name)
+        assert obj is not None
+        assert "coschedule.dev/pending-by" not in (obj["metadata"].get("annotations") or {})
+    await eventually(lambda: len([k for k in api.objects if k[0] == "events"]) == 3)
+    events = {
+        e["involvedObject"]["name"]: e for (p, _, _), e in api.objects.items() if p == "events"
+    }
+    assert events["old"]["reason"] == "Cancelled"
+    assert events["old"]["message"] == (
+        "cancelled by ConcurrencyControl ci: newer run new, key main"
+    )
+    assert events["old"]["involvedObject"]["kind"] == "PipelineRun"
+    assert events["old"]["involvedObject"]["uid"] == "uid-old"
+    assert events["new"]["reason"] == "Started"
+    assert events["wf-old"]["involvedObject"]["apiVersion"] == "argoproj.io/v1alpha1"
+    registry = controller.metrics.registry
+    assert (
+        sample(registry, "coschedule_concurrency_cancellations_total", strategy="GracefullyStop")
+        == 2
+    )
+    assert sample(registry, "coschedule_concurrency_start_delay_seconds_count") == 1
+    await eventually(lambda: sample(registry, "coschedule_concurrency_pending_runs") == 0)
+
+
+async def test_runs_are_watched_through_the_grouped_label_only(
+    api: MiniApi, controller: ConcurrencyController
+) -> None:
+    await controller.wait_synced()
+    for verb in ("GET", "WATCH"):
+        for _, _, query in api.calls(verb, "pipelineruns") + api.calls(verb, "workflows"):
+            assert query.get("labelSelector") == "coschedule.dev/concurrency", query
+
+
+async def test_a_stale_decision_meets_409_and_changes_nothing(
+    api: MiniApi, controller: ConcurrencyController
+) -> None:
+    api.put("concurrencycontrols", control("ci", {"selector": {}, "strategy": "Queue"}))
+    api.put("pipelineruns", pending_pr("a", 1))
+    await controller.wait_synced()
+    await eventually(lambda: controller.group_runs)
+    # Someone else changes the run; our watch has not told us yet.
+    api.muted = True
+    api.edit("pipelineruns", "ci", "a", {"metadata": {"labels": {"touched": "yes"}}})
+    controller._leading = True  # act without the workers: one reconcile, observed
+    (key,) = controller.group_runs
+    conflicts = await controller.reconcile(key)
+    assert conflicts == 1
+    assert pr_spec(api, "a")["status"] == "PipelineRunPending"
+    assert not [k for k in api.objects if k[0] == "events"]
+    patches = api.calls("PATCH", "pipelineruns")
+    assert len(patches) == 1
+
+
+async def test_a_deleted_control_releases_its_runs(
+    api: MiniApi, controller: ConcurrencyController
+) -> None:
+    api.put("concurrencycontrols", control("ci", {"selector": {}, "strategy": "Queue"}))
+    api.put("pipelineruns", pending_pr("a", 1))
+    api.put("pipelineruns", pending_pr("b", 2))
+    controller.start_leading()
+    await eventually(lambda: "status" not in pr_spec(api, "a"))
+    await asyncio.sleep(0.2)
+    assert pr_spec(api, "b")["status"] == "PipelineRunPending"
+    api.remove("concurrencycontrols", "ci", "ci")
+    await eventually(lambda: "status" not in pr_spec(api, "b"))
+
+
+async def test_a_finished_run_frees_a_queue_slot(
+    api: MiniApi, controller: ConcurrencyController
+) -> None:
+    api.put("concurrencycontrols", control("ci", {"selector": {}, "strategy": "Queue"}))
+    api.put("pipelineruns", pending_pr("a", 1))
+    api.put("pipelineruns", pending_pr("b", 2))
+    controller.start_leading()
+    await eventually(lambda: "status" not in pr_spec(api, "a"))
+    api.edit(
+        "pipelineruns",
+        "ci",
+        "a",
+        {"status": {"conditions": [{"type": "Succeeded", "status": "True", "reason": "Done"}]}},
+    )
+    await eventually(lambda: "status" not in pr_spec(api, "b"))
+
+
+async def test_a_follower_writes_nothing(api: MiniApi, controller: ConcurrencyController) -> None:
+    api.put("concurrencycontrols", control("ci", {"selector": {}, "strategy": "Queue"}))
+    api.put("pipelineruns", pending_pr("a", 1))
+    await controller.wait_synced()
+    await asyncio.sleep(0.3)
+    assert api.count("PATCH", "pipelineruns") == 0
+    controller.start_leading()
+    await eventually(lambda: "status" not in pr_spec(api, "a"))
+
+
+@pytest.fixture
+async def tekton_only() -> AsyncIterator[MiniApi]:
+    async with kmock.KubernetesScaffold() as handler, kmock.Server(handler) as server:
+        state = MiniApi(handler, without=frozenset({"workflows"}))
+        state.url = str(server.url).rstrip("/")
+        yield state
+        state.end_watches()
+
+
+async def test_a_missing_run_crd_is_looked_for_again_and_the_rest_works(
+    tekton_only: MiniApi,
+) -> None:
+    api = tekton_only
+    client = KubeClient(Credentials(server=api.url), timeout=5.0)
+    made = ConcurrencyController(client, CollectorRegistry(), discovery_retry=0.05)
+    made.start_informers()
+    try:
+        api.put("concurrencycontrols", control("ci", {"selector": {}, "strategy": "Cancel"}))
+        api.put("pipelineruns", pending_pr("a", 1))
+        await asyncio.wait_for(made.wait_synced(), 3)
+        ready, detail = made.readiness()
+        assert ready
+        assert detail is not None
+        assert "workflows" in detail
+        made.start_leading()
+        await eventually(lambda: "status" not in pr_spec(api, "a"))
+        # Workflows are not served: nothing watched, discovery keeps asking.
+        assert made.absent[Kind.WORKFLOW] is True
+        assert api.calls("GET", "workflows") == []
+        await asyncio.sleep(0.2)
+        assert not all(task.done() for task in made._tasks)
+    finally:
+        await made.stop()
+        await client.aclose()
+
+
+async def test_the_webhook_cache_parses_controls_and_skips_invalid_ones(
+    api: MiniApi, client: KubeClient
+) -> None:
+    cache = ControlCache(client, discovery_retry=0.05)
+    api.put("concurrencycontrols", control("good", {"selector": {}, "strategy": "Cancel"}))
+    api.put("concurrencycontrols", control("bad", {"selector": {}, "strategy": "Drop"}))
+    task = asyncio.create_task(cache.run())
+    try:
+        await asyncio.wait_for(cache.wait_synced(), 3)
+        assert [c.name for c in cache.controls("ci")] == ["good"]
+        assert cache.readiness() == (True, None)
+        api.remove("concurrencycontrols", "ci", "good")
+        await eventually(lambda: cache.controls("ci") == [])
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
