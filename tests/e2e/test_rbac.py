@@ -20,9 +20,17 @@ WEBHOOK_ALLOWED: list[Check] = [
     ("watch", "apps", "statefulsets", ""),
     ("list", "", "persistentvolumes", ""),
     ("watch", "", "persistentvolumes", ""),
+    ("list", "coschedule.dev", "concurrencycontrols", ""),
+    ("watch", "coschedule.dev", "concurrencycontrols", ""),
 ]
 WEBHOOK_DENIED: list[Check] = [
     ("delete", "", "persistentvolumes", ""),
+    # Run concurrency control: the webhook reads controls and never writes runs.
+    ("create", "coschedule.dev", "concurrencycontrols", "team-a"),
+    ("update", "coschedule.dev", "concurrencycontrols", "team-a"),
+    ("patch", "tekton.dev", "pipelineruns", "team-a"),
+    ("list", "tekton.dev", "pipelineruns", ""),
+    ("patch", "argoproj.io", "workflows", "team-a"),
     ("create", "", "pods", "team-a"),
     ("patch", "apps", "statefulsets", "team-a"),
     ("get", "", "secrets", SYSTEM_NAMESPACE),
@@ -41,6 +49,15 @@ RECONCILER_ALLOWED: list[Check] = [
     ("update", "coordination.k8s.io", "leases", SYSTEM_NAMESPACE),
     ("create", "", "events", "team-a"),
     ("get", "", "persistentvolumes", ""),
+    # Run concurrency control: watch grouped runs and controls, start/cancel runs by patch.
+    ("list", "tekton.dev", "pipelineruns", ""),
+    ("watch", "tekton.dev", "pipelineruns", ""),
+    ("patch", "tekton.dev", "pipelineruns", "team-a"),
+    ("list", "argoproj.io", "workflows", ""),
+    ("watch", "argoproj.io", "workflows", ""),
+    ("patch", "argoproj.io", "workflows", "team-a"),
+    ("list", "coschedule.dev", "concurrencycontrols", ""),
+    ("watch", "coschedule.dev", "concurrencycontrols", ""),
 ]
 RECONCILER_DENIED: list[Check] = [
     ("delete", "", "persistentvolumes", ""),
@@ -52,6 +69,13 @@ RECONCILER_DENIED: list[Check] = [
     ("delete", "", "nodes", ""),
     ("create", "coordination.k8s.io", "leases", "default"),
     ("delete", "tekton.dev", "pipelineruns", "team-a"),
+    ("update", "tekton.dev", "pipelineruns", "team-a"),
+    ("create", "tekton.dev", "pipelineruns", "team-a"),
+    ("delete", "argoproj.io", "workflows", "team-a"),
+    ("update", "argoproj.io", "workflows", "team-a"),
+    ("create", "argoproj.io", "workflows", "team-a"),
+    ("patch", "coschedule.dev", "concurrencycontrols", "team-a"),
+    ("delete", "coschedule.dev", "concurrencycontrols", "team-a"),
     ("create", "rbac.authorization.k8s.io", "clusterrolebindings", ""),
     ("impersonate", "", "serviceaccounts", ""),
 ]
