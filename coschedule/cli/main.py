@@ -7,7 +7,7 @@ import asyncio
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from coschedule.cli import options
 from coschedule.config import folder
@@ -185,6 +185,9 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
     try:
         text = sys.stdin.read() if args.file == "-" else Path(args.file).read_text("utf-8")
+        run = _read_run(text)
+        if run is not None or args.controls:
+            return _explain_run(args, text, run)
         pod = read_pod(text)
     except (OSError, UnicodeDecodeError, UnreadablePod) as exc:
         print(f"coschedule explain: cannot read {args.file}: {exc}", file=sys.stderr)
@@ -232,6 +235,59 @@ def cmd_explain(args: argparse.Namespace) -> int:
         print(orjson.dumps(report, option=orjson.OPT_INDENT_2).decode())
     else:
         print(render_text(report))
+    return EXIT_OK
+
+
+def _read_run(text: str) -> dict[str, Any] | None:
+    """The document when it is a PipelineRun or Workflow (else None: explain a pod)."""
+    import yaml
+
+    from coschedule.explain_runs import run_kind
+
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return None  # read_pod says what is wrong
+    if isinstance(doc, dict) and run_kind(doc) is not None:
+        return doc
+    return None
+
+
+def _explain_run(args: argparse.Namespace, text: str, run: dict[str, Any] | None) -> int:
+    import orjson
+
+    from coschedule.explain_runs import (
+        RUN_KINDS,
+        UnreadableInput,
+        explain_run,
+        read_controls,
+        render_run_text,
+        run_kind,
+    )
+
+    kind = run_kind(run) if run is not None else None
+    if run is None or kind is None:
+        print(
+            f"coschedule explain: with --controls, {args.file} must be a {' or a '.join(RUN_KINDS)}"
+            " (tekton.dev/v1, argoproj.io/v1alpha1)",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
+    meta = run.get("metadata")
+    namespace = args.namespace or (meta.get("namespace") if isinstance(meta, dict) else None)
+    namespace = namespace or "default"
+    controls = []
+    if args.controls:
+        try:
+            controls = read_controls(Path(args.controls).read_text("utf-8"), namespace)
+        except (OSError, UnicodeDecodeError, UnreadableInput) as exc:
+            print(f"coschedule explain: cannot use {args.controls}: {exc}", file=sys.stderr)
+            return EXIT_USAGE
+    report = explain_run(run, kind, controls, namespace)
+    if args.output == "json":
+        print(orjson.dumps(report, option=orjson.OPT_INDENT_2).decode())
+    else:
+        print(render_run_text(report))
     return EXIT_OK
 
 
@@ -352,8 +408,15 @@ def build_parser() -> argparse.ArgumentParser:
     certs.add_argument("--kubeconfig", default=None, help=kubeconfig_help)
     certs.set_defaults(func=cmd_certs)
 
-    exp = sub.add_parser("explain", help="show what the webhook would do to a pod, and why")
-    exp.add_argument("-f", "--file", required=True, help="pod manifest (YAML or JSON), - for stdin")
+    exp = sub.add_parser(
+        "explain", help="show what the webhook would do to a pod or a run, and why"
+    )
+    exp.add_argument(
+        "-f",
+        "--file",
+        required=True,
+        help="pod, PipelineRun or Workflow manifest (YAML or JSON), - for stdin",
+    )
     exp.add_argument("--mode", help="the cluster mode to assume")
     exp.add_argument("--namespace-mode", help="the namespace's coschedule.dev/mode label")
     exp.add_argument("--namespace", help="the namespace (default: the pod's)")
@@ -367,6 +430,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--claims",
         help="PVCs (and placeholder StatefulSets) as the cluster has them, YAML or JSON "
         "(e.g. kubectl get pvc -o yaml): shows the claim rewrite as the webhook would do it",
+    )
+    exp.add_argument(
+        "--controls",
+        help="ConcurrencyControls, YAML or JSON (e.g. kubectl get concurrencycontrols -o yaml): "
+        "with a PipelineRun or Workflow as -f, shows which match, the key and the outcome",
     )
     exp.add_argument(
         "-o", "--output", choices=("text", "json"), default="text", help="report format"

@@ -12,8 +12,10 @@ import statistics
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.e2e.conftest import _NOTES, E2E, RECONCILER_REPLICAS
 from tests.e2e.kube import Api, ApiError, Obj, wait_for
@@ -21,6 +23,7 @@ from tests.e2e.world import make_namespace, unique
 
 pytestmark = pytest.mark.e2e
 
+EXAMPLES = Path(__file__).resolve().parents[2] / "docs" / "examples" / "concurrency"
 PENDING_BY = "coschedule.dev/pending-by"
 LABEL = "concurrency.coschedule.dev/"
 TIMEOUT = 20.0
@@ -222,6 +225,15 @@ def test_api_server_accepts_and_defaults_a_control(e2e: E2E, namespace: Callable
     )
     assert stored["spec"]["kinds"] == ["PipelineRun", "Workflow"]
     assert stored["spec"]["maxRunning"] == 1
+
+
+def test_the_documented_examples_are_accepted(e2e: E2E, namespace: Callable[..., str]) -> None:
+    ns = namespace(prefix="cc-docs")
+    for doc in yaml.safe_load_all(EXAMPLES.joinpath("controls.yaml").read_text()):
+        if doc:
+            doc["metadata"]["namespace"] = ns
+            stored = e2e.api.create(doc, dry_run=True)
+            assert stored["spec"]["strategy"] == doc["spec"]["strategy"]
 
 
 # ---- admission --------------------------------------------------------------------------

@@ -1,0 +1,135 @@
+"""``coschedule explain -f run.yaml --controls controls.yaml``: what run concurrency control
+would do to a new PipelineRun or Workflow, offline, and why."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import orjson
+import yaml
+
+from coschedule.concurrency.admission import admit_run
+from coschedule.concurrency.control import BadControl, Control, parse_control
+from coschedule.concurrency.names import KIND as CONTROL_KIND
+from coschedule.concurrency.runs import Kind, Strategy, kind_of
+
+RUN_KINDS = tuple(k.value for k in Kind)
+
+
+class UnreadableInput(ValueError):
+    """The run or the controls cannot be used (exit code 2)."""
+
+
+def run_kind(doc: Mapping[str, Any]) -> Kind | None:
+    api_version = str(doc.get("apiVersion") or "")
+    group = api_version.rpartition("/")[0]
+    return kind_of(group, str(doc.get("kind") or ""))
+
+
+def read_controls(text: str, namespace: str) -> list[Control]:
+    """ConcurrencyControls from YAML documents or a List (``kubectl get ccontrol -o yaml``);
+    an invalid one is refused as the API server would, naming the field."""
+    try:
+        docs = list(yaml.safe_load_all(text))
+    except yaml.YAMLError as exc:
+        raise UnreadableInput(f"controls file is not YAML or JSON: {exc}") from None
+    items: list[Any] = []
+    for doc in docs:
+        if isinstance(doc, dict) and str(doc.get("kind", "")).endswith("List"):
+            items += list(doc.get("items") or ())
+        elif doc is not None:
+            items.append(doc)
+    controls = []
+    for item in items:
+        if not isinstance(item, dict) or item.get("kind") != CONTROL_KIND:
+            continue
+        try:
+            controls.append(parse_control(item, namespace))
+        except BadControl as exc:
+            name = (item.get("metadata") or {}).get("name", "?")
+            raise UnreadableInput(f"ConcurrencyControl {name}: {exc}") from None
+    return controls
+
+
+def explain_run(
+    run: Mapping[str, Any], kind: Kind, controls: Sequence[Control], namespace: str
+) -> dict[str, Any]:
+    in_namespace = [c for c in controls if c.namespace == namespace]
+    decision = admit_run(kind, run, namespace, in_namespace)
+    matched = {m.control.name: m for m in decision.matches}
+    meta = run.get("metadata")
+    labels = meta.get("labels") if isinstance(meta, Mapping) else None
+    labels = labels if isinstance(labels, Mapping) else {}
+    rows: list[dict[str, Any]] = []
+    for control in sorted(in_namespace, key=lambda c: c.name):
+        row: dict[str, Any] = {"control": control.name, "strategy": control.strategy.value}
+        match = matched.get(control.name)
+        if match is None:
+            row["matches"] = False
+            row["why"] = (
+                f"kinds {sorted(k.value for k in control.kinds)} exclude {kind.value}"
+                if kind not in control.kinds
+                else "its selector does not match the run's labels"
+            )
+        else:
+            row.update(
+                matches=True,
+                key=match.key,
+                labelValue=match.value,
+                hashed=match.hashed,
+                then=_then(control, match.key),
+            )
+        rows.append(row)
+    skipped = sorted({c.ref for c in controls if c.namespace != namespace})
+    report: dict[str, Any] = {
+        "kind": kind.value,
+        "namespace": namespace,
+        "outcome": decision.outcome.value,
+        "controls": rows,
+        "patch": decision.ops,
+    }
+    if skipped:
+        report["otherNamespaces"] = skipped
+    return report
+
+
+def _then(control: Control, key: str) -> str:
+    if control.strategy is Strategy.QUEUE:
+        return (
+            f"starts when fewer than {control.max_running} run(s) of key {key!r} are running, "
+            "oldest first"
+        )
+    return (
+        f"starts if it is the newest run of key {key!r}; older unfinished runs of that key are "
+        f"cancelled ({control.strategy.value}), and it is cancelled when a newer one arrives"
+    )
+
+
+def render_run_text(report: Mapping[str, Any]) -> str:
+    lines = [
+        f"run:      {report['kind']} in namespace {report['namespace']}",
+        f"outcome:  {report['outcome']}",
+        "controls:" if report["controls"] else "controls: none in this namespace",
+    ]
+    for row in report["controls"]:
+        if row["matches"]:
+            hashed = " (not a valid label value: hashed)" if row["hashed"] else ""
+            lines += [
+                f"  - {row['control']} ({row['strategy']}): matches",
+                f"      key:   {row['key']!r}",
+                f"      label: concurrency.coschedule.dev/{row['control']}={row['labelValue']}"
+                + hashed,
+                f"      then:  {row['then']}",
+            ]
+        else:
+            lines.append(f"  - {row['control']} ({row['strategy']}): no match: {row['why']}")
+    for ref in report.get("otherNamespaces", ()):
+        lines.append(f"  (ignored: {ref} is in another namespace)")
+    if report["patch"]:
+        lines.append("patch (JSONPatch):")
+        lines += [f"  {orjson.dumps(op).decode()}" for op in report["patch"]]
+    return "\n".join(lines)
+
+
+__all__ = ["RUN_KINDS", "UnreadableInput", "explain_run", "read_controls", "render_run_text"]

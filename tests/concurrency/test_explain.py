@@ -1,0 +1,91 @@
+"""``coschedule explain -f run.yaml --controls controls.yaml``: matching controls, the key,
+the outcome; exit 0 when it could decide, 2 for unusable input."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import orjson
+import pytest
+
+from coschedule.cli.main import main
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "docs" / "examples" / "concurrency"
+CONTROLS = str(EXAMPLES / "controls.yaml")
+
+
+def test_ci_run_matches_the_branch_control(capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["explain", "-f", str(EXAMPLES / "ci-run.yaml"), "--controls", CONTROLS])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "outcome:  made pending" in out
+    assert "ci-per-branch (GracefullyCancel): matches" in out
+    assert "key:   'fix/typo-in-readme'" in out
+    assert "(not a valid label value: hashed)" in out
+    assert "deploy-per-environment (Queue): no match" in out
+
+
+def test_json_report_for_a_workflow(capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(
+        [
+            "explain",
+            "-f",
+            str(EXAMPLES / "deploy-workflow.yaml"),
+            "--controls",
+            CONTROLS,
+            "-o",
+            "json",
+        ]
+    )
+    report = orjson.loads(capsys.readouterr().out)
+    assert code == 0
+    assert report["kind"] == "Workflow"
+    (deploy,) = [row for row in report["controls"] if row["matches"]]
+    assert deploy["control"] == "deploy-per-environment"
+    assert deploy["labelValue"] == "production"
+    assert {"op": "add", "path": "/spec/suspend", "value": True} in report["patch"]
+
+
+def test_author_pending_and_untouched_outcomes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = tmp_path / "run.yaml"
+    run.write_text((EXAMPLES / "ci-run.yaml").read_text() + "  status: PipelineRunPending\n")
+    assert main(["explain", "-f", str(run), "--controls", CONTROLS]) == 0
+    assert "left pending by its author" in capsys.readouterr().out
+    other = tmp_path / "other.yaml"
+    other.write_text((EXAMPLES / "ci-run.yaml").read_text().replace("team-a", "team-b"))
+    assert main(["explain", "-f", str(other), "--controls", CONTROLS]) == 0
+    out = capsys.readouterr().out
+    assert "outcome:  untouched" in out
+    assert "controls: none in this namespace" in out
+    assert "ignored: team-a/ci-per-branch is in another namespace" in out
+
+
+def test_a_run_without_controls_is_untouched(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["explain", "-f", str(EXAMPLES / "ci-run.yaml")]) == 0
+    assert "outcome:  untouched" in capsys.readouterr().out
+
+
+def test_an_invalid_control_is_refused_naming_the_field(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = tmp_path / "controls.yaml"
+    bad.write_text(
+        (EXAMPLES / "controls.yaml").read_text().replace("$(params.branch)", "$(params.branch")
+    )
+    assert main(["explain", "-f", str(EXAMPLES / "ci-run.yaml"), "--controls", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert "ConcurrencyControl ci-per-branch: spec.key: unclosed '$('" in err
+
+
+def test_controls_with_a_pod_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    pod = Path(__file__).resolve().parents[1] / "fixtures" / "pods" / "tekton-taskrun.json"
+    assert main(["explain", "-f", str(pod), "--controls", CONTROLS]) == 2
+    assert "must be a PipelineRun or a Workflow" in capsys.readouterr().err
+
+
+def test_a_missing_controls_file_is_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["explain", "-f", str(EXAMPLES / "ci-run.yaml"), "--controls", "/nonexistent.yaml"])
+    assert code == 2
+    assert "cannot use /nonexistent.yaml" in capsys.readouterr().err
