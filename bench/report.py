@@ -13,6 +13,7 @@ from typing import Any
 
 import orjson
 
+from bench import concurrency as concurrency_bench
 from bench import decide as decide_bench
 
 RATIO_GOAL = 0.8
@@ -210,6 +211,8 @@ def goals(results: dict[str, Any]) -> list[Goal]:
             )
         )
     out.extend(reconciler_goals(results.get("reconciler", {})))
+    if "concurrency" in results:
+        out.extend(concurrency_goals(results["concurrency"]))
     leak = results.get("leak")
     if leak:
         out.append(
@@ -275,7 +278,40 @@ def render(results: dict[str, Any]) -> str:
     lines.append(decide_bench.render(results.get("decide", [])))
     lines += _phases_table(results)
     lines += _reconciler_section(results.get("reconciler", {}))
+    lines += _concurrency_section(results.get("concurrency", {}))
     return "\n".join(lines) + "\n"
+
+
+def _concurrency_section(con: dict[str, Any]) -> list[str]:
+    if not con:
+        return []
+    if con.get("failed") or "results" not in con:
+        return ["", "### Run concurrency control (bench/concurrency.py)", "", con.get("note", "")]
+    return ["", *concurrency_bench.render(con["results"]).rstrip().splitlines()]
+
+
+def concurrency_goals(con: dict[str, Any]) -> list[Goal]:
+    e2e = (con.get("results") or {}).get("e2e") or {}
+    if not e2e.get("ran"):
+        note = e2e.get("note") or con.get("note") or "not run"
+        return [
+            Goal(
+                "run concurrency: creation → older cancelled + new started, p99",
+                note,
+                "≤ 1000 ms",
+                None,
+            )
+        ]
+    p99 = float(e2e["p99_ms"])
+    return [
+        Goal(
+            f"run concurrency: creation → older cancelled + new started, p99 ({e2e['runs']} runs,"
+            " e2e control plane)",
+            f"{p99:.0f} ms",
+            "≤ 1000 ms",
+            p99 <= 1000,
+        )
+    ]
 
 
 def _other_figures(results: dict[str, Any]) -> list[str]:

@@ -547,6 +547,29 @@ def bench_reconciler(quick: bool, out_dir: Path, log: Log) -> dict[str, Any]:
     return {"available": True, "failed": False, "command": command[1:], "results": figures}
 
 
+def bench_concurrency(quick: bool, out_dir: Path, log: Log) -> dict[str, Any]:
+    """Run concurrency control (bench/concurrency.py), in its own process for a clean RSS;
+    its e2e latency part runs when KUBEBUILDER_ASSETS names a control plane."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    json_file = out_dir / "concurrency.json"
+    json_file.unlink(missing_ok=True)
+    command = [sys.executable, "-m", "bench.concurrency", "--json", str(json_file)]
+    if quick:
+        command.append("--quick")
+    log(f"concurrency benchmark: {' '.join(command[1:])}")
+    done = subprocess.run(
+        command, capture_output=True, text=True, env=env, cwd=ROOT, timeout=1800, check=False
+    )
+    if done.returncode != 0 or not json_file.exists():
+        return {
+            "available": True,
+            "failed": True,
+            "note": f"bench.concurrency exited {done.returncode}: {done.stderr.strip()[-1500:]}",
+        }
+    figures: dict[str, Any] = orjson.loads(json_file.read_bytes())
+    return {"available": True, "failed": False, "results": figures}
+
+
 def _source() -> dict[str, Any]:
     """Which code was measured: the commit, and how many files differ from it (read only)."""
 
@@ -678,6 +701,7 @@ def run(plan: Plan, out_dir: Path) -> dict[str, Any]:
             "note": "reconciler benchmark skipped",
         }
     )
+    results["concurrency"] = bench_concurrency(plan.quick, out_dir, log)
     results["load_after"] = loadavg()
     results["elapsed_s"] = round(time.monotonic() - log.start, 1)
     return results

@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import math
+import os
 import statistics
 import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import orjson
 import pytest
 import yaml
 
@@ -515,15 +518,17 @@ def test_killing_the_leader_mid_burst_loses_nothing(
 @pytest.mark.usefixtures("reconciling")
 def test_cancel_latency(e2e: E2E, namespace: Callable[..., str]) -> None:
     """Creation of a run -> the older run cancelled and the new one started, on this
-    control plane (printed in the summary; the goal is p99 <= 1 s)."""
+    control plane (printed in the summary; the goal is p99 <= 1 s). ``python -m
+    bench.concurrency`` runs this scenario with more runs and records the figures."""
     api = e2e.api
     ns = namespace(prefix="cc-latency")
+    runs = int(os.environ.get("COSCHEDULE_BENCH_LATENCY_RUNS", "40"))
     make_control(e2e, ns, "ci", {"selector": {}, "strategy": "Cancel", "key": "$(params.branch)"})
     api.create(run_manifest("PipelineRun", ns, "run-000", {"branch": "main"}))
     wait_states(api, "PipelineRun", ns, {"run-000": "started"})
     samples: list[float] = []
     previous = "run-000"
-    for i in range(1, 41):
+    for i in range(1, runs + 1):
         name = f"run-{i:03d}"
         start = time.monotonic()
         api.create(run_manifest("PipelineRun", ns, name, {"branch": "main"}))
@@ -539,7 +544,7 @@ def test_cancel_latency(e2e: E2E, namespace: Callable[..., str]) -> None:
         previous = name
     samples.sort()
     p50 = statistics.median(samples)
-    p99 = samples[min(len(samples) - 1, int(0.99 * len(samples)))]
+    p99 = samples[min(len(samples) - 1, math.ceil(0.99 * len(samples)) - 1)]
     note = (
         f"concurrency: creation -> older cancelled + newer started, {len(samples)} runs: "
         f"p50 {p50 * 1000:.0f} ms, p99 {p99 * 1000:.0f} ms, max {samples[-1] * 1000:.0f} ms "
@@ -547,4 +552,16 @@ def test_cancel_latency(e2e: E2E, namespace: Callable[..., str]) -> None:
     )
     _NOTES.append(note)
     print(note)
+    out = os.environ.get("COSCHEDULE_BENCH_LATENCY_JSON")
+    if out:
+        Path(out).write_bytes(
+            orjson.dumps(
+                {
+                    "runs": len(samples),
+                    "p50_ms": round(p50 * 1000, 1),
+                    "p99_ms": round(p99 * 1000, 1),
+                    "max_ms": round(samples[-1] * 1000, 1),
+                }
+            )
+        )
     assert p99 < 5.0, note  # a gross regression; the figure itself is the benchmark
