@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -169,15 +169,17 @@ class Run:
     labels: Mapping[str, str]
     annotations: Mapping[str, str]
     state: State
+    created_at: float = 0.0  # ``created`` parsed once: plans sort by it
+    # Unique within a namespace (a PipelineRun and a Workflow may share a name); computed
+    # once, since plans use it as a set member.
+    ident: str = field(init=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "ident", f"{self.kind.value}/{self.name}")
 
     @property
     def order(self) -> tuple[float, str]:
-        return (timestamp(self.created), self.name)
-
-    @property
-    def ident(self) -> str:
-        """Unique within a namespace: a PipelineRun and a Workflow may share a name."""
-        return f"{self.kind.value}/{self.name}"
+        return (self.created_at, self.name)
 
     @property
     def pending_by_us(self) -> bool:
@@ -221,16 +223,18 @@ def _str_map(value: Any) -> dict[str, str]:
 
 def parse_run(kind: Kind, obj: Mapping[str, Any]) -> Run:
     meta = _meta(obj)
+    created = str(meta.get("creationTimestamp") or "")
     return Run(
         kind=kind,
         namespace=str(meta.get("namespace") or ""),
         name=str(meta.get("name") or ""),
         uid=str(meta.get("uid") or ""),
         resource_version=str(meta.get("resourceVersion") or ""),
-        created=str(meta.get("creationTimestamp") or ""),
+        created=created,
         labels=_str_map(meta.get("labels")),
         annotations=_str_map(meta.get("annotations")),
         state=state_of(kind, obj),
+        created_at=timestamp(created),
     )
 
 

@@ -44,7 +44,6 @@ from coschedule.concurrency.runs import (
     cancel_patch,
     parse_run,
     start_patch,
-    timestamp,
 )
 from coschedule.kube.client import ApiError, KubeClient, object_path
 from coschedule.kube.controls import ControlCache
@@ -380,7 +379,7 @@ class ConcurrencyController:
             await self._event(run, "Cancelled", message, "Normal")
         elif isinstance(action, StartRun):
             await self.client.patch(path, start_patch(run))
-            created = timestamp(run.created)
+            created = run.created_at
             if created:
                 self.metrics.start_delay.observe(max(0.0, self.clock() - created))
             self.metrics.starts.inc()
