@@ -688,6 +688,7 @@ EXPECTED_PERMISSIONS: dict[str, set[Permission]] = {
     | _grant("tekton.dev", "pipelineruns", "get list watch patch")
     | _grant("argoproj.io", "workflows", "get list watch patch")
     | _grant("coschedule.dev", "concurrencycontrols", "get list watch")
+    | _grant("coschedule.dev", "concurrencycontrols/status", "patch")
     | _grant("shipwright.io", "buildruns", "get")
     | _grant("batch", "jobs", "get")
     | _grant("core events.k8s.io", "events", "create patch"),

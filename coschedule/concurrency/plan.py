@@ -180,3 +180,15 @@ def group_keys(run: Run) -> list[GroupKey]:
 
 def pending_by_us(runs: Sequence[Run]) -> int:
     return sum(1 for r in runs if r.state is State.PENDING_BY_US)
+
+
+def control_status(control: Control, groups: Sequence[Group]) -> dict[str, int]:
+    """What ``kubectl get concurrencycontrol`` shows: runs running and pending by us among
+    those the control holds, and how many groups still have an unfinished run."""
+    running = pending = active = 0
+    for group in groups:
+        held = [r for r in group.runs if control.holds(r.kind, r.labels)]
+        running += sum(1 for r in held if r.state in (State.RUNNING, State.STOPPING))
+        pending += sum(1 for r in held if r.state is State.PENDING_BY_US)
+        active += any(r.state is not State.DONE for r in held)
+    return {"groups": active, "running": running, "pending": pending}

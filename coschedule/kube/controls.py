@@ -35,6 +35,10 @@ class ControlCache:
     def get(self, namespace: str, name: str) -> Control | None:
         return (self.by_namespace.get(namespace) or {}).get(name)
 
+    def stored(self, namespace: str, name: str) -> Obj | None:
+        """The control as the API server stores it (its status and generation)."""
+        return self.informer.store.get(f"{namespace}/{name}")
+
     @property
     def synced(self) -> bool:
         return self.informer.synced.is_set()
@@ -51,6 +55,7 @@ class ControlCache:
         key = object_key(obj)
         namespace, _, name = key.partition("/")
         known = self.by_namespace.setdefault(namespace, {})
+        previous = known.get(name)
         control: Control | None = None
         if event != "DELETED":
             try:
@@ -68,6 +73,8 @@ class ControlCache:
             known[name] = control
         if not known:
             self.by_namespace.pop(namespace, None)
+        if control is not None and control == previous:
+            return  # only the status or metadata changed: nothing a decision reads
         for listener in self.listeners:
             listener(namespace, name, control)
 

@@ -23,8 +23,10 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from coschedule.concurrency.control import Control
 from coschedule.concurrency.names import (
     ANNOTATION_PENDING_BY,
+    API_VERSION,
     LABEL_GROUPED,
     LABEL_PREFIX,
+    PLURAL,
 )
 from coschedule.concurrency.plan import (
     Action,
@@ -32,6 +34,7 @@ from coschedule.concurrency.plan import (
     Group,
     GroupKey,
     StartRun,
+    control_status,
     group_keys,
     plan,
 )
@@ -55,6 +58,8 @@ log = logging.getLogger("coschedule.concurrency")
 
 DEFAULT_WORKERS = 2
 CONFLICT_RETRY_SECONDS = 0.2
+STATUS_DELAY_SECONDS = 1.0  # a control's status is written at most about once a second
+STATUS_PREFIX = "status:"  # queue keys of control status updates (namespaces hold no ":")
 
 
 class ConcurrencyMetrics:
@@ -229,6 +234,9 @@ class ConcurrencyController:
         await self.wait_synced()
         for key in list(self.group_runs):
             self.queue.add(str(key))
+        for namespace, controls in list(self.controls.by_namespace.items()):
+            for name in list(controls):
+                self._status_soon(namespace, name)
         self._workers += [asyncio.create_task(self._worker()) for _ in range(self.workers)]
 
     def stop_leading(self) -> None:
@@ -288,10 +296,17 @@ class ConcurrencyController:
             self.run_groups[key] = new
         for group in old | new:
             self.queue.add(str(group))
+            self._status_soon(group.namespace, group.control)
 
     def _on_control(self, namespace: str, name: str, control: Control | None) -> None:
         for group in self.control_groups.get((namespace, name), ()):
             self.queue.add(str(group))
+        if control is not None:
+            self._status_soon(namespace, name)
+
+    def _status_soon(self, namespace: str, name: str) -> None:
+        with contextlib.suppress(RuntimeError):  # no running loop: nothing leads yet
+            self.queue.add_after(f"{STATUS_PREFIX}{namespace}/{name}", STATUS_DELAY_SECONDS)
 
     # ---- workers --------------------------------------------------------------------------
 
@@ -305,7 +320,12 @@ class ConcurrencyController:
 
     async def reconcile_key(self, key: str) -> None:
         try:
-            conflicts = await self.reconcile(GroupKey.parse(key))
+            if key.startswith(STATUS_PREFIX):
+                namespace, _, name = key.removeprefix(STATUS_PREFIX).partition("/")
+                await self.update_status(namespace, name)
+                conflicts = 0
+            else:
+                conflicts = await self.reconcile(GroupKey.parse(key))
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # the loop never dies; the group is retried later
@@ -339,6 +359,27 @@ class ConcurrencyController:
                 if other not in groups:
                     groups[other] = self.group(other)
         return groups
+
+    async def update_status(self, namespace: str, name: str) -> None:
+        """Write the control's counts to its status subresource when they changed."""
+        control = self.controls.get(namespace, name)
+        stored = self.controls.stored(namespace, name)
+        if control is None or stored is None or not self._leading:
+            return
+        groups = [self.group(k) for k in sorted(self.control_groups.get((namespace, name), ()))]
+        status: dict[str, Any] = control_status(control, groups)
+        generation = (stored.get("metadata") or {}).get("generation")
+        if isinstance(generation, int):
+            status["observedGeneration"] = generation
+        current = stored.get("status") or {}
+        if all(current.get(k) == v for k, v in status.items()):
+            return
+        path = object_path(API_VERSION, PLURAL, namespace, name) + "/status"
+        try:
+            await self.client.patch(path, {"status": status})
+        except ApiError as exc:
+            if exc.status != 404:  # a control deleted meanwhile has no status to write
+                raise
 
     async def reconcile(self, key: GroupKey) -> int:
         """Carry out the group's plan; returns how many patches met a newer version."""

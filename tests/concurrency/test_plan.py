@@ -12,6 +12,7 @@ from coschedule.concurrency.plan import (
     Group,
     GroupKey,
     StartRun,
+    control_status,
     group_keys,
     plan,
 )
@@ -295,3 +296,21 @@ def test_group_keys_round_trip() -> None:
     keys = group_keys(run)
     assert keys == [GroupKey("ci", "ci", "main"), GroupKey("ci", "env", "")]
     assert [GroupKey.parse(str(k)) for k in keys] == keys
+
+
+def test_control_status_counts_what_the_control_holds() -> None:
+    control = ctl(strategy="Queue", maxRunning=2)
+    main = Group(
+        KEY,
+        control,
+        (
+            pr("running", 0),
+            pr("stopping", 1, status="Cancelled"),
+            pending_pr("waiting", 2),
+            pr("held", 3, status="PipelineRunPending"),
+            pr("other-kind-of-run", 4, labels={"x": "y"}, succeeded="True"),
+        ),
+    )
+    done = GroupKey("ci", "ci", "old")
+    finished = Group(done, control, (pr("done", 0, groups={"ci": "old"}, succeeded="True"),))
+    assert control_status(control, [main, finished]) == {"groups": 1, "running": 2, "pending": 1}

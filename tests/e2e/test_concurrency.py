@@ -405,6 +405,16 @@ def test_queue_starts_in_creation_order_as_runs_finish(
         "q5": "pending-us",
     }
     wait_states(api, kind, ns, expected)
+    # What `kubectl get concurrencycontrol` shows (the status the leader writes).
+    wait_for(
+        "the control's status to count 2 running and 3 pending",
+        lambda: (
+            (api.must_get("ConcurrencyControl", "env", ns).get("status") or {})
+            == {"groups": 1, "running": 2, "pending": 3, "observedGeneration": 1}
+        ),
+        timeout=10,
+        describe=lambda: str(api.must_get("ConcurrencyControl", "env", ns).get("status")),
+    )
     for finished, starting in (("q1", "q3"), ("q2", "q4"), ("q3", "q5")):
         time.sleep(0.5)  # a wrong extra start would show by now
         assert states(api, kind, ns, names) == expected

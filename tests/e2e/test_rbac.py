@@ -26,6 +26,7 @@ WEBHOOK_ALLOWED: list[Check] = [
 WEBHOOK_DENIED: list[Check] = [
     ("delete", "", "persistentvolumes", ""),
     # Run concurrency control: the webhook reads controls and never writes runs.
+    ("patch", "coschedule.dev", "concurrencycontrols/status", "team-a"),
     ("create", "coschedule.dev", "concurrencycontrols", "team-a"),
     ("update", "coschedule.dev", "concurrencycontrols", "team-a"),
     ("patch", "tekton.dev", "pipelineruns", "team-a"),
@@ -58,6 +59,7 @@ RECONCILER_ALLOWED: list[Check] = [
     ("patch", "argoproj.io", "workflows", "team-a"),
     ("list", "coschedule.dev", "concurrencycontrols", ""),
     ("watch", "coschedule.dev", "concurrencycontrols", ""),
+    ("patch", "coschedule.dev", "concurrencycontrols/status", "team-a"),
 ]
 RECONCILER_DENIED: list[Check] = [
     ("delete", "", "persistentvolumes", ""),
@@ -76,6 +78,8 @@ RECONCILER_DENIED: list[Check] = [
     ("create", "argoproj.io", "workflows", "team-a"),
     ("patch", "coschedule.dev", "concurrencycontrols", "team-a"),
     ("delete", "coschedule.dev", "concurrencycontrols", "team-a"),
+    ("update", "tekton.dev", "pipelineruns/status", "team-a"),
+    ("patch", "argoproj.io", "workflows/status", "team-a"),
     ("create", "rbac.authorization.k8s.io", "clusterrolebindings", ""),
     ("impersonate", "", "serviceaccounts", ""),
 ]
@@ -83,7 +87,10 @@ RECONCILER_DENIED: list[Check] = [
 
 def allowed(e2e: E2E, sa: str, check: Check) -> bool:
     verb, group, resource, namespace = check
+    resource, _, subresource = resource.partition("/")
     attributes = {"verb": verb, "group": group, "resource": resource}
+    if subresource:
+        attributes["subresource"] = subresource
     if namespace:
         attributes["namespace"] = namespace
     review = e2e.api.request(

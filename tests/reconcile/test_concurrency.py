@@ -237,3 +237,49 @@ async def test_the_webhook_cache_parses_controls_and_skips_invalid_ones(
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+
+
+async def test_the_leader_writes_each_controls_counts_to_its_status(
+    api: MiniApi, controller: ConcurrencyController
+) -> None:
+    api.put(
+        "concurrencycontrols",
+        control("ci", {"selector": {}, "strategy": "Queue", "maxRunning": 1}),
+    )
+    for i, name in enumerate(("a", "b", "c")):
+        api.put("pipelineruns", pending_pr(name, i))
+    api.put("pipelineruns", pending_pr("x", 9, value="other"))
+    controller.start_leading()
+
+    def status() -> Obj:
+        stored = api.get("concurrencycontrols", "ci", "ci") or {}
+        found: Obj = stored.get("status") or {}
+        return found
+
+    await eventually(lambda: status() == {"groups": 2, "running": 2, "pending": 2}, within=5)
+    patches = api.count("PATCH", "concurrencycontrols")
+    # A status-only change of the control does not requeue its groups or write again.
+    await asyncio.sleep(1.5)
+    assert api.count("PATCH", "concurrencycontrols") == patches
+
+
+async def test_a_status_only_change_does_not_reach_listeners(
+    api: MiniApi, client: KubeClient
+) -> None:
+    cache = ControlCache(client, discovery_retry=0.05)
+    seen: list[str] = []
+    cache.listeners.append(lambda ns, name, c: seen.append(name))
+    api.put("concurrencycontrols", control("ci", {"selector": {}, "strategy": "Cancel"}))
+    task = asyncio.create_task(cache.run())
+    try:
+        await asyncio.wait_for(cache.wait_synced(), 3)
+        assert seen == ["ci"]
+        api.edit("concurrencycontrols", "ci", "ci", {"status": {"running": 1}})
+        await eventually(lambda: (cache.stored("ci", "ci") or {}).get("status"))
+        assert seen == ["ci"]
+        api.edit("concurrencycontrols", "ci", "ci", {"spec": {"key": "$(params.x)"}})
+        await eventually(lambda: seen == ["ci", "ci"])
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
