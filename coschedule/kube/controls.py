@@ -51,7 +51,7 @@ class ControlCache:
             return True, "ConcurrencyControl CRD not served: run concurrency control is off"
         return False, "ConcurrencyControl cache not synced yet"
 
-    def _on_event(self, event: str, obj: Obj) -> None:
+    def _on_event(self, event: str, obj: Obj, old: Obj | None = None) -> None:
         key = object_key(obj)
         namespace, _, name = key.partition("/")
         known = self.by_namespace.setdefault(namespace, {})

@@ -259,7 +259,7 @@ class ConcurrencyController:
     # ---- event handlers -----------------------------------------------------------------
 
     def _handler(self, kind: Kind) -> Callable[[str, Obj], None]:
-        def handle(event: str, obj: Obj) -> None:
+        def handle(event: str, obj: Obj, old: Obj | None = None) -> None:
             self._on_run(kind, event, obj)
 
         return handle
