@@ -415,6 +415,11 @@ def test_queue_starts_in_creation_order_as_runs_finish(
         timeout=10,
         describe=lambda: str(api.must_get("ConcurrencyControl", "env", ns).get("status")),
     )
+    if e2e.kubectl is not None:
+        shown = e2e.kubectl_run("get", "concurrencycontrol", "env", "-n", ns)
+        header, row = shown.stdout.split()[:7], shown.stdout.split()[7:]
+        assert header == ["NAME", "STRATEGY", "KEY", "MAX-RUNNING", "RUNNING", "PENDING", "AGE"]
+        assert row[:6] == ["env", "Queue", "$(params.environment)", "2", "2", "3"], shown
     for finished, starting in (("q1", "q3"), ("q2", "q4"), ("q3", "q5")):
         time.sleep(0.5)  # a wrong extra start would show by now
         assert states(api, kind, ns, names) == expected
