@@ -1,0 +1,89 @@
+"""Properties of the group plan over generated groups: what it may touch, that Queue never
+exceeds maxRunning, and that carrying the actions out converges (a second look is empty)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from coschedule.concurrency.control import parse_control
+from coschedule.concurrency.plan import CancelRun, Group, GroupKey, StartRun, plan
+from coschedule.concurrency.runs import Kind, Run, State, Strategy
+from tests.concurrency.runs import control
+
+KEY = GroupKey("ci", "ci", "k")
+STATES = [State.PENDING_BY_US, State.PENDING_BY_AUTHOR, State.RUNNING, State.STOPPING, State.DONE]
+
+
+@st.composite
+def groups(draw: st.DrawFn) -> Group:
+    strategy = draw(st.sampled_from(list(Strategy)))
+    spec: dict[str, object] = {"selector": {}, "strategy": strategy.value}
+    if strategy is Strategy.QUEUE:
+        spec["maxRunning"] = draw(st.integers(1, 4))
+    ctl = parse_control(control("ci", spec))
+    count = draw(st.integers(0, 8))
+    runs = []
+    for i in range(count):
+        runs.append(
+            Run(
+                kind=draw(st.sampled_from(list(Kind))),
+                namespace="ci",
+                name=f"r{i}",
+                uid=f"u{i}",
+                resource_version="1",
+                created="",
+                labels={"concurrency.coschedule.dev/ci": "k"},
+                annotations={},
+                state=draw(st.sampled_from(STATES)),
+                created_at=float(draw(st.integers(0, 3))),  # ties: the name decides
+            )
+        )
+    return Group(KEY, ctl, tuple(runs))
+
+
+def carry_out(group: Group, actions: list[CancelRun | StartRun]) -> Group:
+    after = {r.ident: r for r in group.runs}
+    for action in actions:
+        state = State.RUNNING if isinstance(action, StartRun) else State.STOPPING
+        after[action.run.ident] = dataclasses.replace(action.run, state=state)
+    return dataclasses.replace(group, runs=tuple(after.values()))
+
+
+@settings(max_examples=300, deadline=None)
+@given(groups())
+def test_what_a_plan_may_touch(group: Group) -> None:
+    actions = plan(KEY, {KEY: group})
+    starts = [a.run for a in actions if isinstance(a, StartRun)]
+    cancels = [a.run for a in actions if isinstance(a, CancelRun)]
+    assert all(r.state is State.PENDING_BY_US for r in starts)
+    assert all(r.state in (State.RUNNING, State.PENDING_BY_US) for r in cancels)
+    assert not {r.ident for r in starts} & {r.ident for r in cancels}
+    assert group.control is not None
+    if group.control.strategy is Strategy.QUEUE:
+        assert not cancels
+        running = sum(1 for r in group.runs if r.state in (State.RUNNING, State.STOPPING))
+        assert running + len(starts) <= max(running, group.control.max_running)
+        waiting = sorted(
+            (r for r in group.runs if r.state is State.PENDING_BY_US), key=lambda r: r.order
+        )
+        assert starts == waiting[: len(starts)]  # oldest first, no skipping
+    else:
+        assert len(starts) <= 1
+        contenders = [r for r in group.runs if r.state is not State.PENDING_BY_AUTHOR]
+        if starts:
+            assert starts[0].order == max(r.order for r in contenders)
+        newest = max(contenders, key=lambda r: r.order, default=None)
+        for run in cancels:
+            assert newest is not None
+            assert run.order < newest.order
+
+
+@settings(max_examples=300, deadline=None)
+@given(groups())
+def test_carrying_out_a_plan_converges(group: Group) -> None:
+    actions = plan(KEY, {KEY: group})
+    after = carry_out(group, actions)
+    assert plan(KEY, {KEY: after}) == []
