@@ -22,6 +22,7 @@ from tests.chart import CHART, NAMESPACE, all_options, helm, lint, render_chart
 from tests.test_manifests import (
     CERT_MANAGER,
     K8S_VERSIONS,
+    RUNS_WEBHOOK_NAME,
     SELF_SIGNED,
     Obj,
     _permissions,
@@ -210,6 +211,9 @@ def test_every_option_reaches_the_objects() -> None:
     hook = _webhook(docs)
     assert hook["failurePolicy"] == "Ignore"
     assert hook["timeoutSeconds"] == 3
+    runs = _webhook(docs, RUNS_WEBHOOK_NAME)
+    assert runs["failurePolicy"] == "Ignore"
+    assert runs["timeoutSeconds"] == 3
     args = pods["certs"]["spec"]["containers"][0]["args"]
     assert "--days=90" in args
     assert "--renew-before-days=20" in args
@@ -307,3 +311,11 @@ def test_crds_folder_is_rendered_and_validated() -> None:
     assert len(crds) == len(files)
     for version in K8S_VERSIONS:
         assert schema_problems(crds, version) == []
+
+
+def test_the_chart_ships_the_manifests_concurrencycontrol_crd() -> None:
+    shipped = yaml.safe_load(
+        (CHART / "crds" / "concurrencycontrols.coschedule.dev.yaml").read_text()
+    )
+    base = CHART.parents[1] / "manifests" / "base" / "crd-concurrencycontrol.yaml"
+    assert shipped == yaml.safe_load(base.read_text())
