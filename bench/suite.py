@@ -518,22 +518,20 @@ def bench_churn(ws: Workspace, plan: Plan, log: Log) -> dict[str, Any]:
     return out
 
 
-def bench_reconciler(quick: bool, out_dir: Path, log: Log) -> dict[str, Any]:
-    """The other half of the benchmarks lives in bench/reconciler.py; run it when present."""
-    if not (ROOT / "bench" / "reconciler.py").exists():
-        log("reconciler benchmark not available")
-        return {"available": False, "note": "reconciler benchmark not available"}
+def _bench_module(module: str, quick: bool, out_dir: Path, log: Log) -> dict[str, Any]:
+    """Run ``python -m bench.<module> --json FILE [--quick]`` in its own process (a clean
+    RSS, its own event loop) and take its figures as they are."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    command = [sys.executable, "-m", "bench.reconciler"]
+    command = [sys.executable, "-m", f"bench.{module}"]
     usage = subprocess.run(
         [*command, "--help"], capture_output=True, text=True, env=env, cwd=ROOT, check=False
     ).stdout
-    json_file = out_dir / "reconciler.json"
+    json_file = out_dir / f"{module}.json"
     json_file.unlink(missing_ok=True)
     command += ["--json", str(json_file)]
     if quick and "--quick" in usage:
         command.append("--quick")
-    log(f"reconciler benchmark: {' '.join(command[1:])}")
+    log(f"{module} benchmark: {' '.join(command[1:])}")
     done = subprocess.run(
         command, capture_output=True, text=True, env=env, cwd=ROOT, timeout=1800, check=False
     )
@@ -541,33 +539,24 @@ def bench_reconciler(quick: bool, out_dir: Path, log: Log) -> dict[str, Any]:
         return {
             "available": True,
             "failed": True,
-            "note": f"bench.reconciler exited {done.returncode}: {done.stderr.strip()[-1500:]}",
+            "note": f"bench.{module} exited {done.returncode}: {done.stderr.strip()[-1500:]}",
         }
     figures: dict[str, Any] = orjson.loads(json_file.read_bytes())
     return {"available": True, "failed": False, "command": command[1:], "results": figures}
 
 
+def bench_reconciler(quick: bool, out_dir: Path, log: Log) -> dict[str, Any]:
+    """The other half of the benchmarks lives in bench/reconciler.py; run it when present."""
+    if not (ROOT / "bench" / "reconciler.py").exists():
+        log("reconciler benchmark not available")
+        return {"available": False, "note": "reconciler benchmark not available"}
+    return _bench_module("reconciler", quick, out_dir, log)
+
+
 def bench_concurrency(quick: bool, out_dir: Path, log: Log) -> dict[str, Any]:
-    """Run concurrency control (bench/concurrency.py), in its own process for a clean RSS;
-    its e2e latency part runs when KUBEBUILDER_ASSETS names a control plane."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    json_file = out_dir / "concurrency.json"
-    json_file.unlink(missing_ok=True)
-    command = [sys.executable, "-m", "bench.concurrency", "--json", str(json_file)]
-    if quick:
-        command.append("--quick")
-    log(f"concurrency benchmark: {' '.join(command[1:])}")
-    done = subprocess.run(
-        command, capture_output=True, text=True, env=env, cwd=ROOT, timeout=1800, check=False
-    )
-    if done.returncode != 0 or not json_file.exists():
-        return {
-            "available": True,
-            "failed": True,
-            "note": f"bench.concurrency exited {done.returncode}: {done.stderr.strip()[-1500:]}",
-        }
-    figures: dict[str, Any] = orjson.loads(json_file.read_bytes())
-    return {"available": True, "failed": False, "results": figures}
+    """Run concurrency control (bench/concurrency.py); its e2e latency part runs when
+    KUBEBUILDER_ASSETS names a control plane."""
+    return _bench_module("concurrency", quick, out_dir, log)
 
 
 def _source() -> dict[str, Any]:

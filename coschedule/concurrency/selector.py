@@ -1,11 +1,18 @@
-"""Kubernetes LabelSelector: parsing with the API server's rules, and matching."""
+"""A ConcurrencyControl's LabelSelector, parsed with the API server's rules and messages.
+
+The parsed form and its matching are the ones the scheduling defaults use
+(``Selector``/``Requirement``); only the messages differ (they name the control's fields).
+"""
 
 from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
+
+from coschedule.decide.defaults import Requirement, Selector
+
+__all__ = ["BadSelector", "Requirement", "Selector", "parse_selector", "valid_label_value"]
 
 OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist")
 
@@ -33,35 +40,6 @@ def label_key_problem(key: str) -> str | None:
             "'_' or '.' between"
         )
     return None
-
-
-@dataclass(frozen=True, slots=True)
-class Requirement:
-    key: str
-    operator: str
-    values: frozenset[str]
-
-    def matches(self, labels: Mapping[str, str]) -> bool:
-        if self.operator == "Exists":
-            return self.key in labels
-        if self.operator == "DoesNotExist":
-            return self.key not in labels
-        present = self.key in labels and labels[self.key] in self.values
-        return present if self.operator == "In" else not present
-
-
-@dataclass(frozen=True, slots=True)
-class Selector:
-    """``{}`` selects everything; terms are ANDed."""
-
-    match_labels: tuple[tuple[str, str], ...] = ()
-    expressions: tuple[Requirement, ...] = ()
-
-    def matches(self, labels: Mapping[str, str]) -> bool:
-        for key, value in self.match_labels:
-            if labels.get(key) != value:
-                return False
-        return all(req.matches(labels) for req in self.expressions)
 
 
 def parse_selector(doc: Any, where: str = "spec.selector") -> Selector:
@@ -105,5 +83,5 @@ def parse_selector(doc: Any, where: str = "spec.selector") -> Selector:
             raise BadSelector(f"{at}.values: operator {operator} needs at least one value")
         if operator in ("Exists", "DoesNotExist") and values:
             raise BadSelector(f"{at}.values: operator {operator} takes no values")
-        reqs.append(Requirement(key, str(operator), frozenset(values)))
+        reqs.append(Requirement(key, str(operator), tuple(values)))
     return Selector(tuple(sorted(pairs)), tuple(reqs))

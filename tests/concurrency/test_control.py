@@ -43,7 +43,7 @@ def test_a_full_control() -> None:
     assert parsed.kinds == frozenset({Kind.WORKFLOW})
     assert parsed.max_running == 3
     assert parsed.selector.match_labels == (("app", "deploy"),)
-    assert parsed.selector.expressions == (Requirement("tier", "In", frozenset({"a", "b"})),)
+    assert parsed.selector.expressions == (Requirement("tier", "In", ("a", "b")),)
     assert parsed.holds(Kind.WORKFLOW, {"app": "deploy", "tier": "a"})
     assert not parsed.holds(Kind.PIPELINE_RUN, {"app": "deploy", "tier": "a"})
     assert not parsed.holds(Kind.WORKFLOW, {"app": "deploy", "tier": "c"})
