@@ -49,7 +49,9 @@ class ControlCache:
         if self.absent:
             # Not installed (yet): runs are left untouched, which is right without controls.
             return True, "ConcurrencyControl CRD not served: run concurrency control is off"
-        return False, "ConcurrencyControl cache not synced yet"
+        why = self.client.reachability.waiting_detail()
+        detail = "ConcurrencyControl cache not synced yet"
+        return False, f"{detail}; {why}" if why else detail
 
     def _on_event(self, event: str, obj: Obj, old: Obj | None = None) -> None:
         key = object_key(obj)

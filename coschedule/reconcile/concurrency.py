@@ -189,7 +189,9 @@ class ConcurrencyController:
     def readiness(self) -> tuple[bool, str | None]:
         waiting = self._ready_parts()
         if waiting:
-            return False, f"caches not synced: {', '.join(waiting)}"
+            why = self.client.reachability.waiting_detail()
+            detail = f"caches not synced: {', '.join(waiting)}"
+            return False, f"{detail}; {why}" if why else detail
         absent = [self.runs[k].name for k, a in self.absent.items() if a]
         if self.controls.absent:
             absent.append("concurrencycontrols")
