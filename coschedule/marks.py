@@ -39,6 +39,18 @@ ANNOTATION_TOPOLOGY_KEY = "coschedule.dev/topology-key"
 ANNOTATION_CLAIM_TEMPLATES = "coschedule.dev/claim-templates"  # rewritten claim -> template
 
 TOPOLOGY_HOSTNAME = "kubernetes.io/hostname"
+
+# Run concurrency control: the marks the webhook writes on a PipelineRun or Workflow.
+# Per ConcurrencyControl: concurrency.coschedule.dev/<control>: <key, or its hash> (label),
+# and, when the key had to be hashed, the key itself (annotation of the same name).
+LABEL_CONCURRENCY_PREFIX = "concurrency.coschedule.dev/"
+# On every run the webhook grouped: the reconciler watches only those (a label selector
+# cannot match a key prefix).
+LABEL_CONCURRENCY_GROUPED = "coschedule.dev/concurrency"
+CONCURRENCY_GROUPED = "grouped"
+# On a run the webhook made pending, until the reconciler starts or cancels it.
+ANNOTATION_PENDING_BY = "coschedule.dev/pending-by"
+PENDING_BY_CONCURRENCY = "concurrency"
 # On each volumeClaimTemplate of a placeholder: the original claim it stands for.
 TEMPLATE_CLAIM = "coschedule.dev/claim"
 

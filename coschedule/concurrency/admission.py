@@ -15,15 +15,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from coschedule.concurrency.control import Control
-from coschedule.concurrency.names import (
-    ANNOTATION_PENDING_BY,
-    GROUPED_VALUE,
-    LABEL_GROUPED,
-    LABEL_PREFIX,
-    PENDING_BY_US,
-)
 from coschedule.concurrency.runs import TEKTON_PENDING, Kind, is_pending, params, start_state_set
 from coschedule.concurrency.template import label_value
+from coschedule.marks import (
+    ANNOTATION_PENDING_BY,
+    CONCURRENCY_GROUPED,
+    LABEL_CONCURRENCY_GROUPED,
+    LABEL_CONCURRENCY_PREFIX,
+    PENDING_BY_CONCURRENCY,
+)
 from coschedule.wire.jsonpatch import Op, add, pointer, remove
 
 
@@ -90,14 +90,14 @@ def admit_run(
     annotations = meta.get("annotations")
     ops: list[Op] = []
 
-    wanted = {LABEL_GROUPED: GROUPED_VALUE}
-    wanted.update({LABEL_PREFIX + m.control.name: m.value for m in matches})
-    _merge_map(ops, "labels", labels, wanted, stale_prefix=LABEL_PREFIX)
+    wanted = {LABEL_CONCURRENCY_GROUPED: CONCURRENCY_GROUPED}
+    wanted.update({LABEL_CONCURRENCY_PREFIX + m.control.name: m.value for m in matches})
+    _merge_map(ops, "labels", labels, wanted, stale_prefix=LABEL_CONCURRENCY_PREFIX)
 
-    notes = {LABEL_PREFIX + m.control.name: m.key for m in matches if m.hashed}
+    notes = {LABEL_CONCURRENCY_PREFIX + m.control.name: m.key for m in matches if m.hashed}
     pending = is_pending(kind, run)
     ours = isinstance(annotations, Mapping) and (
-        annotations.get(ANNOTATION_PENDING_BY) == PENDING_BY_US
+        annotations.get(ANNOTATION_PENDING_BY) == PENDING_BY_CONCURRENCY
     )
     if pending and ours:
         outcome = Outcome.ALREADY_PENDING
@@ -107,7 +107,7 @@ def admit_run(
         outcome = Outcome.AUTHOR_STATE
     else:
         outcome = Outcome.MADE_PENDING
-        notes[ANNOTATION_PENDING_BY] = PENDING_BY_US
+        notes[ANNOTATION_PENDING_BY] = PENDING_BY_CONCURRENCY
     _merge_map(ops, "annotations", annotations, notes)
     if outcome is Outcome.MADE_PENDING:
         ops.append(_pending_op(kind, run))

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from coschedule.concurrency.names import ANNOTATION_PENDING_BY, LABEL_PREFIX, PENDING_BY_US
+from coschedule.marks import ANNOTATION_PENDING_BY, LABEL_CONCURRENCY_PREFIX, PENDING_BY_CONCURRENCY
 
 
 class Kind(enum.StrEnum):
@@ -188,15 +188,15 @@ class Run:
     def groups(self) -> dict[str, str]:
         """control name -> label value, from the run's concurrency labels."""
         return {
-            key[len(LABEL_PREFIX) :]: value
+            key[len(LABEL_CONCURRENCY_PREFIX) :]: value
             for key, value in self.labels.items()
-            if key.startswith(LABEL_PREFIX)
+            if key.startswith(LABEL_CONCURRENCY_PREFIX)
         }
 
     def key_of(self, control: str) -> str:
         """The key as written at admission: the annotation when the label is a hash."""
-        return self.annotations.get(LABEL_PREFIX + control) or self.labels.get(
-            LABEL_PREFIX + control, ""
+        return self.annotations.get(LABEL_CONCURRENCY_PREFIX + control) or self.labels.get(
+            LABEL_CONCURRENCY_PREFIX + control, ""
         )
 
 
@@ -208,7 +208,7 @@ def state_of(kind: Kind, obj: Mapping[str, Any]) -> State:
     if is_pending(kind, obj):
         annotations = _meta(obj).get("annotations") or {}
         if isinstance(annotations, Mapping) and annotations.get(ANNOTATION_PENDING_BY) == (
-            PENDING_BY_US
+            PENDING_BY_CONCURRENCY
         ):
             return State.PENDING_BY_US
         return State.PENDING_BY_AUTHOR

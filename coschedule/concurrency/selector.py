@@ -10,7 +10,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from coschedule.decide.defaults import Requirement, Selector
+from coschedule.config.scheduling_defaults import Requirement, Selector
 
 __all__ = ["BadSelector", "Requirement", "Selector", "parse_selector", "valid_label_value"]
 

@@ -21,13 +21,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from coschedule.concurrency.control import Control
-from coschedule.concurrency.names import (
-    ANNOTATION_PENDING_BY,
-    API_VERSION,
-    LABEL_GROUPED,
-    LABEL_PREFIX,
-    PLURAL,
-)
+from coschedule.concurrency.names import API_VERSION, PLURAL
 from coschedule.concurrency.plan import (
     Action,
     CancelRun,
@@ -52,6 +46,11 @@ from coschedule.kube.client import ApiError, KubeClient, object_path
 from coschedule.kube.controls import ControlCache
 from coschedule.kube.discovery import RETRY_SECONDS, wait_served
 from coschedule.kube.informer import Informer, Obj, object_key
+from coschedule.marks import (
+    ANNOTATION_PENDING_BY,
+    LABEL_CONCURRENCY_GROUPED,
+    LABEL_CONCURRENCY_PREFIX,
+)
 from coschedule.reconcile.workqueue import WorkQueue
 
 log = logging.getLogger("coschedule.concurrency")
@@ -119,7 +118,7 @@ def slim_run(obj: Obj) -> Obj:
             "annotations": {
                 k: v
                 for k, v in annotations.items()
-                if k == ANNOTATION_PENDING_BY or k.startswith(LABEL_PREFIX)
+                if k == ANNOTATION_PENDING_BY or k.startswith(LABEL_CONCURRENCY_PREFIX)
             },
         },
         "spec": {k: spec[k] for k in ("status", "suspend", "shutdown") if k in spec},
@@ -157,7 +156,7 @@ class ConcurrencyController:
                 client,
                 f"/apis/{engine.api_version}/{engine.plural}",
                 name=engine.plural,
-                label_selector=LABEL_GROUPED,
+                label_selector=LABEL_CONCURRENCY_GROUPED,
                 transform=slim_run,
             )
             informer.add_handler(self._handler(kind))
@@ -260,8 +259,8 @@ class ConcurrencyController:
 
     # ---- event handlers -----------------------------------------------------------------
 
-    def _handler(self, kind: Kind) -> Callable[[str, Obj], None]:
-        def handle(event: str, obj: Obj, old: Obj | None = None) -> None:
+    def _handler(self, kind: Kind) -> Callable[[str, Obj, Obj | None], None]:
+        def handle(event: str, obj: Obj, old: Obj | None) -> None:
             self._on_run(kind, event, obj)
 
         return handle

@@ -12,9 +12,9 @@ import orjson
 import pytest
 
 from coschedule.concurrency.control import Control, parse_control
-from coschedule.decide.admission import NamespaceInfo
-from coschedule.server.metrics import WebhookMetrics
+from coschedule.mutate.decision import NamespaceInfo
 from coschedule.server.runs import RunAdmissionHandler
+from coschedule.server.webhook_metrics import WebhookMetrics
 from tests.concurrency.runs import control, pipeline_run, workflow
 from tests.conftest import RunningServer
 from tests.fixtures import admission_review
