@@ -41,9 +41,12 @@ async def test_add_after_keeps_the_sooner_timer() -> None:
 async def test_retry_backs_off_exponentially_per_key_and_forget_resets() -> None:
     queue = WorkQueue(retry_base=0.01, retry_max=0.1)
     delays = [queue.retry("ci/a") for _ in range(6)]
-    assert delays[1] > delays[0] * 1.4
-    assert delays[3] > delays[2] * 1.4
-    assert max(delays) <= 0.1 * 1.2
+    # Each delay is base * 2**n, capped, times a jitter in [0.8, 1.2]: checked against those
+    # bounds, not against each other (two jitters can bring neighbours within 1.4x).
+    for n, delay in enumerate(delays):
+        nominal = min(0.1, 0.01 * 2**n)
+        assert nominal * 0.8 <= delay <= nominal * 1.2, (n, delay)
+    assert delays[3] > delays[0] * 4  # it does grow
     assert queue.failures("ci/a") == 6
     assert queue.failures("ci/b") == 0
     queue.forget("ci/a")
