@@ -70,7 +70,7 @@ class RunAdmissionHandler:
                 send, 400, error_body(f"Content-Type must be application/json, not {ct!r}")
             )
             return
-        body = await _read_body(receive)
+        body = await _read_body(receive, await receive())
         if body is None:
             self.metrics.count_request(METRIC_MODE, False, 413)
             await _respond(send, 413, error_body(f"body larger than {MAX_BODY_BYTES} bytes"))
@@ -130,7 +130,7 @@ class RunAdmissionHandler:
                 f"coschedule: grouped by ConcurrencyControl {names}; created pending by its "
                 "author, so coschedule will never start it"
             ]
-        self.metrics.admission_patch_ops.observe(len(decision.ops))
-        self.metrics.count_request(METRIC_MODE, True, 200)
-        self.metrics.admission_duration.observe(time.perf_counter() - start)
+        self.metrics.admissions.record(
+            (METRIC_MODE, "true", "200"), time.perf_counter() - start, len(decision.ops)
+        )
         return 200, encode_response(review.uid, allowed=True, patch=decision.ops, warnings=warnings)
