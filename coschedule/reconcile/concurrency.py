@@ -15,7 +15,6 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -45,6 +44,7 @@ from coschedule.concurrency.runs import (
 from coschedule.kube.client import ApiError, KubeClient, object_path
 from coschedule.kube.controls import ControlCache
 from coschedule.kube.discovery import RETRY_SECONDS, wait_served
+from coschedule.kube.events import record_event
 from coschedule.kube.informer import Informer, Obj, object_key
 from coschedule.marks import (
     ANNOTATION_PENDING_BY,
@@ -437,32 +437,10 @@ class ConcurrencyController:
             await self._event(run, "Started", message, "Normal")
 
     async def _event(self, run: Run, reason: str, message: str, kind: str) -> None:
-        stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        engine = ENGINES[run.kind]
-        body = {
-            "apiVersion": "v1",
-            "kind": "Event",
-            "metadata": {"generateName": f"{run.name}.", "namespace": run.namespace},
-            "involvedObject": {
-                "apiVersion": engine.api_version,
-                "kind": run.kind.value,
-                "name": run.name,
-                "namespace": run.namespace,
-                "uid": run.uid,
-            },
-            "reason": reason,
-            "message": message,
-            "type": kind,
-            "source": {"component": "coschedule-reconciler"},
-            "reportingComponent": "coschedule.dev/reconciler",
-            "firstTimestamp": stamp,
-            "lastTimestamp": stamp,
-            "count": 1,
+        involved = {
+            "apiVersion": ENGINES[run.kind].api_version,
+            "kind": run.kind.value,
+            "name": run.name,
+            "uid": run.uid,
         }
-        try:
-            await self.client.create(object_path("v1", "events", run.namespace), body)
-        except Exception as exc:  # an Event is a courtesy: never retry a reconcile for it
-            log.warning(
-                "could not record an Event",
-                extra={"run": f"{run.namespace}/{run.name}", "error": str(exc)},
-            )
+        await record_event(self.client, run.namespace, involved, reason, message, kind)

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable
-from datetime import UTC, datetime
 from typing import Any
 
 from coschedule.kube.client import ApiError, KubeClient, object_path
+from coschedule.kube.events import record_event
 from coschedule.kube.informer import Obj
 from coschedule.marks import LABEL_INSTANCE
 from coschedule.reconcile.observed import (
@@ -167,39 +167,15 @@ class Executor:
 
     async def _event(self, action: RecordEvent, uid: str) -> None:
         """Record the Event, and log it; an Event the API refuses is a warning only."""
-        stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        involved: dict[str, Any] = {
+        involved = {
             "apiVersion": "apps/v1",
             "kind": "StatefulSet",
             "name": action.statefulset,
-            "namespace": action.namespace,
+            "uid": uid,
         }
-        if uid:
-            involved["uid"] = uid
-        body = {
-            "apiVersion": "v1",
-            "kind": "Event",
-            "metadata": {"generateName": f"{action.statefulset}.", "namespace": action.namespace},
-            "involvedObject": involved,
-            "reason": action.reason,
-            "message": action.message,
-            "type": action.type,
-            "source": {"component": "coschedule-reconciler"},
-            "reportingComponent": "coschedule.dev/reconciler",
-            "firstTimestamp": stamp,
-            "lastTimestamp": stamp,
-            "count": 1,
-        }
-        try:
-            await self.client.create(object_path("v1", "events", action.namespace), body)
-        except Exception as exc:  # an Event is a courtesy: never retry a reconcile for it
-            log.warning(
-                "could not record an Event",
-                extra={
-                    "placeholder": f"{action.namespace}/{action.statefulset}",
-                    "error": str(exc),
-                },
-            )
+        if not await record_event(
+            self.client, action.namespace, involved, action.reason, action.message, action.type
+        ):
             return
         log.info(
             "recorded event",

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
@@ -20,6 +19,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from coschedule import marks
 from coschedule.config.settings import Settings
 from coschedule.kube.client import KubeClient, object_path
+from coschedule.kube.events import record_event
 from coschedule.marks import Mode
 from coschedule.mutate.volume_topology import volume_topology
 from coschedule.reconcile import fit, relocation, stuck
@@ -530,25 +530,7 @@ class StuckRuns:
         message: str,
         kind: str = "Normal",
     ) -> None:
-        stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        body = {
-            "apiVersion": "v1",
-            "kind": "Event",
-            "metadata": {"generateName": f"{involved['name']}.", "namespace": namespace},
-            "involvedObject": {**involved, "namespace": namespace},
-            "reason": reason,
-            "message": message[:1024],
-            "type": kind,
-            "source": {"component": "coschedule-reconciler"},
-            "reportingComponent": "coschedule.dev/reconciler",
-            "firstTimestamp": stamp,
-            "lastTimestamp": stamp,
-            "count": 1,
-        }
-        try:
-            await self.client.create(object_path("v1", "events", namespace), body)
-        except Exception as exc:  # an Event is a courtesy: never retry a reconcile for it
-            log.warning("could not record an Event", extra={"error": str(exc), "reason": reason})
+        await record_event(self.client, namespace, involved, reason, message, kind)
 
 
 def _involved(owner: OwnerRef) -> dict[str, str]:
