@@ -8,6 +8,7 @@ Both processes import this module; no other module spells a mark. Pure: no I/O.
 from __future__ import annotations
 
 import enum
+import functools
 import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -93,6 +94,7 @@ MODE_CHOICES = ", ".join(m.value for m in Mode)
 _HEX_DIGITS = 10
 
 
+@functools.lru_cache(maxsize=4096)  # the pods of one run ask for the same name
 def _digest(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:_HEX_DIGITS]
 
