@@ -51,7 +51,7 @@ from coschedule.marks import (
     LABEL_CONCURRENCY_GROUPED,
     LABEL_CONCURRENCY_PREFIX,
 )
-from coschedule.reconcile.workqueue import WorkQueue
+from coschedule.reconcile.workqueue import WorkQueue, cancel_and_wait
 
 log = logging.getLogger("coschedule.concurrency")
 
@@ -250,11 +250,7 @@ class ConcurrencyController:
     async def stop(self) -> None:
         workers = self._workers
         self.stop_leading()
-        for task in self._tasks:
-            task.cancel()
-        for task in [*workers, *self._tasks]:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait([*workers, *self._tasks])
         self._tasks = []
 
     # ---- event handlers -----------------------------------------------------------------

@@ -9,7 +9,6 @@ actions. Only the leader runs workers; followers keep caches and the queue warm.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -45,7 +44,7 @@ from coschedule.reconcile.reconciler_metrics import ReconcileMetrics
 from coschedule.reconcile.resolver import OwnerLookupFailed, OwnerResolver
 from coschedule.reconcile.stuck_runs import StuckRuns
 from coschedule.reconcile.topology import TopologyLabels
-from coschedule.reconcile.workqueue import WorkQueue
+from coschedule.reconcile.workqueue import WorkQueue, cancel_and_wait
 
 log = logging.getLogger("coschedule.reconcile")
 
@@ -182,11 +181,7 @@ class Controller:
     async def stop(self) -> None:
         workers = self._worker_tasks
         self.stop_leading()
-        for task in self._informer_tasks:
-            task.cancel()
-        for task in [*workers, *self._informer_tasks]:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait([*workers, *self._informer_tasks])
         self._informer_tasks = []
 
     def known_keys(self) -> set[str]:

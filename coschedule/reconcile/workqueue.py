@@ -8,8 +8,10 @@ again is processed once more after the current pass (never twice at the same tim
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 from collections import deque
+from collections.abc import Iterable
 
 RETRY_BASE_SECONDS = 0.05
 RETRY_MAX_SECONDS = 60.0
@@ -99,3 +101,13 @@ class WorkQueue:
         for timer in self._timers.values():
             timer.cancel()
         self._timers.clear()
+
+
+async def cancel_and_wait(tasks: Iterable[asyncio.Task[None]]) -> None:
+    """Cancel the controller's tasks (workers, informers) and wait until each has ended."""
+    pending = list(tasks)
+    for task in pending:
+        task.cancel()
+    for task in pending:
+        with contextlib.suppress(asyncio.CancelledError):
+            await task

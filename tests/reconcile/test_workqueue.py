@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from coschedule.reconcile.workqueue import WorkQueue
+from coschedule.reconcile.workqueue import WorkQueue, cancel_and_wait
 
 
 async def test_a_key_is_queued_once_however_often_it_is_added() -> None:
@@ -53,3 +53,19 @@ async def test_retry_backs_off_exponentially_per_key_and_forget_resets() -> None
     assert queue.failures("ci/a") == 0
     assert queue.retry("ci/a") <= 0.01 * 1.2
     queue.cancel_timers()
+
+
+async def test_cancel_and_wait_ends_every_task_even_one_already_done() -> None:
+    async def forever() -> None:
+        await asyncio.Event().wait()
+
+    async def quick() -> None:
+        return None
+
+    running = [asyncio.create_task(forever()) for _ in range(3)]
+    done = asyncio.create_task(quick())
+    await done
+    await cancel_and_wait([*running, done])
+    assert all(task.cancelled() for task in running)
+    assert done.done()
+    assert not done.cancelled()
