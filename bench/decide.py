@@ -56,7 +56,7 @@ def per_call_us(fn: Callable[[], object], rounds: int = 7, budget: float = 0.3) 
 
 
 def measure(mode: Mode = Mode.PIPELINERUNS) -> list[dict[str, Any]]:
-    ctx = AdmissionContext(Settings(mode=mode), "ci")
+    ctx = AdmissionContext(Settings(mode=mode), "ci", explain=False)  # as the server calls it
     store = SettingsStore(None, {"COSCHEDULE_COSCHEDULE": mode.value})
     handler = AdmissionHandler(store, WebhookMetrics())
     rows = []

@@ -83,6 +83,7 @@ def https_config(app: Any, context: ssl.SSLContext, host: str, port: int) -> uvi
         access_log=False,
         server_header=False,
         lifespan="off",
+        interface="asgi3",  # HttpsApp returns its handler's coroutine: not guessable
         timeout_keep_alive=30,
     )
 

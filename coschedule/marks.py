@@ -94,16 +94,17 @@ MODE_CHOICES = ", ".join(m.value for m in Mode)
 _HEX_DIGITS = 10
 
 
-@functools.lru_cache(maxsize=4096)  # the pods of one run ask for the same name
 def _digest(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:_HEX_DIGITS]
 
 
+@functools.lru_cache(maxsize=4096)  # the pods of one run ask for the same name
 def run_placeholder(namespace: str, run: str) -> str:
     """The placeholder of a whole run (``pipelineruns``, ``isolate-pipelinerun``)."""
     return PLACEHOLDER_PREFIX + _digest(f"{namespace}/{run}")
 
 
+@functools.lru_cache(maxsize=4096)
 def claim_placeholder(namespace: str, claim: str) -> str:
     """The placeholder of a claim (``workspaces``)."""
     return PLACEHOLDER_PREFIX + _digest(f"{namespace}/pvc/{claim}")
@@ -235,7 +236,7 @@ def encode_fields(
 ) -> dict[str, str]:
     """``encode`` from the fields, for the admission hot path: no ``Marks`` to build."""
     result = {
-        ANNOTATION_MODE: mode.value,
+        ANNOTATION_MODE: str(mode),  # the value (StrEnum); ``.value`` is a slower property
         ANNOTATION_RUN: run,
         ANNOTATION_RUN_LABEL: run_label,
         ANNOTATION_CLAIMS: ",".join(claims),

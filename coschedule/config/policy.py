@@ -114,17 +114,23 @@ def _effect(toleration: Mapping[str, Any]) -> str:
     return effect if isinstance(effect, str) else ""
 
 
+def delays_eviction(toleration: Mapping[str, Any]) -> bool:
+    """``NoExecute`` with ``tolerationSeconds``: the pod is evicted after a delay; the
+    exemption of rule reserved-tolerations for not-ready and unreachable."""
+    if toleration.get("effect") != "NoExecute":
+        return False
+    seconds = toleration.get("tolerationSeconds")
+    return isinstance(seconds, int) and not isinstance(seconds, bool)
+
+
 def _reserved_named(
     i: int, toleration: Mapping[str, Any], key: str, mode: PolicyMode
 ) -> Finding | None:
     """A toleration whose key starts with ``node.kubernetes.io/``."""
-    effect = _effect(toleration)
-    if effect == "PreferNoSchedule":
+    if _effect(toleration) == "PreferNoSchedule":
         return None
-    if effect == "NoExecute" and key in EVICTION_DELAY_KEYS:
-        seconds = toleration.get("tolerationSeconds")
-        if isinstance(seconds, int) and not isinstance(seconds, bool):
-            return None  # only delays eviction: what DefaultTolerationSeconds adds
+    if key in EVICTION_DELAY_KEYS and delays_eviction(toleration):
+        return None  # only delays eviction: what DefaultTolerationSeconds adds
     field = f"spec.tolerations[{i}]"
     return Finding(
         RESERVED_TOLERATIONS,
@@ -291,11 +297,13 @@ def check_policy(
     reserved = policy.reserved_tolerations
     control = policy.control_plane
     findings: list[Finding] = []
-    if control is not PolicyMode.OFF:
+    if control is not PolicyMode.OFF and (node_selector or affinity is not None):
         findings.extend(_control_plane_placement(node_selector, affinity, control))
     if reserved is not PolicyMode.OFF or control is not PolicyMode.OFF:
         for i, toleration in enumerate(tolerations):
             key = toleration.get("key")
+            if key in EVICTION_DELAY_KEYS and delays_eviction(toleration):
+                continue  # DefaultTolerationSeconds adds two of these to every pod
             if not key:
                 findings.extend(_wildcard(i, toleration, reserved, control))
             elif key.startswith(RESERVED_PREFIX):
@@ -307,7 +315,7 @@ def check_policy(
                 found = _control_plane_toleration(i, toleration, key, control)
                 if found is not None:
                     findings.append(found)
-    if policy.hard_anti_affinity_topology is not PolicyMode.OFF:
+    if policy.hard_anti_affinity_topology is not PolicyMode.OFF and affinity is not None:
         findings.extend(_anti_affinity(affinity, policy.hard_anti_affinity_topology))
     if len(findings) > 1:
         findings.sort(key=lambda finding: _RULE_ORDER[finding.rule])  # stable: field order

@@ -11,7 +11,14 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from coschedule import marks
-from coschedule.config.policy import Finding, PolicyMode, check_policy
+from coschedule.config.policy import (
+    CONTROL_PLANE_KEYS,
+    EVICTION_DELAY_KEYS,
+    Finding,
+    PolicyMode,
+    check_policy,
+    delays_eviction,
+)
 from coschedule.config.settings import Settings
 from coschedule.marks import (
     ALL_MARK_ANNOTATIONS,
@@ -29,7 +36,7 @@ from coschedule.mutate import claim_rewrite as claims_mod
 from coschedule.mutate import volume_conflict
 from coschedule.mutate.claim_rewrite import ClaimView
 from coschedule.mutate.defaults import MergedScheduling, merge_defaults
-from coschedule.mutate.mode_choice import InvalidMode, choose_mode
+from coschedule.mutate.mode_choice import InvalidMode, ModeChoice, choose_mode, cluster_choice
 from coschedule.mutate.nodeaffinity import required_terms
 from coschedule.mutate.volume_topology import VolumeTopology
 from coschedule.wire import jsonpatch
@@ -39,6 +46,7 @@ from coschedule.wire.jsonpatch import Op
 REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"
 # Our keys are constants: escape their paths once, not on every admission.
 _PLACEHOLDER_LABEL_PATH = jsonpatch.pointer("metadata", "labels", LABEL_PLACEHOLDER)
+_DISABLED = Mode.DISABLED.value
 _ANNOTATION_PATHS = {
     key: jsonpatch.pointer("metadata", "annotations", key) for key in ALL_MARK_ANNOTATIONS
 }
@@ -66,6 +74,14 @@ class AdmissionContext:
     claims: ClaimView | None = None
     # None: no cluster (or not synced): the claims-conflict pre-flight is skipped.
     volumes: VolumeView | None = None
+    # Write a reason per step (``explain``); the webhook never reads them and skips them.
+    explain: bool = True
+    # The mode of a pod when neither it nor its namespace is labelled: most pods.
+    cluster_mode: ModeChoice = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        choice = cluster_choice(self.settings.mode, self.settings.mode_reason)
+        object.__setattr__(self, "cluster_mode", choice)
 
 
 class VolumeView(Protocol):
@@ -93,13 +109,15 @@ class Decision:
     # The run's volumeClaimTemplates as decided here (None: the placeholder's rule).
     templates: tuple[marks.ClaimTemplate, ...] | None = None
     # The pod's nodeSelector/tolerations/schedulerName as stored, and which scheduling
-    # defaults rule gave what (None: defaults and policy did not apply to this pod).
+    # defaults rule gave what (None: defaults and policy did not apply to this pod, or there
+    # was nothing for them to do: no rule configured and nothing a policy rule reads).
     scheduling: MergedScheduling | None = None
     findings: list[Finding] = field(default_factory=list)  # policy rules that fired
+    trace: bool = True  # the steps write ``reasons`` (the context's ``explain``)
 
     @property
     def mode_label(self) -> str:
-        return self.mode.value if self.mode is not None else "none"
+        return str(self.mode) if self.mode is not None else "none"  # .value is slower
 
 
 def run_identity(
@@ -124,24 +142,53 @@ def decide(pod: Mapping[str, Any], ctx: AdmissionContext) -> Decision:
     meta = podview.metadata(pod)
     labels = podview.string_map(meta, "labels")
     decision = _decide_coschedule(pod, ctx, meta, labels)
-    if decision.allowed and _defaults_and_policy_apply(labels, ctx):
+    # Not for placeholder pods (the reconciler copies their fields from the group's pods),
+    # pods that opted out with the label coschedule.dev/mode: disabled (never touched, as the
+    # webhook configuration's matchConditions already ensure in a cluster) and namespaces not
+    # enabled. A namespace or cluster mode of disabled turns coscheduling off, not the
+    # admins' defaults and policy.
+    info = ctx.namespace_info
+    if (
+        decision.allowed
+        and labels.get(LABEL_COMPONENT) != COMPONENT_AFFINITY_ASSISTANT
+        and labels.get(LABEL_MODE) != _DISABLED
+        and (info is None or info.enabled)
+    ):
         pod_spec = podview.spec(pod)
-        merged = _scheduling_defaults_step(pod, pod_spec, labels, ctx, decision)
-        _policy_step(pod_spec, ctx, decision, merged)
+        settings = ctx.settings
+        if settings.scheduling_defaults or not _nothing_to_flag(pod_spec):
+            merged = _scheduling_defaults_step(pod, pod_spec, labels, ctx, decision)
+            _policy_step(pod_spec, ctx, decision, merged)
     return decision
 
 
-def _defaults_and_policy_apply(labels: Mapping[str, str], ctx: AdmissionContext) -> bool:
-    """Not for placeholder pods (the reconciler copies their fields from the group's pods),
-    pods that opted out with the label ``coschedule.dev/mode: disabled`` (never touched, as
-    the webhook configuration's matchConditions already ensure in a cluster) and namespaces
-    not enabled. A namespace or cluster mode of ``disabled`` turns coscheduling off, not the
-    admins' defaults and policy."""
-    if labels.get(LABEL_COMPONENT) == COMPONENT_AFFINITY_ASSISTANT:
+def _nothing_to_flag(pod_spec: Mapping[str, Any]) -> bool:
+    """The pod has nothing any policy rule reads a finding from: no ``spec.affinity``, no
+    control-plane nodeSelector key, and no toleration but those DefaultTolerationSeconds
+    adds to every pod. With no scheduling-defaults rule either, the two steps would add no
+    op and find nothing, so they are skipped: most pods, and, under load, most of what those
+    steps cost. Anything else, a malformed field included, takes the steps (which refuse
+    it), so the answer is the same either way (a test holds them to that)."""
+    if pod_spec.get("affinity") is not None:
         return False
-    if labels.get(LABEL_MODE) == Mode.DISABLED.value:
+    selector = pod_spec.get("nodeSelector")
+    if selector is not None and (
+        not isinstance(selector, dict) or not selector.keys().isdisjoint(CONTROL_PLANE_KEYS)
+    ):
         return False
-    return ctx.namespace_info is None or ctx.namespace_info.enabled
+    tolerations = pod_spec.get("tolerations")
+    if tolerations is None:
+        return True
+    if not isinstance(tolerations, list):
+        return False
+    for toleration in tolerations:
+        if not (
+            isinstance(toleration, dict)
+            and toleration.get("key") in EVICTION_DELAY_KEYS
+            and delays_eviction(toleration)
+        ):
+            return False
+    return True
 
 
 def _scheduling_defaults_step(
@@ -162,7 +209,8 @@ def _scheduling_defaults_step(
         pod_spec=pod_spec,
     )
     decision.ops.extend(ops)
-    decision.reasons.extend(reasons)
+    if decision.trace:
+        decision.reasons.extend(reasons)
     decision.scheduling = merged
     return merged
 
@@ -180,7 +228,10 @@ def _policy_step(
     decision.findings = findings
     denial: Finding | None = None
     for finding in findings:
-        decision.reasons.append(f"policy {finding.rule} ({finding.mode.value}): {finding.message}")
+        if decision.trace:
+            decision.reasons.append(
+                f"policy {finding.rule} ({finding.mode.value}): {finding.message}"
+            )
         if finding.mode is PolicyMode.WARN:
             decision.warnings.append(finding.warning)
         elif denial is None:
@@ -200,7 +251,7 @@ def _decide_coschedule(
     rewrite, the affinity term and the marks. A step that returns None has finished the
     decision (left alone or denied)."""
     settings = ctx.settings
-    decision = Decision(allowed=True)
+    decision = Decision(allowed=True, trace=ctx.explain)
     mode = _mode_step(labels, ctx, decision)
     if mode is None:
         return decision
@@ -209,7 +260,7 @@ def _decide_coschedule(
         return decision
     run_label, run = identity
     pod_spec = podview.spec(pod)
-    volumes = list(podview.claim_volumes(pod_spec))
+    volumes = podview.claim_volumes(pod_spec)
     found = _claims_step(pod_spec, volumes, ctx, mode, run, decision)
     if found is None:
         return decision
@@ -230,9 +281,10 @@ def _decide_coschedule(
     previous = labels.get(LABEL_PLACEHOLDER)
     _affinity_ops(pod_spec, placeholder, previous, settings.topology_key, ops, decision)
     _mark_ops(meta, labels, wanted, placeholder, ops)
-    decision.reasons.append(
-        f"{len(ops)} patch operation(s)" if ops else "already mutated: nothing to add"
-    )
+    if decision.trace:
+        decision.reasons.append(
+            f"{len(ops)} patch operation(s)" if ops else "already mutated: nothing to add"
+        )
     return decision
 
 
@@ -240,20 +292,22 @@ def _mode_step(labels: Mapping[str, str], ctx: AdmissionContext, decision: Decis
     """The pod's mode; None when coscheduling leaves it alone or it is denied."""
     reasons = decision.reasons
     if labels.get(LABEL_COMPONENT) == COMPONENT_AFFINITY_ASSISTANT:
-        reasons.append(
-            f"left alone: a placeholder pod ({LABEL_COMPONENT}={COMPONENT_AFFINITY_ASSISTANT})"
-        )
+        if decision.trace:
+            reasons.append(
+                f"left alone: a placeholder pod ({LABEL_COMPONENT}={COMPONENT_AFFINITY_ASSISTANT})"
+            )
         return None
     info = ctx.namespace_info
     if info is not None and not info.enabled:
-        reasons.append(
-            f"left alone: namespace {ctx.namespace!r} is not labelled {LABEL_ENABLED}=true"
-        )
+        if decision.trace:
+            reasons.append(
+                f"left alone: namespace {ctx.namespace!r} is not labelled {LABEL_ENABLED}=true"
+            )
         return None
-    settings = ctx.settings
-    choice = choose_mode(
-        labels, info.labels if info is not None else None, settings.mode, settings.mode_reason
-    )
+    if LABEL_MODE not in labels and (info is None or LABEL_MODE not in info.labels):
+        choice: ModeChoice | InvalidMode = ctx.cluster_mode  # most pods: no call
+    else:
+        choice = choose_mode(labels, info.labels if info is not None else None, ctx.cluster_mode)
     if isinstance(choice, InvalidMode):
         where = (
             f"the pod's label {LABEL_MODE}"
@@ -269,9 +323,11 @@ def _mode_step(labels: Mapping[str, str], ctx: AdmissionContext, decision: Decis
         )
         return None
     decision.mode = choice.mode
-    reasons.append(f"mode {choice.mode.value}: from the {choice.reason}")
+    if decision.trace:
+        reasons.append(f"mode {choice.mode}: from the {choice.reason}")
     if choice.mode is Mode.DISABLED:
-        reasons.append("left alone: coscheduling is disabled")
+        if decision.trace:
+            reasons.append("left alone: coscheduling is disabled")
         return None
     return choice.mode
 
@@ -282,12 +338,14 @@ def _run_step(
     """(group label, run); None when the pod is not part of a run."""
     identity = run_identity(labels, settings.group_labels)
     if identity is None:
-        decision.reasons.append(
-            "left alone: not part of a run (none of the group labels "
-            f"{', '.join(settings.group_labels)} is set)"
-        )
+        if decision.trace:
+            decision.reasons.append(
+                "left alone: not part of a run (none of the group labels "
+                f"{', '.join(settings.group_labels)} is set)"
+            )
         return None
-    decision.reasons.append(f"run {identity[1]!r}: from label {identity[0]}")
+    if decision.trace:
+        decision.reasons.append(f"run {identity[1]!r}: from label {identity[0]}")
     return identity
 
 
@@ -322,11 +380,12 @@ def _claims_step(
         known = view.get(ctx.namespace, claim) if view is not None else None
         if view is not None and known is None and not marks.is_placeholder_claim(claim):
             decision.missing_claims += (claim,)
-        if not claims_mod.groupable(known, settings.group_shared_claims):
+        if known is not None and not claims_mod.groupable(known, settings.group_shared_claims):
             why = (
                 "labelled coschedule.dev/skip=true" if known and known.skip else "shared (RWX/ROX)"
             )
-            decision.reasons.append(f"claim {claim!r}: {why}: neither grouped nor rewritten")
+            if decision.trace:
+                decision.reasons.append(f"claim {claim!r}: {why}: neither grouped nor rewritten")
             continue
         claims.append(claim)
     if decision.missing_claims and mode.per_run and settings.rewrite_claims:
@@ -352,9 +411,10 @@ def _placeholder_step(
     """The placeholder the pod joins: its run's, or in workspaces mode its claim's."""
     if mode is Mode.WORKSPACES:
         if not claims:
-            decision.reasons.append(
-                "left alone: mode workspaces groups by claim and the pod mounts none"
-            )
+            if decision.trace:
+                decision.reasons.append(
+                    "left alone: mode workspaces groups by claim and the pod mounts none"
+                )
             return None
         if len(claims) > 1:
             _deny(
@@ -367,10 +427,12 @@ def _placeholder_step(
             )
             return None
         placeholder = claim_placeholder(namespace, claims[0])
-        decision.reasons.append(f"placeholder {placeholder}: the claim {claims[0]!r}")
+        if decision.trace:
+            decision.reasons.append(f"placeholder {placeholder}: the claim {claims[0]!r}")
     else:
         placeholder = run_placeholder(namespace, run)
-        decision.reasons.append(f"placeholder {placeholder}: the run {run!r} in {namespace!r}")
+        if decision.trace:
+            decision.reasons.append(f"placeholder {placeholder}: the run {run!r} in {namespace!r}")
     decision.placeholder = placeholder
     return placeholder
 
@@ -430,32 +492,36 @@ def _rewrite_claims(
     if existing is not None:
         # The StatefulSet exists: its (immutable) templates are the run's decision.
         chosen = {claim: template for template, claim in existing.items()}
-        reasons.append(f"claims: following the {len(chosen)} template(s) of {placeholder}")
+        if decision.trace:
+            reasons.append(f"claims: following the {len(chosen)} template(s) of {placeholder}")
     elif earlier is not None:
         # An earlier pod of the run carries the decision: follow it, even if a claim got
         # bound since (Immediate binding): the run's pods must all agree.
         decision.templates = earlier
         chosen = {t.claim: t.name for t in earlier}
-        reasons.append(
-            f"claims: following the run's earlier pods: the placeholder provisions "
-            f"{sorted(chosen) or 'none'}"
-        )
+        if decision.trace:
+            reasons.append(
+                f"claims: following the run's earlier pods: the placeholder provisions "
+                f"{sorted(chosen) or 'none'}"
+            )
     else:
         templates = claims_mod.run_templates(
             view.run_claims(namespace, run), run, settings.group_shared_claims
         )
         decision.templates = templates
         chosen = {t.claim: t.name for t in templates}
-        reasons.append(
-            f"claims: the run's unbound template claims are {sorted(chosen) or 'none'}; "
-            "the placeholder provisions them"
-        )
+        if decision.trace:
+            reasons.append(
+                f"claims: the run's unbound template claims are {sorted(chosen) or 'none'}; "
+                "the placeholder provisions them"
+            )
     mounted: list[str] = []
     for index, _, claim in volumes:
         if claim not in claims:
             continue  # skipped or shared: left as it is
         if marks.is_placeholder_claim(claim, placeholder):
-            reasons.append(f"claim {claim!r}: already the placeholder's")
+            if decision.trace:
+                reasons.append(f"claim {claim!r}: already the placeholder's")
             continue
         template = chosen.get(claim)
         if template is not None:
@@ -463,7 +529,8 @@ def _rewrite_claims(
             ops.append(
                 jsonpatch.replace(f"/spec/volumes/{index}/persistentVolumeClaim/claimName", target)
             )
-            reasons.append(f"claim {claim!r}: rewritten to {target!r} (template {template!r})")
+            if decision.trace:
+                reasons.append(f"claim {claim!r}: rewritten to {target!r} (template {template!r})")
             continue
         info = view.get(namespace, claim)
         if info is not None and info.bound:
@@ -472,7 +539,8 @@ def _rewrite_claims(
             why = "not made for this run"
         else:
             why = "not in the placeholder's templates"
-        reasons.append(f"claim {claim!r}: kept, {why}; the placeholder mounts it")
+        if decision.trace:
+            reasons.append(f"claim {claim!r}: kept, {why}; the placeholder mounts it")
         if claim not in mounted:
             mounted.append(claim)
     return mounted
@@ -482,7 +550,8 @@ def _deny(decision: Decision, rule: str, message: str) -> Decision:
     decision.allowed = False
     decision.rule = rule
     decision.message = f"coschedule: rule {rule}: {message}"
-    decision.reasons.append(f"denied by rule {rule}")
+    if decision.trace:
+        decision.reasons.append(f"denied by rule {rule}")
     return decision
 
 
@@ -498,25 +567,29 @@ def _affinity_ops(
     term = marks.affinity_term(placeholder, topology_key)
     if not pod_spec:
         ops.append(jsonpatch.add("/spec", {"affinity": {"podAffinity": {REQUIRED: [term]}}}))
-        decision.reasons.append("affinity: created spec.affinity with the placeholder term")
+        if decision.trace:
+            decision.reasons.append("affinity: created spec.affinity with the placeholder term")
         return
     affinity = podview.sub_object(pod_spec, "affinity", "pod.spec")
     if affinity is None:
         ops.append(jsonpatch.add("/spec/affinity", {"podAffinity": {REQUIRED: [term]}}))
-        decision.reasons.append("affinity: created spec.affinity with the placeholder term")
+        if decision.trace:
+            decision.reasons.append("affinity: created spec.affinity with the placeholder term")
         return
     pod_affinity = podview.sub_object(affinity, "podAffinity", "pod.spec.affinity")
     if pod_affinity is None:
         ops.append(jsonpatch.add("/spec/affinity/podAffinity", {REQUIRED: [term]}))
-        decision.reasons.append(
-            "affinity: added podAffinity; the pod's node affinity and anti-affinity are kept"
-        )
+        if decision.trace:
+            decision.reasons.append(
+                "affinity: added podAffinity; the pod's node affinity and anti-affinity are kept"
+            )
         return
     terms = podview.sub_list(pod_affinity, REQUIRED, "pod.spec.affinity.podAffinity")
     base = "/spec/affinity/podAffinity/" + REQUIRED
     if terms is None:
         ops.append(jsonpatch.add(base, [term]))
-        decision.reasons.append("affinity: added a required podAffinity list to the pod's own")
+        if decision.trace:
+            decision.reasons.append("affinity: added a required podAffinity list to the pod's own")
         return
 
     present = False
@@ -539,15 +612,18 @@ def _affinity_ops(
             )
     for index in reversed(stale):
         ops.append(jsonpatch.remove(f"{base}/{index}"))
-        decision.reasons.append(f"affinity: removed the stale term to {previous!r}")
+        if decision.trace:
+            decision.reasons.append(f"affinity: removed the stale term to {previous!r}")
     if present:
-        decision.reasons.append("affinity: the placeholder term is already there")
+        if decision.trace:
+            decision.reasons.append("affinity: the placeholder term is already there")
     else:
         ops.append(jsonpatch.add(base + "/-", term))
-        decision.reasons.append(
-            f"affinity: appended the placeholder term to {len(terms) - len(stale)} existing "
-            "required podAffinity term(s)"
-        )
+        if decision.trace:
+            decision.reasons.append(
+                f"affinity: appended the placeholder term to {len(terms) - len(stale)} existing "
+                "required podAffinity term(s)"
+            )
 
 
 def _mark_ops(
@@ -577,5 +653,4 @@ def _mark_ops(
         return
     for key, value in annotations_wanted.items():
         if annotations.get(key) != value:
-            path = _ANNOTATION_PATHS.get(key) or jsonpatch.pointer("metadata", "annotations", key)
-            ops.append(jsonpatch.add(path, value))
+            ops.append(jsonpatch.add(_ANNOTATION_PATHS[key], value))  # every mark is one

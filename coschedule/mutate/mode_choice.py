@@ -21,14 +21,19 @@ class InvalidMode:
     value: str
 
 
+def cluster_choice(cluster_mode: Mode, cluster_reason: str) -> ModeChoice:
+    """The choice when neither the pod nor its namespace is labelled (built once per
+    settings by the caller: it is the answer for most pods)."""
+    return ModeChoice(cluster_mode, "cluster config", f"cluster config ({cluster_reason})")
+
+
 def choose_mode(
     pod_labels: Mapping[str, str],
     namespace_labels: Mapping[str, str] | None,
-    cluster_mode: Mode,
-    cluster_reason: str,
+    cluster: ModeChoice,
 ) -> ModeChoice | InvalidMode:
     """The pod's own label wins (Tekton copies PipelineRun labels to pods), then the
-    namespace's label, then the cluster configuration."""
+    namespace's label, then the cluster configuration (``cluster_choice``)."""
     if (value := pod_labels.get(LABEL_MODE)) is not None:
         mode = Mode.parse(value)
         if mode is None:
@@ -39,4 +44,4 @@ def choose_mode(
         if mode is None:
             return InvalidMode("namespace label", value)
         return ModeChoice(mode, "namespace label", f"namespace label {LABEL_MODE}={value}")
-    return ModeChoice(cluster_mode, "cluster config", f"cluster config ({cluster_reason})")
+    return cluster

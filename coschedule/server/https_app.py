@@ -26,10 +26,14 @@ class HttpsApp:
         self.probes = probes
         self.runs = runs
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"] == "/mutate":
-            await self.handler(scope, receive, send)
-        elif scope["type"] == "http" and scope["path"] == "/mutate-runs" and self.runs:
-            await self.runs(scope, receive, send)
-        else:
-            await self.probes(scope, receive, send)
+    def __call__(self, scope: Scope, receive: Receive, send: Send) -> Awaitable[None]:
+        # The handler's own coroutine, with none of ours around it (one frame less per
+        # admission). A plain method hides that this is ASGI 3 from uvicorn's guess, so its
+        # configurations say ``interface="asgi3"``.
+        if scope["type"] == "http":
+            path = scope["path"]
+            if path == "/mutate":
+                return self.handler(scope, receive, send)
+            if path == "/mutate-runs" and self.runs:
+                return self.runs(scope, receive, send)
+        return self.probes(scope, receive, send)

@@ -79,7 +79,10 @@ class AdmissionHandler:
                 content_type = value
             elif name == b"content-length" and value.isdigit():
                 declared = int(value)
-        if content_type.split(b";", 1)[0].strip().lower() != b"application/json":
+        if (
+            content_type != b"application/json"  # what kube-apiserver sends
+            and content_type.split(b";", 1)[0].strip().lower() != b"application/json"
+        ):
             self.metrics.count_request("none", False, 400)
             await _respond(
                 send,
@@ -156,7 +159,7 @@ class AdmissionHandler:
             ):
                 # Built once per namespace until the settings or the namespace change.
                 ctx = AdmissionContext(
-                    settings, namespace, namespace_info, self.claims, self.volumes
+                    settings, namespace, namespace_info, self.claims, self.volumes, explain=False
                 )
                 if len(self._contexts) >= _MAX_CONTEXTS:
                     self._contexts.clear()  # namespaces come from requests: stay bounded

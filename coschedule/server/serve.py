@@ -97,6 +97,7 @@ async def serve(webhook: Webhook, options: ServeOptions) -> None:
         access_log=False,
         server_header=False,
         lifespan="off",
+        interface="asgi3",  # HttpsApp returns its handler's coroutine: not guessable
         timeout_keep_alive=30,  # kube-apiserver keeps connections to webhooks open
     )
     health_config = uvicorn.Config(

@@ -1,11 +1,13 @@
 """The hot path's AdmissionReview decoder: only the fields the decision reads are built.
 
-msgspec decodes the body into Structs that declare just those fields; everything else (the
-containers, their env and scripts, status, managedFields) is scanned past without building
-a single Python object. On a Tekton pod that is ~4x cheaper than parsing the whole review.
+msgspec decodes the body into Structs and TypedDicts that declare just those fields;
+everything else (the containers, their env and scripts, the sources of the volumes, status,
+managedFields) is scanned past without building a single Python object. On a Tekton pod
+that is ~5x cheaper than parsing the whole review.
 
 The pod handed to the decision is a plain dict holding exactly the keys of ``POD_READS``
-that the request has, with the values the full parse would give. Anything the fast path is
+that the request has (each volume: only its name and claim), with the values the full
+parse would give. Anything the fast path is
 not sure of goes to ``review.decode_review`` (orjson, the whole body), so a bad request
 gets the same HTTP 400 message, and a pod whose ``metadata`` or ``spec`` has none of the
 read keys (where "empty or not" would be unknowable) is decided on the whole pod.
@@ -17,10 +19,10 @@ not read is not refused, and an integer beyond 64 bits in a read field stays an 
 
 from __future__ import annotations
 
-from typing import Any, Final
+from typing import Any, Final, TypedDict
 
 import msgspec
-from msgspec import UNSET, Struct
+from msgspec import Struct
 
 from coschedule.wire.review import API_VERSION, KIND, Review, decode_review
 
@@ -29,22 +31,32 @@ from coschedule.wire.review import API_VERSION, KIND, Review, decode_review
 POD_READS: Final[dict[str, tuple[str, ...]]] = {
     "metadata": ("name", "generateName", "labels", "annotations"),
     "spec": ("volumes", "affinity", "nodeSelector", "tolerations", "schedulerName"),
+    "spec.volumes[]": ("name", "persistentVolumeClaim"),
 }
 
 
-class _Metadata(Struct):
-    name: Any = UNSET
-    generateName: Any = UNSET
-    labels: Any = UNSET
-    annotations: Any = UNSET
+# TypedDicts, not Structs: msgspec builds each as a plain dict holding only the keys the
+# request has (the others are skipped in C), which is the view the decision reads.
+class _Metadata(TypedDict, total=False):
+    name: Any
+    generateName: Any
+    labels: Any
+    annotations: Any
 
 
-class _Spec(Struct):
-    volumes: Any = UNSET
-    affinity: Any = UNSET
-    nodeSelector: Any = UNSET
-    tolerations: Any = UNSET
-    schedulerName: Any = UNSET
+class _Volume(TypedDict, total=False):
+    # Of a volume the decision reads only these; its source (emptyDir, secret, a projected
+    # token...) is skipped. Not an object: the full parse answers (a MalformedPod 400).
+    name: Any
+    persistentVolumeClaim: Any
+
+
+class _Spec(TypedDict, total=False):
+    volumes: list[_Volume] | None
+    affinity: Any
+    nodeSelector: Any
+    tolerations: Any
+    schedulerName: Any
 
 
 class _Pod(Struct):
@@ -124,36 +136,16 @@ def _fast(body: bytes) -> Review | None:
     if pod is None:
         return None
     obj: dict[str, Any] = {}
-    # Only the keys the request has, so that "absent" reads as absent; a metadata or spec
-    # with none of them might still be non-empty, which the decision tells apart.
+    # A metadata or spec with none of the read keys might still be non-empty, which the
+    # decision tells apart: let the full parse decide those.
     meta = pod.metadata
     if meta is not None:
-        view = {}
-        if meta.name is not UNSET:
-            view["name"] = meta.name
-        if meta.generateName is not UNSET:
-            view["generateName"] = meta.generateName
-        if meta.labels is not UNSET:
-            view["labels"] = meta.labels
-        if meta.annotations is not UNSET:
-            view["annotations"] = meta.annotations
-        if not view:
+        if not meta:
             return None
-        obj["metadata"] = view
+        obj["metadata"] = meta
     spec = pod.spec
     if spec is not None:
-        view = {}
-        if spec.volumes is not UNSET:
-            view["volumes"] = spec.volumes
-        if spec.affinity is not UNSET:
-            view["affinity"] = spec.affinity
-        if spec.nodeSelector is not UNSET:
-            view["nodeSelector"] = spec.nodeSelector
-        if spec.tolerations is not UNSET:
-            view["tolerations"] = spec.tolerations
-        if spec.schedulerName is not UNSET:
-            view["schedulerName"] = spec.schedulerName
-        if not view:
+        if not spec:
             return None
-        obj["spec"] = view
+        obj["spec"] = spec
     return Review(uid, group, "v1", "Pod", "CREATE", namespace or "", bool(dry_run), obj)

@@ -86,6 +86,8 @@ def test_real_pods_take_the_fast_path() -> None:
         assert set(review.object) <= {"metadata", "spec"}
         assert set(review.object["spec"]) <= set(lean.POD_READS["spec"])
         assert "containers" not in review.object["spec"]
+        for volume in review.object["spec"].get("volumes") or ():
+            assert set(volume) <= set(lean.POD_READS["spec.volumes[]"]), name
 
 
 class Recording(dict[str, Any]):
@@ -114,12 +116,17 @@ class Recording(dict[str, Any]):
 
 
 def recorded_reads(pod: dict[str, Any], ctx: AdmissionContext) -> dict[str, set[str]]:
-    reads: dict[str, set[str]] = {"pod": set(), "metadata": set(), "spec": set()}
+    reads: dict[str, set[str]] = {"pod": set(), "metadata": set(), "spec": set(), "volume": set()}
     view = dict(pod)
     if isinstance(view.get("metadata"), dict):
         view["metadata"] = Recording(view["metadata"], reads["metadata"])
     if isinstance(view.get("spec"), dict):
-        view["spec"] = Recording(view["spec"], reads["spec"])
+        spec = dict(view["spec"])
+        if isinstance(spec.get("volumes"), list):
+            spec["volumes"] = [
+                Recording(v, reads["volume"]) if isinstance(v, dict) else v for v in spec["volumes"]
+            ]
+        view["spec"] = Recording(spec, reads["spec"])
     decide(Recording(view, reads["pod"]), ctx)
     return reads
 
@@ -137,6 +144,7 @@ def test_the_decision_reads_only_what_the_lean_decoder_builds(mode: str, default
             assert reads["pod"] <= {"metadata", "spec"}, name
             assert reads["metadata"] <= set(lean.POD_READS["metadata"]), name
             assert reads["spec"] <= set(lean.POD_READS["spec"]), name
+            assert reads["volume"] <= set(lean.POD_READS["spec.volumes[]"]), name
 
 
 @settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -237,4 +245,9 @@ def test_the_lean_review_carries_the_request_fields() -> None:
     )
     assert (fast.namespace, fast.dry_run, fast.is_pod_create) == (full.namespace, True, True)
     assert fast.object["metadata"]["labels"] == full.object["metadata"]["labels"]
-    assert fast.object["spec"]["volumes"] == full.object["spec"]["volumes"]
+    # Each volume as the full parse has it, less its source (emptyDir, secret...).
+    read = lean.POD_READS["spec.volumes[]"]
+    assert fast.object["spec"]["volumes"] == [
+        {k: v for k, v in volume.items() if k in read} for volume in full.object["spec"]["volumes"]
+    ]
+    assert any("persistentVolumeClaim" in volume for volume in fast.object["spec"]["volumes"])
