@@ -314,6 +314,13 @@ def concurrency_goals(con: dict[str, Any]) -> list[Goal]:
     ]
 
 
+def _more(ours: float, theirs: float) -> str:
+    """``4 µs more`` / ``0.5 µs less``: a difference in words, never ``-0 µs more``."""
+    diff = ours - theirs
+    text = f"{abs(diff):.0f}" if abs(diff) >= 1 else f"{abs(diff):.1f}"
+    return f"{text} µs {'more' if diff >= 0 else 'less'}"
+
+
 def _other_figures(results: dict[str, Any]) -> list[str]:
     keep = _closed(results, "webhook", 1, "tekton", "keep-alive")
     close = _closed(results, "webhook", 1, "tekton", "close")
@@ -326,8 +333,8 @@ def _other_figures(results: dict[str, Any]) -> list[str]:
     if ratio.get("webhook_cpu_us") is not None and decided is not None:
         extra = (
             f"webhook {ratio['webhook_cpu_us']:.0f} µs, floor {ratio['floor_cpu_us']:.0f} µs: "
-            f"{ratio['webhook_cpu_us'] - ratio['floor_cpu_us']:.0f} µs more; in process, "
-            f"the whole handle costs {decided['handle_us'] - decided['parse_us']:.0f} µs more "
+            f"{_more(ratio['webhook_cpu_us'], ratio['floor_cpu_us'])}; in process, "
+            f"the whole handle costs {_more(decided['handle_us'], decided['parse_us'])} "
             "than the floor's parse"
         )
     app = results.get("app_cost")
@@ -335,13 +342,13 @@ def _other_figures(results: dict[str, Any]) -> list[str]:
     if app:
         app_row = (
             f"hot: webhook {app['webhook_us']:.0f} µs, floor {app['floor_us']:.0f} µs, "
-            f"{app['webhook_us'] - app['floor_us']:.0f} µs more"
+            f"{_more(app['webhook_us'], app['floor_us'])}"
         )
         if "webhook_cold_us" in app:
             app_row += (
                 f"; cold caches: webhook {app['webhook_cold_us']:.0f} µs, floor "
                 f"{app['floor_cold_us']:.0f} µs, "
-                f"{app['webhook_cold_us'] - app['floor_cold_us']:.0f} µs more"
+                f"{_more(app['webhook_cold_us'], app['floor_cold_us'])}"
             )
     rows = [
         ("max throughput, Tekton review, 1 core, keep-alive", f"{_num(_get(keep, 'rps'))}/s"),

@@ -313,3 +313,14 @@ def test_table_shows_phases_and_logging_cost() -> None:
     assert "50 µs of it is TLS, HTTP and ASGI" in table
     assert "logging at INFO" in table
     assert "+1.0 %" in table
+
+
+def test_table_says_less_when_the_webhook_costs_less() -> None:
+    """A handle cheaper than the floor's parse reads "less", never "-0 µs more"."""
+    results = _results()
+    results["ratio"] = {**results.get("ratio", {}), "webhook_cpu_us": 59.0, "floor_cpu_us": 53.0}
+    results["app_cost"] = {"webhook_us": 17.8, "floor_us": 18.0}
+    table = report.render(results)
+    assert "webhook 59 µs, floor 53 µs: 6 µs more" in table
+    assert "hot: webhook 18 µs, floor 18 µs, 0.2 µs less" in table
+    assert "-0 µs" not in table
