@@ -20,11 +20,16 @@ import pytest
 import uvicorn
 
 from bench import appcost, openloop, phases, report, suite
+from bench import decide as decide_bench
 from bench.loadgen import run_closed, run_openloop, run_wrk, wrk_path
 from bench.openloop import LoadConfig, percentiles
+from bench.payloads import tekton_pod
 from bench.servers import Server, expected_answer
 from bench.target import FLOOR_RESPONSE, floor_context, https_config
+from coschedule.config.settings import Settings
 from coschedule.config.store import SettingsStore
+from coschedule.marks import Mode, placeholder_claim, run_placeholder
+from coschedule.mutate.decision import AdmissionContext, decide
 from coschedule.server import serve as serve_module
 from coschedule.server.serve import ServeOptions, build_webhook
 from coschedule.server.webhook_metrics import WebhookMetrics
@@ -324,3 +329,17 @@ def test_table_says_less_when_the_webhook_costs_less() -> None:
     assert "webhook 59 µs, floor 53 µs: 6 µs more" in table
     assert "hot: webhook 18 µs, floor 18 µs, 0.2 µs less" in table
     assert "-0 µs" not in table
+
+
+def test_the_in_cluster_payload_is_a_first_pod_whose_claim_is_rewritten() -> None:
+    """``tekton in a cluster`` measures the claim-rewrite path, not the offline one."""
+    pod = tekton_pod()
+    cache = decide_bench.run_claims_cache(pod)
+    ctx = AdmissionContext(Settings(mode=Mode.PIPELINERUNS), "ci", None, cache, explain=False)
+    decision = decide(pod, ctx)
+    assert decision.allowed
+    assert decision.templates is not None
+    [template] = decision.templates
+    placeholder = run_placeholder("ci", pod["metadata"]["labels"]["tekton.dev/pipelineRun"])
+    rewrites = [op for op in decision.ops if op["path"].endswith("/claimName")]
+    assert [op["value"] for op in rewrites] == [placeholder_claim(template.name, placeholder)]
