@@ -105,45 +105,35 @@ def run_claims_cache(pod: dict[str, Any], namespace: str = "ci") -> ClaimCache:
     return cache
 
 
+def _row(
+    name: str, pod: dict[str, Any], ctx: AdmissionContext, handler: AdmissionHandler
+) -> dict[str, Any]:
+    body = review_bytes(pod)
+    status, _ = handler.handle(body)
+    assert status == 200
+    return {
+        "payload": name,
+        "bytes": len(body),
+        "parse_us": per_call_us(functools.partial(orjson.loads, body)),
+        "decide_us": per_call_us(functools.partial(decide, pod, ctx)),
+        "handle_us": per_call_us(functools.partial(handler.handle, body)),
+        "goal_us": GOALS_US.get(name),
+        "mode": ctx.settings.mode.value,
+    }
+
+
 def measure(mode: Mode = Mode.PIPELINERUNS) -> list[dict[str, Any]]:
     ctx = AdmissionContext(Settings(mode=mode), "ci", explain=False)  # as the server calls it
     store = SettingsStore(None, {"COSCHEDULE_COSCHEDULE": mode.value})
     handler = AdmissionHandler(store, WebhookMetrics())
-    rows = []
-    for name, make in PAYLOADS.items():
-        pod = make()
-        body = review_bytes(pod)
-        status, _ = handler.handle(body)
-        assert status == 200
-        rows.append(
-            {
-                "payload": name,
-                "bytes": len(body),
-                "parse_us": per_call_us(functools.partial(orjson.loads, body)),
-                "decide_us": per_call_us(functools.partial(decide, pod, ctx)),
-                "handle_us": per_call_us(functools.partial(handler.handle, body)),
-                "goal_us": GOALS_US.get(name),
-                "mode": mode.value,
-            }
-        )
+    rows = [_row(name, make(), ctx, handler) for name, make in PAYLOADS.items()]
     pod = tekton_pod()
-    body = review_bytes(pod)
     claims = run_claims_cache(pod)
     in_cluster = AdmissionContext(Settings(mode=mode), "ci", None, claims, explain=False)
     if not decide(pod, in_cluster).templates:
         raise RuntimeError("the Tekton pod must have its template claim rewritten")
     cluster_handler = AdmissionHandler(store, WebhookMetrics(), claims=claims)
-    rows.append(
-        {
-            "payload": IN_A_CLUSTER,
-            "bytes": len(body),
-            "parse_us": per_call_us(functools.partial(orjson.loads, body)),
-            "decide_us": per_call_us(functools.partial(decide, pod, in_cluster)),
-            "handle_us": per_call_us(functools.partial(cluster_handler.handle, body)),
-            "goal_us": None,
-            "mode": mode.value,
-        }
-    )
+    rows.append(_row(IN_A_CLUSTER, pod, in_cluster, cluster_handler))
     return rows
 
 
