@@ -60,14 +60,17 @@ class RunningServer:
         return self.log_path.read_text(errors="replace")
 
 
-def start_server(
+def launch_server(
     tmp_path: Path,
     *,
     config: dict[str, str] | None = None,
     extra_args: list[str] | None = None,
     env: dict[str, str] | None = None,
     config_dir_flag: bool = True,
+    kubeconfig: Path | None = None,
 ) -> RunningServer:
+    """Start ``coschedule serve`` without waiting for it: offline (``--no-cluster``) unless
+    a ``kubeconfig`` is given."""
     cert_dir = tmp_path / "tls"
     if not (cert_dir / certs.CERT_FILE).exists():
         certs.write_bundle(certs.generate(["localhost", "127.0.0.1"]), cert_dir)
@@ -80,13 +83,14 @@ def start_server(
     process_env = {k: v for k, v in os.environ.items() if not k.startswith("COSCHEDULE_")}
     process_env.update(env or {})
     process_env["PYTHONPATH"] = str(ROOT)
+    cluster = ["--kubeconfig", str(kubeconfig)] if kubeconfig else ["--no-cluster"]
     process = subprocess.Popen(
         [
             sys.executable,
             "-m",
             "coschedule.cli.main",
             "serve",
-            "--no-cluster",
+            *cluster,
             "--host",
             "127.0.0.1",
             "--port",
@@ -103,7 +107,22 @@ def start_server(
         env=process_env,
         cwd=tmp_path,
     )
-    server = RunningServer(process, port, health_port, cert_dir, config_dir, log_path)
+    return RunningServer(process, port, health_port, cert_dir, config_dir, log_path)
+
+
+def start_server(
+    tmp_path: Path,
+    *,
+    config: dict[str, str] | None = None,
+    extra_args: list[str] | None = None,
+    env: dict[str, str] | None = None,
+    config_dir_flag: bool = True,
+) -> RunningServer:
+    """An offline ``coschedule serve``, once its /readyz says ready."""
+    server = launch_server(
+        tmp_path, config=config, extra_args=extra_args, env=env, config_dir_flag=config_dir_flag
+    )
+    process = server.process
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
         if process.poll() is not None:
@@ -116,6 +135,20 @@ def start_server(
         time.sleep(0.1)
     process.kill()
     raise RuntimeError(f"server did not become ready:\n{server.log()}")
+
+
+def write_kubeconfig(path: Path, server_url: str) -> Path:
+    """A kubeconfig for an API server at ``server_url`` (the tests' kmock emulator)."""
+    path.write_text(
+        f"""apiVersion: v1
+kind: Config
+clusters: [{{name: kmock, cluster: {{server: "{server_url}"}}}}]
+users: [{{name: me, user: {{token: t0k3n}}}}]
+contexts: [{{name: here, context: {{cluster: kmock, user: me}}}}]
+current-context: here
+"""
+    )
+    return path
 
 
 def stop_server(server: RunningServer) -> None:

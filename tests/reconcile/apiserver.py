@@ -6,7 +6,9 @@
 - ``labelSelector`` is ignored on list and watch;
 - a watch replays every object as ADDED and never sends BOOKMARK or 410 Gone;
 - PUT is not routed (404), and writes are applied to its store even when a test reaction
-  answers them, so an injected 409 would still change the object.
+  answers them, so an injected 409 would still change the object;
+- ``/api/v1/namespaces[/NAME]`` (the cluster-scoped Namespaces) cannot be parsed: it reads
+  ``namespaces`` as the prefix of a namespaced path (a list is a 500): ``Scaffold`` fixes that.
 
 So the state lives here and kmock serves it: ``kmock.KubernetesScaffold`` gives the real
 HTTP server (aiohttp), request parsing into (action, resource, namespace, name) and
@@ -18,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import itertools
+import re
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -28,7 +31,27 @@ import kmock
 Obj = dict[str, Any]
 Key = tuple[str, str | None, str]  # (resource path, namespace, name)
 
+# What kmock routes the Namespaces under (see ``Scaffold``); ``MiniApi`` says "namespaces".
+NAMESPACES_ALIAS = "kmock-namespaces"
+_NAMESPACES_PATH = re.compile(r"^/api/v1/namespaces(/[^/]+)?/?$")
+
+
+class Scaffold(kmock.KubernetesScaffold):
+    """kmock's scaffold, with ``/api/v1/namespaces[/NAME]`` served as the cluster-scoped
+    resource it is (kmock 0.8 cannot parse it): such a request is routed as
+    ``/api/v1/kmock-namespaces[/NAME]``, with its query (``watch``, ``resourceVersion``)."""
+
+    async def __call__(self, raw_request: Any) -> Any:  # aiohttp's request and response
+        found = _NAMESPACES_PATH.match(raw_request.path)
+        if found is not None:
+            path = f"/api/v1/{NAMESPACES_ALIAS}{found.group(1) or ''}"
+            query = raw_request.query_string
+            raw_request = raw_request.clone(rel_url=f"{path}?{query}" if query else path)
+        return await super().__call__(raw_request)
+
+
 RESOURCES = {
+    "namespaces": ("", "v1"),  # served through ``Scaffold`` only
     "pods": ("", "v1"),
     "nodes": ("", "v1"),
     "events": ("", "v1"),
@@ -121,11 +144,15 @@ class MiniApi:
         self.bookmarks = True
         # When set, a request must carry one of these bearer tokens or is answered 401.
         self.tokens: set[str] | None = None
+        # (VERB, plural) -> the request is answered only once the event is set (a gate the
+        # test opens, e.g. to observe a cache before its first list is answered).
+        self.holds: dict[tuple[str, str], asyncio.Event] = {}
         self.muted = False  # writes reach the store and history but no open watch
         for plural, (group, version) in RESOURCES.items():
             if plural in without:  # a CRD that is not installed: not served, not discovered
                 continue
-            handler[kmock.resource(group, version, plural)] << self.handle
+            routed = NAMESPACES_ALIAS if plural == "namespaces" else plural
+            handler[kmock.resource(group, version, routed)] << self.handle
 
     # ---- direct access for tests (as a controller or a user would act) ----------------
 
@@ -216,6 +243,7 @@ class MiniApi:
     async def handle(self, request: kmock.Request) -> Any:
         assert request.resource is not None
         plural = str(request.resource.plural)
+        plural = "namespaces" if plural == NAMESPACES_ALIAS else plural
         method = str(request.method.value)
         verb = "WATCH" if request.action == kmock.action.WATCH else method
         self.requests.append((verb, plural, request.namespace, request.name, dict(request.params)))
@@ -223,6 +251,9 @@ class MiniApi:
             sent = str(request.headers.get("Authorization") or "").removeprefix("Bearer ")
             if sent not in self.tokens:
                 raise kmock.KubernetesError(status=401, reason="Unauthorized", message="token")
+        hold = self.holds.get((verb, plural))
+        if hold is not None:
+            await hold.wait()
         delay = self.delays.get((verb, plural))
         if delay:
             await asyncio.sleep(delay)

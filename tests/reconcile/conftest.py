@@ -10,12 +10,12 @@ import kmock
 import pytest
 
 from coschedule.kube.client import Credentials, KubeClient
-from tests.reconcile.apiserver import MiniApi
+from tests.reconcile.apiserver import MiniApi, Scaffold
 
 
 @pytest.fixture
 async def api() -> AsyncIterator[MiniApi]:
-    async with kmock.KubernetesScaffold() as handler, kmock.Server(handler) as server:
+    async with Scaffold() as handler, kmock.Server(handler) as server:
         state = MiniApi(handler)
         state.url = str(server.url).rstrip("/")
         yield state
