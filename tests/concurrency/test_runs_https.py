@@ -55,7 +55,7 @@ def seed(api: MiniApi) -> None:
     api.put("namespaces", namespace("sandbox"))  # not enabled
     api.put("concurrencycontrols", control("builds", CANCEL_BY_BRANCH, namespace="ci"))
     api.put("concurrencycontrols", control("releases", QUEUE_PER_NAMESPACE, namespace="deploy"))
-    # A control in the namespace that is not enabled: only the missing label leaves its runs.
+    # A control in the namespace that is not enabled: only the missing label spares its runs.
     api.put("concurrencycontrols", control("builds", CANCEL_BY_BRANCH, namespace="sandbox"))
 
 
