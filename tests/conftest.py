@@ -137,14 +137,16 @@ def start_server(
     raise RuntimeError(f"server did not become ready:\n{server.log()}")
 
 
-def write_kubeconfig(path: Path, server_url: str) -> Path:
-    """A kubeconfig for an API server at ``server_url`` (the tests' kmock emulator)."""
+def write_kubeconfig(path: Path, server_url: str, namespace: str | None = None) -> Path:
+    """A kubeconfig for an API server at ``server_url`` (the tests' kmock emulator, or an
+    address nothing listens on), with a bearer token and, if given, a default namespace."""
+    context = "cluster: kmock, user: me" + (f", namespace: {namespace}" if namespace else "")
     path.write_text(
         f"""apiVersion: v1
 kind: Config
 clusters: [{{name: kmock, cluster: {{server: "{server_url}"}}}}]
 users: [{{name: me, user: {{token: t0k3n}}}}]
-contexts: [{{name: here, context: {{cluster: kmock, user: me}}}}]
+contexts: [{{name: here, context: {{{context}}}}}]
 current-context: here
 """
     )

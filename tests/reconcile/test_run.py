@@ -16,6 +16,7 @@ from coschedule.config.store import SettingsStore
 from coschedule.kube.client import Credentials
 from coschedule.reconcile.reconciler_metrics import ReconcileMetrics
 from coschedule.reconcile.run import serve_reconciler
+from tests.conftest import write_kubeconfig
 from tests.reconcile.apiserver import MiniApi
 from tests.reconcile.conftest import eventually
 from tests.reconcile.pods import marked_pod, placeholder_of
@@ -78,16 +79,7 @@ async def test_cli_process_serves_probes_and_releases_the_lease_on_sigterm(
     api: MiniApi, tmp_path: Path, unused_tcp_port: int
 ) -> None:
     seed_cluster(api)
-    kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(
-        f"""apiVersion: v1
-kind: Config
-clusters: [{{name: kmock, cluster: {{server: "{api.url}"}}}}]
-users: [{{name: me, user: {{token: t0k3n}}}}]
-contexts: [{{name: here, context: {{cluster: kmock, user: me, namespace: coschedule-system}}}}]
-current-context: here
-"""
-    )
+    kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", api.url, "coschedule-system")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("COSCHEDULE_", "KUBE"))}
     (tmp_path / "config").mkdir()
     process = await asyncio.create_subprocess_exec(

@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from coschedule.kube.reachability import ApiReachability
-from tests.conftest import ROOT, free_port
+from tests.conftest import ROOT, free_port, write_kubeconfig
 
 
 def test_reachability_says_it_once_then_reminds_then_recovers(
@@ -58,16 +58,7 @@ def test_reconcile_against_a_closed_port(tmp_path: Path) -> None:
     closed = free_port()  # bound and released: nothing listens there
     health = free_port()
     server = f"https://127.0.0.1:{closed}"
-    kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(
-        f"""apiVersion: v1
-kind: Config
-clusters: [{{name: gone, cluster: {{server: "{server}"}}}}]
-users: [{{name: me, user: {{token: t0k3n}}}}]
-contexts: [{{name: here, context: {{cluster: gone, user: me, namespace: coschedule-system}}}}]
-current-context: here
-"""
-    )
+    kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", server, "coschedule-system")
     (tmp_path / "config").mkdir()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("COSCHEDULE_", "KUBE"))}
     log_path = tmp_path / "reconcile.log"
@@ -133,16 +124,7 @@ def test_serve_against_a_closed_port_says_why_it_is_not_ready(tmp_path: Path) ->
     from coschedule import certs
 
     closed, port, health = free_port(), free_port(), free_port()
-    kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(
-        f"""apiVersion: v1
-kind: Config
-clusters: [{{name: gone, cluster: {{server: "https://127.0.0.1:{closed}"}}}}]
-users: [{{name: me, user: {{token: t0k3n}}}}]
-contexts: [{{name: here, context: {{cluster: gone, user: me}}}}]
-current-context: here
-"""
-    )
+    kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", f"https://127.0.0.1:{closed}")
     certs.write_bundle(certs.generate(["127.0.0.1"]), tmp_path / "tls")
     (tmp_path / "config").mkdir()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("COSCHEDULE_", "KUBE"))}
