@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -51,7 +51,8 @@ from coschedule.marks import (
     LABEL_CONCURRENCY_GROUPED,
     LABEL_CONCURRENCY_PREFIX,
 )
-from coschedule.reconcile.workqueue import WorkQueue, cancel_and_wait
+from coschedule.reconcile.leading import LeaderWorkers
+from coschedule.reconcile.workqueue import WorkQueue
 
 log = logging.getLogger("coschedule.concurrency")
 
@@ -129,7 +130,7 @@ def slim_run(obj: Obj) -> Obj:
 RunKey = tuple[Kind, str]  # (kind, namespace/name)
 
 
-class ConcurrencyController:
+class ConcurrencyController(LeaderWorkers):
     def __init__(
         self,
         client: KubeClient,
@@ -140,6 +141,7 @@ class ConcurrencyController:
         discovery_retry: float = RETRY_SECONDS,
         retry_base: float | None = None,
     ) -> None:
+        super().__init__()
         self.client = client
         self.metrics = ConcurrencyMetrics(registry)
         self.clock = clock
@@ -167,9 +169,6 @@ class ConcurrencyController:
         self.run_groups: dict[RunKey, set[GroupKey]] = {}
         self.control_groups: dict[tuple[str, str], set[GroupKey]] = {}
         self.pending: set[RunKey] = set()
-        self._leading = False
-        self._tasks: list[asyncio.Task[None]] = []
-        self._workers: list[asyncio.Task[None]] = []
 
     # ---- lifecycle ----------------------------------------------------------------------
 
@@ -196,9 +195,8 @@ class ConcurrencyController:
             absent.append("concurrencycontrols")
         return True, (f"not served (CRD not installed): {', '.join(absent)}" if absent else None)
 
-    def start_informers(self) -> None:
-        self._tasks = [asyncio.create_task(self.controls.run())]
-        self._tasks += [asyncio.create_task(self._run_kind(kind)) for kind in self.runs]
+    def _informer_runs(self) -> list[Coroutine[Any, Any, None]]:
+        return [self.controls.run(), *(self._run_kind(kind) for kind in self.runs)]
 
     async def _run_kind(self, kind: Kind) -> None:
         engine = ENGINES[kind]
@@ -225,33 +223,12 @@ class ConcurrencyController:
             if not self.absent[kind]:
                 await informer.synced.wait()
 
-    def start_leading(self) -> None:
-        if self._leading:
-            return
-        self._leading = True
-        self._workers = [asyncio.create_task(self._lead())]
-
-    async def _lead(self) -> None:
-        await self.wait_synced()
+    def _take_over(self) -> None:
         for key in list(self.group_runs):
             self.queue.add(str(key))
         for namespace, controls in list(self.controls.by_namespace.items()):
             for name in list(controls):
                 self._status_soon(namespace, name)
-        self._workers += [asyncio.create_task(self._worker()) for _ in range(self.workers)]
-
-    def stop_leading(self) -> None:
-        self._leading = False
-        for task in self._workers:
-            task.cancel()
-        self._workers = []
-        self.queue.cancel_timers()
-
-    async def stop(self) -> None:
-        workers = self._workers
-        self.stop_leading()
-        await cancel_and_wait([*workers, *self._tasks])
-        self._tasks = []
 
     # ---- event handlers -----------------------------------------------------------------
 

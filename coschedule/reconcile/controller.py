@@ -11,7 +11,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Coroutine, Mapping
+from typing import Any
 
 from coschedule.config.settings import Settings
 from coschedule.kube.client import ApiError, KubeClient
@@ -32,6 +33,7 @@ from coschedule.reconcile import event_keys, shapes, stuck
 from coschedule.reconcile import plan as planning
 from coschedule.reconcile.event_keys import BY_NODE, BY_PLACEHOLDER
 from coschedule.reconcile.executor import Executor, NotLeader
+from coschedule.reconcile.leading import LeaderWorkers
 from coschedule.reconcile.observed import (
     MarkedPod,
     Observed,
@@ -44,7 +46,7 @@ from coschedule.reconcile.reconciler_metrics import ReconcileMetrics
 from coschedule.reconcile.resolver import OwnerLookupFailed, OwnerResolver
 from coschedule.reconcile.stuck_runs import StuckRuns
 from coschedule.reconcile.topology import TopologyLabels
-from coschedule.reconcile.workqueue import WorkQueue, cancel_and_wait
+from coschedule.reconcile.workqueue import WorkQueue
 
 log = logging.getLogger("coschedule.reconcile")
 
@@ -55,7 +57,7 @@ STATEFULSET_SELECTOR = f"{LABEL_MANAGED_BY}={MANAGED_BY}"
 DEFAULT_WORKERS = 4
 
 
-class Controller:
+class Controller(LeaderWorkers):
     def __init__(
         self,
         client: KubeClient,
@@ -67,6 +69,7 @@ class Controller:
         retry_base: float | None = None,
         owner_recheck: float = planning.OWNER_RECHECK_SECONDS,
     ) -> None:
+        super().__init__()
         self.client = client
         self.settings = settings
         self.metrics = metrics
@@ -104,7 +107,6 @@ class Controller:
         )
         self._idle_since: dict[str, float] = {}
         self._bad_logged: dict[str, str] = {}
-        self._leading = False
         self.executor = Executor(
             client,
             metrics,
@@ -114,8 +116,6 @@ class Controller:
             torn_down=self._forget,
         )
         self.stuck = StuckRuns(client, metrics.registry, self.queue, leading=lambda: self._leading)
-        self._worker_tasks: list[asyncio.Task[None]] = []
-        self._informer_tasks: list[asyncio.Task[None]] = []
         self.pods.add_handler(self._on_pod)
         self.placeholder_pods.add_handler(self._on_placeholder_pod)
         self.nodes.add_handler(self._on_node)
@@ -148,41 +148,18 @@ class Controller:
     def readiness(self) -> tuple[bool, str | None]:
         return caches_readiness(self.informers, self.client)
 
-    def start_informers(self) -> None:
-        self._informer_tasks = [asyncio.create_task(i.run()) for i in self.informers]
+    def _informer_runs(self) -> list[Coroutine[Any, Any, None]]:
+        return [informer.run() for informer in self.informers]
 
     async def wait_synced(self) -> None:
         await asyncio.gather(*(i.synced.wait() for i in self.informers))
 
-    def start_leading(self) -> None:
-        """Leader election's callback: act on every known key, from the caches."""
-        if self._leading:
-            return
-        self._leading = True
-        self.metrics.leader.set(1)
-        self._worker_tasks = [asyncio.create_task(self._lead())]
+    def _lead_changed(self, leading: bool) -> None:
+        self.metrics.leader.set(1 if leading else 0)
 
-    async def _lead(self) -> None:
-        # Acting on half-filled caches would create what exists or delete what is needed.
-        await self.wait_synced()
+    def _take_over(self) -> None:
         for key in self.known_keys():
             self.queue.add(key)
-        self._worker_tasks += [asyncio.create_task(self._worker()) for _ in range(self.workers)]
-
-    def stop_leading(self) -> None:
-        """Stop acting at once: cancel workers mid-call (the new leader re-reconciles)."""
-        self._leading = False
-        self.metrics.leader.set(0)
-        for task in self._worker_tasks:
-            task.cancel()
-        self._worker_tasks = []
-        self.queue.cancel_timers()
-
-    async def stop(self) -> None:
-        workers = self._worker_tasks
-        self.stop_leading()
-        await cancel_and_wait([*workers, *self._informer_tasks])
-        self._informer_tasks = []
 
     def known_keys(self) -> set[str]:
         return (

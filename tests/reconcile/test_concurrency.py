@@ -214,7 +214,7 @@ async def test_a_missing_run_crd_is_looked_for_again_and_the_rest_works(
         assert made.absent[Kind.WORKFLOW] is True
         assert api.calls("GET", "workflows") == []
         await asyncio.sleep(0.2)
-        assert not all(task.done() for task in made._tasks)
+        assert not all(task.done() for task in made._informer_tasks)
     finally:
         await made.stop()
         await client.aclose()
