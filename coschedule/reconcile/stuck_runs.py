@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
@@ -24,9 +25,10 @@ from coschedule.marks import Mode
 from coschedule.mutate.volume_topology import volume_topology
 from coschedule.reconcile import fit, relocation, stuck
 from coschedule.reconcile.executor import NotLeader
-from coschedule.reconcile.observed import Obj, Observed, OwnerRef
+from coschedule.reconcile.observed import Obj, Observed, ObservedSet, OwnerRef
 from coschedule.reconcile.placeholder import (
     ANNOTATION_TEMPLATE_HASH,
+    GroupSpec,
     group_spec,
     pod_template,
     template_hash,
@@ -41,6 +43,29 @@ RECHECK_MARGIN = 0.05  # look just after a grace period ends, not just before
 # room elsewhere) may change without an event on the group's own pods.
 MIN_STUCK_RECHECK_SECONDS = 5.0
 _TERMINATED = ("Succeeded", "Failed")
+
+
+@dataclass(frozen=True, slots=True)
+class _Case:
+    """A group with a stuck pod, as ``reconcile`` found it: what deciding, choosing a
+    target and moving read."""
+
+    observed: Observed
+    sts: ObservedSet
+    group: GroupSpec
+    raw_pods: Mapping[str, Obj]
+    sts_obj: Obj | None
+    nodes: Mapping[str, Obj]
+    placeholder_pods: Iterable[Obj]
+    settings: Settings
+    now: float
+    pod: stuck.PendingPod  # the stuck pod
+    node: stuck.NodeView  # the group's node
+    state: relocation.Relocations | None  # the domains the run has left
+
+    @property
+    def topology_key(self) -> str:
+        return self.group.topology_key
 
 
 class StuckRuns:
@@ -105,7 +130,6 @@ class StuckRuns:
         if sts is None or sts.deleting or not live or group is None:
             self.forget(key)
             return
-        topology_key = group.topology_key
         state = relocation.parse(sts.annotations)
         placed = [p for p in observed.placeholder_pods if not p.deleting and p.node_name]
         if state is not None:
@@ -144,37 +168,24 @@ class StuckRuns:
             self.forget(key)
             return
         await self._decide(
-            observed,
-            raw_pods,
-            sts_obj,
-            nodes,
-            placeholder_pods,
-            settings,
-            now,
-            pod,
-            node,
-            state,
-            topology_key,
+            _Case(
+                observed,
+                sts,
+                group,
+                raw_pods,
+                sts_obj,
+                nodes,
+                placeholder_pods,
+                settings,
+                now,
+                pod,
+                node,
+                state,
+            )
         )
 
-    async def _decide(
-        self,
-        observed: Observed,
-        raw_pods: Mapping[str, Obj],
-        sts_obj: Obj | None,
-        nodes: Mapping[str, Obj],
-        placeholder_pods: Iterable[Obj],
-        settings: Settings,
-        now: float,
-        pod: stuck.PendingPod,
-        node: stuck.NodeView,
-        state: relocation.Relocations | None,
-        topology_key: str,
-    ) -> None:
-        group = group_spec(observed.namespace, observed.name, observed.pods)
-        sts = observed.statefulset
-        assert group is not None
-        assert sts is not None
+    async def _decide(self, case: _Case) -> None:
+        observed, sts, group, pod, node = case.observed, case.sts, case.group, case.pod, case.node
         claims = await self._claims(
             observed.namespace,
             [*group.claims, *(marks.placeholder_claim(t, sts.name) for t in sts.templates)],
@@ -185,7 +196,7 @@ class StuckRuns:
             findings = stuck.from_message(pod, node.name)
         running = [
             stuck.Running(name, str((obj.get("spec") or {}).get("nodeName")))
-            for name, obj in sorted(raw_pods.items())
+            for name, obj in sorted(case.raw_pods.items())
             if (obj.get("spec") or {}).get("nodeName")
             and (obj.get("status") or {}).get("phase") not in _TERMINATED
             and not (obj.get("metadata") or {}).get("deletionTimestamp")
@@ -204,63 +215,39 @@ class StuckRuns:
             )
         target: stuck.NodeView | None = None
         if not blockers:
-            target = await self._target(
-                observed,
-                pod,
-                node,
-                nodes,
-                placeholder_pods,
-                settings,
-                state,
-                topology_key,
-                claims,
-                group.mode,
-                blockers,
-                options,
-            )
+            target = await self._target(case, claims, blockers, options)
         if target is not None:
-            await self._relocate(
-                observed, sts_obj, settings, now, pod, node, target, state, topology_key, findings
-            )
+            await self._relocate(case, target, findings)
             return
-        await self._explain(observed, sts_obj, pod, node, findings, blockers, options)
+        await self._explain(observed, pod, node, findings, blockers, options)
         self.queue.add_after(
-            observed.key, max(MIN_STUCK_RECHECK_SECONDS, float(settings.stuck_grace_seconds))
+            observed.key, max(MIN_STUCK_RECHECK_SECONDS, float(case.settings.stuck_grace_seconds))
         )
 
     async def _target(
         self,
-        observed: Observed,
-        pod: stuck.PendingPod,
-        node: stuck.NodeView,
-        nodes: Mapping[str, Obj],
-        placeholder_pods: Iterable[Obj],
-        settings: Settings,
-        state: relocation.Relocations | None,
-        topology_key: str,
+        case: _Case,
         claims: Sequence[stuck.ClaimState],
-        mode: Mode,
         blockers: list[str],
         options: list[str],
     ) -> stuck.NodeView | None:
+        pod = case.pod
         others = {
             str((obj.get("spec") or {}).get("nodeName"))
-            for obj in placeholder_pods
+            for obj in case.placeholder_pods
             if (obj.get("spec") or {}).get("nodeName")
-            and (obj.get("metadata") or {}).get("name") != f"{observed.name}-0"
+            and (obj.get("metadata") or {}).get("name") != f"{case.observed.name}-0"
         }
-        left = set(state.left) if state is not None else set()
-        group = group_spec(observed.namespace, observed.name, observed.pods)
-        assert group is not None
+        left = set(case.state.left) if case.state is not None else set()
         candidates = stuck.static_candidates(
             pod,
-            [stuck.node_view(obj) for obj in nodes.values()],
-            topology_key=topology_key,
-            current=node,
+            [stuck.node_view(obj) for obj in case.nodes.values()],
+            topology_key=case.topology_key,
+            current=case.node,
             left=left,
             claims=claims,
-            excluded=others if mode is Mode.ISOLATE_PIPELINERUN else (),
-            placeholder_tolerations=group.tolerations,
+            excluded=others if case.group.mode is Mode.ISOLATE_PIPELINERUN else (),
+            placeholder_tolerations=case.group.tolerations,
         )
         if candidates.volume_blocked:
             blockers.append(
@@ -270,7 +257,7 @@ class StuckRuns:
             options.extend(stuck.volume_options(candidates.volume_blocked))
             return None
         usage = {n.name: await self._usage(n.name) for n in candidates.nodes}
-        requests = fit.resources(settings.placeholder_resources.get("requests"))
+        requests = fit.resources(case.settings.placeholder_resources.get("requests"))
         requests[fit.PODS] = Decimal(1)
         target, rejected = stuck.choose_target(pod, candidates.nodes, usage, requests, others)
         if target is None:
@@ -283,22 +270,10 @@ class StuckRuns:
     # ---- acting -----------------------------------------------------------------------
 
     async def _relocate(
-        self,
-        observed: Observed,
-        sts_obj: Obj | None,
-        settings: Settings,
-        now: float,
-        pod: stuck.PendingPod,
-        node: stuck.NodeView,
-        target: stuck.NodeView,
-        state: relocation.Relocations | None,
-        topology_key: str,
-        findings: Sequence[stuck.Finding],
+        self, case: _Case, target: stuck.NodeView, findings: Sequence[stuck.Finding]
     ) -> None:
-        sts = observed.statefulset
-        group = group_spec(observed.namespace, observed.name, observed.pods)
-        assert sts is not None
-        assert group is not None
+        observed, sts, group, pod, node = case.observed, case.sts, case.group, case.pod, case.node
+        state, topology_key, now = case.state, case.topology_key, case.now
         domain = node.domain(topology_key) or node.name
         hostname = target.labels.get(relocation.HOSTNAME, target.name)
         moved = (
@@ -308,7 +283,7 @@ class StuckRuns:
         )
         annotations = {relocation.ANNOTATION_RELOCATIONS: moved.encode()}
         template = relocation.steer(
-            pod_template(group, settings, observed.claim_templates), annotations
+            pod_template(group, case.settings, observed.claim_templates), annotations
         )
         annotations[ANNOTATION_TEMPLATE_HASH] = template_hash(template)
         patch = {
@@ -346,7 +321,7 @@ class StuckRuns:
                 "why": because,
             },
         )
-        uid = str(((sts_obj or {}).get("metadata") or {}).get("uid") or sts.uid)
+        uid = str(((case.sts_obj or {}).get("metadata") or {}).get("uid") or sts.uid)
         await self._event(
             observed.namespace,
             {"apiVersion": "apps/v1", "kind": "StatefulSet", "name": sts.name, "uid": uid},
@@ -366,7 +341,6 @@ class StuckRuns:
     async def _explain(
         self,
         observed: Observed,
-        sts_obj: Obj | None,
         pod: stuck.PendingPod,
         node: stuck.NodeView,
         findings: Sequence[stuck.Finding],
