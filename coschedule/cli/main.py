@@ -22,22 +22,13 @@ EXIT_USAGE = 2
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from coschedule import certs, logs
-    from coschedule.config.settings import ConfigError
-    from coschedule.config.store import SettingsStore, metric_hooks
+    from coschedule.config.store import open_store_or_exit
     from coschedule.server.serve import ServeOptions, build_webhook, serve
     from coschedule.server.webhook_metrics import WebhookMetrics
 
     logs.setup(args.log_level, args.log_format)
     metrics = WebhookMetrics()
-    config_dir, note = folder.config_dir_or_exit("serve", args.config_dir)
-    on_error, on_loaded = metric_hooks(metrics)
-    try:
-        store = SettingsStore(
-            config_dir, os.environ, on_error=on_error, on_loaded=on_loaded, note=note
-        )
-    except ConfigError as exc:
-        print(f"coschedule serve: refusing to start: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+    store = open_store_or_exit("serve", args.config_dir, os.environ, metrics)
     cert_dir = Path(args.cert_dir) if args.cert_dir else Path("certs")
     if args.cert_dir is None:
         if certs.ensure_self_signed(cert_dir):

@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from coschedule.config.folder import config_dir_or_exit
 from coschedule.config.settings import ConfigError, Settings, parse_settings, read_raw_config
 
 log = logging.getLogger("coschedule.config")
@@ -38,6 +40,21 @@ def metric_hooks(metrics: ReloadMetrics) -> tuple[Callable[[], None], Callable[[
         metrics.config_last_reload_success.set(1)
 
     return refused, loaded
+
+
+def open_store_or_exit(
+    command: str, given_dir: str | None, environ: Mapping[str, str], metrics: ReloadMetrics
+) -> SettingsStore:
+    """A process's settings at start: the config folder (as ``config_dir_or_exit`` finds
+    it) and the environment, the reload metrics kept true; an invalid configuration is a
+    message naming the key(s) and exit 2 (the process refuses to start)."""
+    config_dir, note = config_dir_or_exit(command, given_dir)
+    on_error, on_loaded = metric_hooks(metrics)
+    try:
+        return SettingsStore(config_dir, environ, on_error=on_error, on_loaded=on_loaded, note=note)
+    except ConfigError as exc:
+        print(f"coschedule {command}: refusing to start: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 def reload_errors_counter(registry: CollectorRegistry) -> Counter:

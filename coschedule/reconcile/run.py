@@ -13,9 +13,7 @@ from collections.abc import Iterator
 
 import uvicorn
 
-from coschedule.config.folder import config_dir_or_exit
-from coschedule.config.settings import ConfigError
-from coschedule.config.store import SettingsStore, metric_hooks, reload_loop
+from coschedule.config.store import SettingsStore, open_store_or_exit, reload_loop
 from coschedule.kube.client import Credentials, KubeClient, KubeConfigError, require
 from coschedule.kube.leader import ElectionConfig, LeaderElector
 from coschedule.probes import Probes, probes_app
@@ -42,15 +40,7 @@ def run_reconciler(args: argparse.Namespace) -> int:
 
     logs.setup(args.log_level, args.log_format)
     metrics = ReconcileMetrics()
-    config_dir, note = config_dir_or_exit("reconcile", args.config_dir)
-    on_error, on_loaded = metric_hooks(metrics)
-    try:
-        store = SettingsStore(
-            config_dir, os.environ, on_error=on_error, on_loaded=on_loaded, note=note
-        )
-    except ConfigError as exc:
-        print(f"coschedule reconcile: refusing to start: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+    store = open_store_or_exit("reconcile", args.config_dir, os.environ, metrics)
     try:
         creds = require(args.kubeconfig, os.environ, "the reconciler")
     except KubeConfigError as exc:
