@@ -47,6 +47,21 @@ def service_dns_names(service: str, namespace: str) -> list[str]:
     ]
 
 
+def _key_usage(*, signs_certificates: bool) -> x509.KeyUsage:
+    """Digital signatures (the TLS handshake's ECDSA); a CA also signs certificates and CRLs."""
+    return x509.KeyUsage(
+        digital_signature=True,
+        content_commitment=False,
+        key_encipherment=False,
+        data_encipherment=False,
+        key_agreement=False,
+        key_cert_sign=signs_certificates,
+        crl_sign=signs_certificates,
+        encipher_only=False,
+        decipher_only=False,
+    )
+
+
 def _san(names: list[str]) -> x509.SubjectAlternativeName:
     entries: list[x509.GeneralName] = []
     for name in names:
@@ -76,17 +91,7 @@ def generate(
         .not_valid_after(start + dt.timedelta(days=days * 2))
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
         .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=True,
-                crl_sign=True,
-                encipher_only=False,
-                decipher_only=False,
-            ),
+            _key_usage(signs_certificates=True),
             critical=True,
         )
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), False)
@@ -104,17 +109,7 @@ def generate(
         .add_extension(_san(dns_names), critical=False)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=False,
-                crl_sign=False,
-                encipher_only=False,
-                decipher_only=False,
-            ),
+            _key_usage(signs_certificates=False),
             critical=True,
         )
         .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
