@@ -38,16 +38,8 @@ def pipeline_run(
     }
     if status is not None:
         spec["status"] = status
-    meta: Obj = {
-        "name": name,
-        "namespace": namespace,
-        "uid": f"uid-{name}",
-        "resourceVersion": rv,
-        "creationTimestamp": created,
-        "labels": {"tekton.dev/pipeline": "build-and-test", **(labels or {})},
-    }
-    if annotations:
-        meta["annotations"] = annotations
+    meta = _metadata(name, namespace, rv, created, labels, annotations)
+    meta["labels"] = {"tekton.dev/pipeline": "build-and-test", **meta["labels"]}
     obj: Obj = {
         "apiVersion": "tekton.dev/v1",
         "kind": "PipelineRun",
@@ -83,16 +75,8 @@ def workflow(
         spec["suspend"] = suspend
     if shutdown is not None:
         spec["shutdown"] = shutdown
-    meta: Obj = {
-        "name": name,
-        "namespace": namespace,
-        "uid": f"uid-{name}",
-        "resourceVersion": rv,
-        "creationTimestamp": created,
-        "labels": {"workflows.argoproj.io/creator": "ci", **(labels or {})},
-    }
-    if annotations:
-        meta["annotations"] = annotations
+    meta = _metadata(name, namespace, rv, created, labels, annotations)
+    meta["labels"] = {"workflows.argoproj.io/creator": "ci", **meta["labels"]}
     obj: Obj = {
         "apiVersion": "argoproj.io/v1alpha1",
         "kind": "Workflow",
@@ -102,6 +86,29 @@ def workflow(
     if phase is not None:
         obj["status"] = {"phase": phase}
     return obj
+
+
+def _metadata(
+    name: str,
+    namespace: str,
+    rv: str,
+    created: str,
+    labels: dict[str, str] | None,
+    annotations: dict[str, str] | None,
+) -> Obj:
+    """A run's metadata as the API returns it (the engine's own labels are added by the
+    caller, before the test's)."""
+    meta: Obj = {
+        "name": name,
+        "namespace": namespace,
+        "uid": f"uid-{name}",
+        "resourceVersion": rv,
+        "creationTimestamp": created,
+        "labels": dict(labels or {}),
+    }
+    if annotations:
+        meta["annotations"] = annotations
+    return meta
 
 
 def control(name: str, spec: Obj, *, namespace: str = "ci") -> Obj:
