@@ -153,6 +153,29 @@ current-context: here
     return path
 
 
+def reconciler_command(
+    kubeconfig: Path, config_dir: Path, health_port: int
+) -> tuple[list[str], dict[str, str]]:
+    """``coschedule reconcile`` as the manifests run it (JSON logs), and an environment
+    without the host's COSCHEDULE_* and KUBE* variables."""
+    argv = [
+        sys.executable,
+        "-m",
+        "coschedule.cli.main",
+        "reconcile",
+        "--kubeconfig",
+        str(kubeconfig),
+        "--config-dir",
+        str(config_dir),
+        "--health-port",
+        str(health_port),
+        "--log-format",
+        "json",
+    ]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("COSCHEDULE_", "KUBE"))}
+    return argv, {**env, "PYTHONPATH": str(ROOT)}
+
+
 def stop_server(server: RunningServer) -> None:
     if server.process.poll() is None:
         server.process.terminate()

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import signal
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -16,7 +14,7 @@ from coschedule.config.store import SettingsStore
 from coschedule.kube.client import Credentials
 from coschedule.reconcile.reconciler_metrics import ReconcileMetrics
 from coschedule.reconcile.run import serve_reconciler
-from tests.conftest import write_kubeconfig
+from tests.conftest import reconciler_command, write_kubeconfig
 from tests.reconcile.apiserver import MiniApi
 from tests.reconcile.conftest import eventually
 from tests.reconcile.pods import marked_pod, placeholder_of
@@ -80,23 +78,12 @@ async def test_cli_process_serves_probes_and_releases_the_lease_on_sigterm(
 ) -> None:
     seed_cluster(api)
     kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", api.url, "coschedule-system")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("COSCHEDULE_", "KUBE"))}
     (tmp_path / "config").mkdir()
+    argv, env = reconciler_command(kubeconfig, tmp_path / "config", unused_tcp_port)
     process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "coschedule.cli.main",
-        "reconcile",
-        "--kubeconfig",
-        str(kubeconfig),
-        "--config-dir",
-        str(tmp_path / "config"),
-        "--health-port",
-        str(unused_tcp_port),
-        "--log-format",
-        "json",  # as the manifests run it
+        *argv,
         cwd=ROOT,
-        env={**env, "PYTHONPATH": str(ROOT)},
+        env=env,
         stdout=asyncio.subprocess.DEVNULL,
         stderr=asyncio.subprocess.PIPE,
     )

@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from coschedule.kube.reachability import ApiReachability
-from tests.conftest import ROOT, free_port, write_kubeconfig
+from tests.conftest import ROOT, free_port, reconciler_command, write_kubeconfig
 
 
 def test_reachability_says_it_once_then_reminds_then_recovers(
@@ -60,25 +60,12 @@ def test_reconcile_against_a_closed_port(tmp_path: Path) -> None:
     server = f"https://127.0.0.1:{closed}"
     kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", server, "coschedule-system")
     (tmp_path / "config").mkdir()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("COSCHEDULE_", "KUBE"))}
+    argv, env = reconciler_command(kubeconfig, tmp_path / "config", health)
     log_path = tmp_path / "reconcile.log"
     process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "coschedule.cli.main",
-            "reconcile",
-            "--kubeconfig",
-            str(kubeconfig),
-            "--config-dir",
-            str(tmp_path / "config"),
-            "--health-port",
-            str(health),
-            "--log-format",
-            "json",  # as the manifests run it
-        ],
+        argv,
         cwd=ROOT,
-        env={**env, "PYTHONPATH": str(ROOT)},
+        env=env,
         stdout=subprocess.DEVNULL,
         stderr=log_path.open("wb"),
     )
