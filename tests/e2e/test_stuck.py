@@ -34,6 +34,7 @@ from tests.e2e.world import (
     ZONE,
     TektonRun,
     bare_pod,
+    bound_claim,
     create_pod,
     describe_namespace,
     pod_phase,
@@ -295,60 +296,6 @@ def test_a_running_task_is_never_split_the_stuck_pod_is_explained(
     assert node(api.must_get("Pod", run.pod_name("build"), ns)) == old_node
 
 
-def local_volume_claim(api: Api, namespace: str, name: str, host: str) -> None:
-    """A claim bound to a node-local volume on ``host`` (as a local-volume provisioner
-    makes it): usable there only."""
-    pv_name = f"pv-{namespace}-{name}"[:63]
-    api.create(
-        {
-            "apiVersion": "v1",
-            "kind": "PersistentVolume",
-            "metadata": {"name": pv_name, "labels": {"e2e": "true"}},
-            "spec": {
-                "capacity": {"storage": "1Gi"},
-                "accessModes": ["ReadWriteOnce"],
-                "persistentVolumeReclaimPolicy": "Delete",
-                "storageClassName": "",
-                "hostPath": {"path": f"/tmp/e2e/{pv_name}"},
-                "claimRef": {"namespace": namespace, "name": name},
-                "nodeAffinity": {
-                    "required": {
-                        "nodeSelectorTerms": [
-                            {
-                                "matchExpressions": [
-                                    {"key": HOSTNAME, "operator": "In", "values": [host]}
-                                ]
-                            }
-                        ]
-                    }
-                },
-            },
-        }
-    )
-    api.create(
-        {
-            "apiVersion": "v1",
-            "kind": "PersistentVolumeClaim",
-            "metadata": {"name": name, "namespace": namespace},
-            "spec": {
-                "accessModes": ["ReadWriteOnce"],
-                "storageClassName": "",
-                "volumeName": pv_name,
-                "resources": {"requests": {"storage": "1Gi"}},
-            },
-        }
-    )
-    wait_for(
-        f"claim {namespace}/{name} to be Bound",
-        lambda: (
-            (api.must_get("PersistentVolumeClaim", name, namespace).get("status") or {}).get(
-                "phase"
-            )
-            == "Bound"
-        ),
-    )
-
-
 @pytest.mark.usefixtures("pool")
 def test_a_node_local_volume_pins_the_run_explained_never_moved(
     e2e: E2E, namespace: Callable[..., str]
@@ -357,7 +304,7 @@ def test_a_node_local_volume_pins_the_run_explained_never_moved(
     api = e2e.api
     ns = namespace(mode="pipelineruns")
     here = sorted(POOL_NODES)[0]
-    local_volume_claim(api, ns, "source", here)
+    bound_claim(api, ns, "source", pinned=(HOSTNAME, here))
     run = TektonRun(api, ns, unique("pr")).create()
     build = in_pool(
         run.pod_manifest("build", fixture=ONE_WORKSPACE, claims={"pvc-1f1344866c": "source"})
@@ -396,59 +343,6 @@ def test_a_node_local_volume_pins_the_run_explained_never_moved(
     assert not events_on(api, ns, "StatefulSet", placeholder, "PlaceholderRelocated")
 
 
-def pinned_claim(api: Api, namespace: str, name: str, key: str, value: str) -> None:
-    """A claim bound to a volume pinned by ``key`` = ``value`` (pre-bound, as above)."""
-    pv_name = f"pv-{namespace}-{name}"[:63]
-    api.create(
-        {
-            "apiVersion": "v1",
-            "kind": "PersistentVolume",
-            "metadata": {"name": pv_name, "labels": {"e2e": "true"}},
-            "spec": {
-                "capacity": {"storage": "1Gi"},
-                "accessModes": ["ReadWriteOnce"],
-                "persistentVolumeReclaimPolicy": "Delete",
-                "storageClassName": "",
-                "hostPath": {"path": f"/tmp/e2e/{pv_name}"},
-                "claimRef": {"namespace": namespace, "name": name},
-                "nodeAffinity": {
-                    "required": {
-                        "nodeSelectorTerms": [
-                            {
-                                "matchExpressions": [
-                                    {"key": key, "operator": "In", "values": [value]}
-                                ]
-                            }
-                        ]
-                    }
-                },
-            },
-        }
-    )
-    api.create(
-        {
-            "apiVersion": "v1",
-            "kind": "PersistentVolumeClaim",
-            "metadata": {"name": name, "namespace": namespace},
-            "spec": {
-                "accessModes": ["ReadWriteOnce"],
-                "storageClassName": "",
-                "volumeName": pv_name,
-                "resources": {"requests": {"storage": "1Gi"}},
-            },
-        }
-    )
-    wait_for(
-        f"claim {namespace}/{name} to be Bound",
-        lambda: (
-            (api.must_get("PersistentVolumeClaim", name, namespace).get("status") or {}).get(
-                "phase"
-            )
-            == "Bound"
-        ),
-    )
-
-
 def kubectl_create(e2e: E2E, manifest: Obj, tmp_path: Path, *extra: str) -> Any:
     path = tmp_path / f"{manifest['metadata']['name']}.json"
     path.write_text(json.dumps(manifest))
@@ -462,8 +356,8 @@ def test_claims_on_two_nodes_are_refused_by_kubectl(
     api = e2e.api
     ns = namespace(mode="pipelineruns")
     one, two = sorted(POOL_NODES)
-    pinned_claim(api, ns, "source", HOSTNAME, one)
-    pinned_claim(api, ns, "cache", HOSTNAME, two)
+    bound_claim(api, ns, "source", pinned=(HOSTNAME, one))
+    bound_claim(api, ns, "cache", pinned=(HOSTNAME, two))
     run = TektonRun(api, ns, unique("pr")).create()
     manifest = run.pod_manifest(
         "test",
@@ -518,9 +412,9 @@ def test_zonal_volumes_in_one_zone_are_admitted_with_a_zone_topology_key(
     e2e.require("controller-manager", "kubectl")
     api = e2e.api
     ns = namespace(mode="pipelineruns")
-    pinned_claim(api, ns, "source", ZONE, "e2e-zone-a")
-    pinned_claim(api, ns, "cache", ZONE, "e2e-zone-a")
-    pinned_claim(api, ns, "far", ZONE, "e2e-zone-b")
+    bound_claim(api, ns, "source", pinned=(ZONE, "e2e-zone-a"))
+    bound_claim(api, ns, "cache", pinned=(ZONE, "e2e-zone-a"))
+    bound_claim(api, ns, "far", pinned=(ZONE, "e2e-zone-b"))
     run = TektonRun(api, ns, unique("pr")).create()
     together = run.pod_manifest(
         "test",
@@ -561,7 +455,7 @@ def test_a_volume_only_usable_elsewhere_moves_the_run_to_it(
     old_node = node(first)
     pod_phase(api, run.pods["build"], "Succeeded")
     data_node = next(name for name in sorted(POOL_NODES) if name != old_node)
-    local_volume_claim(api, ns, "source", data_node)
+    bound_claim(api, ns, "source", pinned=(HOSTNAME, data_node))
     manifest = run.pod_manifest("test", fixture=ONE_WORKSPACE, claims={"pvc-1f1344866c": "source"})
     run.pods["test"] = create_pod(api, in_pool(manifest))
     since, message = unschedulable(api, ns, run.pod_name("test"), "PersistentVolume")

@@ -214,25 +214,39 @@ def make_namespace(api: Api, name: str, mode: str | None, *, enabled: bool = Tru
 
 
 def bound_claim(
-    api: Api, namespace: str, name: str, size: str = "1Gi", *, wait: bool = True
+    api: Api,
+    namespace: str,
+    name: str,
+    size: str = "1Gi",
+    *,
+    wait: bool = True,
+    pinned: tuple[str, str] | None = None,
 ) -> None:
-    """A user's claim, bound to a hostPath volume that any node can mount (pre-bound, so the
-    persistentvolume-binder controller binds it at once; ``wait=False`` where the test only
-    needs it to exist, e.g. without kube-controller-manager)."""
+    """A user's claim, bound to a hostPath volume (pre-bound, so the persistentvolume-binder
+    controller binds it at once; ``wait=False`` where the test only needs it to exist, e.g.
+    without kube-controller-manager). Any node can mount it, or with ``pinned`` = (label,
+    value) only the nodes with that label (a node-local volume: the hostname label)."""
     pv_name = f"pv-{namespace}-{name}"[:63]
+    pv_spec: dict[str, Any] = {
+        "capacity": {"storage": size},
+        "accessModes": ["ReadWriteOnce"],
+        "persistentVolumeReclaimPolicy": "Delete",
+        "storageClassName": "",
+        "hostPath": {"path": f"/tmp/e2e/{pv_name}"},
+        "claimRef": {"namespace": namespace, "name": name},
+    }
+    if pinned is not None:
+        key, value = pinned
+        expression = {"key": key, "operator": "In", "values": [value]}
+        pv_spec["nodeAffinity"] = {
+            "required": {"nodeSelectorTerms": [{"matchExpressions": [expression]}]}
+        }
     api.create(
         {
             "apiVersion": "v1",
             "kind": "PersistentVolume",
             "metadata": {"name": pv_name, "labels": {"e2e": "true"}},
-            "spec": {
-                "capacity": {"storage": size},
-                "accessModes": ["ReadWriteOnce"],
-                "persistentVolumeReclaimPolicy": "Delete",
-                "storageClassName": "",
-                "hostPath": {"path": f"/tmp/e2e/{pv_name}"},
-                "claimRef": {"namespace": namespace, "name": name},
-            },
+            "spec": pv_spec,
         }
     )
     api.create(
