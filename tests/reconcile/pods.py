@@ -7,6 +7,7 @@ fixtures, then what the apiserver adds after admission (uid, creationTimestamp, 
 from __future__ import annotations
 
 import copy
+from datetime import UTC, datetime
 from typing import Any
 
 from coschedule.config.settings import Settings
@@ -59,3 +60,15 @@ def parsed(pod: dict[str, Any]) -> MarkedPod:
 
 def placeholder_of(pod: dict[str, Any]) -> str:
     return str(pod["metadata"]["labels"]["coschedule.dev/placeholder"])
+
+
+def unschedulable(message: str, since: float) -> dict[str, Any]:
+    """The PodScheduled condition kube-scheduler writes on a pod it cannot place."""
+    return {
+        "type": "PodScheduled",
+        "status": "False",
+        "reason": "Unschedulable",
+        "message": message,
+        "lastProbeTime": None,
+        "lastTransitionTime": datetime.fromtimestamp(since, UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+    }

@@ -18,7 +18,7 @@ import pytest
 from coschedule.mutate.volume_topology import volume_topology
 from coschedule.reconcile import fit, shapes, stuck
 from coschedule.reconcile.scheduler_message import Cause
-from tests.reconcile.pods import marked_pod
+from tests.reconcile.pods import marked_pod, unschedulable
 
 MESSAGES = {
     c["name"]: c["message"]
@@ -51,17 +51,7 @@ def pending(
         pod["spec"]["containers"][0]["resources"]["requests"] = {"cpu": cpu}
     if node_selector is not None:
         pod["spec"]["nodeSelector"] = node_selector
-    stamp = datetime.fromtimestamp(since, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    pod["status"]["conditions"] = [
-        {
-            "type": "PodScheduled",
-            "status": "False",
-            "reason": "Unschedulable",
-            "message": message,
-            "lastProbeTime": None,
-            "lastTransitionTime": stamp,
-        }
-    ]
+    pod["status"]["conditions"] = [unschedulable(message, since)]
     found = stuck.pending_pod(SLIM(pod), ("data",))
     assert found is not None
     return found
@@ -97,54 +87,27 @@ def usage(**values: str) -> dict[str, Decimal]:
     return fit.resources(values)
 
 
-def local_pv(name: str, host: str) -> Any:
+def pinned_pv(name: str, key: str, value: str) -> Any:
+    """A volume usable only on nodes labelled ``key`` = ``value``."""
+    expression = {"key": key, "operator": "In", "values": [value]}
     return volume_topology(
         {
             "metadata": {"name": name},
             "spec": {
                 "nodeAffinity": {
-                    "required": {
-                        "nodeSelectorTerms": [
-                            {
-                                "matchExpressions": [
-                                    {
-                                        "key": "kubernetes.io/hostname",
-                                        "operator": "In",
-                                        "values": [host],
-                                    }
-                                ]
-                            }
-                        ]
-                    }
+                    "required": {"nodeSelectorTerms": [{"matchExpressions": [expression]}]}
                 }
             },
         }
     )
+
+
+def local_pv(name: str, host: str) -> Any:
+    return pinned_pv(name, "kubernetes.io/hostname", host)
 
 
 def zonal_pv(name: str, zone: str) -> Any:
-    return volume_topology(
-        {
-            "metadata": {"name": name},
-            "spec": {
-                "nodeAffinity": {
-                    "required": {
-                        "nodeSelectorTerms": [
-                            {
-                                "matchExpressions": [
-                                    {
-                                        "key": "topology.kubernetes.io/zone",
-                                        "operator": "In",
-                                        "values": [zone],
-                                    }
-                                ]
-                            }
-                        ]
-                    }
-                }
-            },
-        }
-    )
+    return pinned_pv(name, "topology.kubernetes.io/zone", zone)
 
 
 # ---- stuck? ----------------------------------------------------------------------------

@@ -23,7 +23,7 @@ from coschedule.reconcile.controller import Controller
 from coschedule.reconcile.reconciler_metrics import ReconcileMetrics
 from tests.reconcile.apiserver import MiniApi
 from tests.reconcile.conftest import eventually
-from tests.reconcile.pods import marked_pod, placeholder_of
+from tests.reconcile.pods import marked_pod, placeholder_of, unschedulable
 from tests.reconcile.test_controller import PIPELINERUN_UID, placeholder_pod, seed_cluster
 
 GRACE = 2
@@ -63,17 +63,7 @@ def stuck_pod(since: float, message: str = CPU_MESSAGE) -> dict[str, Any]:
     for container in pod["spec"]["containers"]:
         container["resources"] = {"requests": {"cpu": "0"}}
     pod["spec"]["containers"][0]["resources"] = {"requests": {"cpu": "1"}}
-    stamp = datetime.fromtimestamp(since, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    pod["status"]["conditions"] = [
-        {
-            "type": "PodScheduled",
-            "status": "False",
-            "reason": "Unschedulable",
-            "message": message,
-            "lastProbeTime": None,
-            "lastTransitionTime": stamp,
-        }
-    ]
+    pod["status"]["conditions"] = [unschedulable(message, since)]
     return pod
 
 
