@@ -343,3 +343,10 @@ def test_the_in_cluster_payload_is_a_first_pod_whose_claim_is_rewritten() -> Non
     placeholder = run_placeholder("ci", pod["metadata"]["labels"]["tekton.dev/pipelineRun"])
     rewrites = [op for op in decision.ops if op["path"].endswith("/claimName")]
     assert [op["value"] for op in rewrites] == [placeholder_claim(template.name, placeholder)]
+    # ``later pod``: with the StatefulSet made, the pod follows its templates, to the same
+    # claim, and carries no templates of its own.
+    decide_bench.add_placeholder(cache, "ci", placeholder, decision.templates)
+    later = decide(pod, ctx)
+    assert later.templates is None
+    again = [op for op in later.ops if op["path"].endswith("/claimName")]
+    assert [op["value"] for op in again] == [placeholder_claim(template.name, placeholder)]
