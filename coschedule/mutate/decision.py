@@ -304,10 +304,7 @@ def _mode_step(labels: Mapping[str, str], ctx: AdmissionContext, decision: Decis
                 f"left alone: namespace {ctx.namespace!r} is not labelled {LABEL_ENABLED}=true"
             )
         return None
-    if LABEL_MODE not in labels and (info is None or LABEL_MODE not in info.labels):
-        choice: ModeChoice | InvalidMode = ctx.cluster_mode  # most pods: no call
-    else:
-        choice = choose_mode(labels, info.labels if info is not None else None, ctx.cluster_mode)
+    choice = choose_mode(labels, info.labels if info is not None else None, ctx.cluster_mode)
     if isinstance(choice, InvalidMode):
         where = (
             f"the pod's label {LABEL_MODE}"
@@ -380,7 +377,7 @@ def _claims_step(
         known = view.get(ctx.namespace, claim) if view is not None else None
         if view is not None and known is None and not marks.is_placeholder_claim(claim):
             decision.missing_claims += (claim,)
-        if known is not None and not claims_mod.groupable(known, settings.group_shared_claims):
+        if not claims_mod.groupable(known, settings.group_shared_claims):
             why = (
                 "labelled coschedule.dev/skip=true" if known and known.skip else "shared (RWX/ROX)"
             )
