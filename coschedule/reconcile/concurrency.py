@@ -284,14 +284,6 @@ class ConcurrencyController(LeaderWorkers):
 
     # ---- workers --------------------------------------------------------------------------
 
-    async def _worker(self) -> None:
-        while True:
-            key = await self.queue.get()
-            try:
-                await self.reconcile_key(key)
-            finally:
-                self.queue.done(key)
-
     async def reconcile_key(self, key: str) -> None:
         try:
             if key.startswith(STATUS_PREFIX):

@@ -210,14 +210,6 @@ class Controller(LeaderWorkers):
 
     # ---- workers --------------------------------------------------------------------------
 
-    async def _worker(self) -> None:
-        while True:
-            key = await self.queue.get()
-            try:
-                await self.reconcile_key(key)
-            finally:
-                self.queue.done(key)
-
     async def reconcile_key(self, key: str) -> None:
         """One reconcile; failures are logged and retried with backoff, never raised."""
         self.metrics.reconciles.inc()

@@ -3,7 +3,7 @@ replica (a new leader starts from full caches), their workers only in the leader
 
 ``LeaderWorkers`` owns those tasks and the start/stop callbacks leader election calls; a
 controller says which watches it runs, when its caches are full, what it queues on taking
-the lead and what one worker does.
+the lead and how it reconciles one key.
 """
 
 from __future__ import annotations
@@ -77,6 +77,15 @@ class LeaderWorkers(abc.ABC):
     def _take_over(self) -> None:
         """On taking the lead, with full caches: queue everything known."""
 
-    @abc.abstractmethod
     async def _worker(self) -> None:
         """One worker: take keys from the queue and reconcile them, until cancelled."""
+        while True:
+            key = await self.queue.get()
+            try:
+                await self.reconcile_key(key)
+            finally:
+                self.queue.done(key)
+
+    @abc.abstractmethod
+    async def reconcile_key(self, key: str) -> None:
+        """One key's reconcile; failures are handled (retried, logged), never raised."""
