@@ -328,15 +328,7 @@ class StuckRuns:
             "PlaceholderRelocated",
             message,
         )
-        owner = observed.owner.root if observed.owner is not None else None
-        if owner is not None:
-            await self._event(observed.namespace, _involved(owner), "RunRelocated", message)
-        await self._event(
-            observed.namespace,
-            {"apiVersion": "v1", "kind": "Pod", "name": pod.name, "uid": pod.uid},
-            "RunRelocated",
-            message,
-        )
+        await self._run_events(observed, "RunRelocated", message, pod=pod)
 
     async def _explain(
         self,
@@ -366,16 +358,7 @@ class StuckRuns:
                 "explain": text,
             },
         )
-        await self._event(
-            observed.namespace,
-            {"apiVersion": "v1", "kind": "Pod", "name": pod.name, "uid": pod.uid},
-            "RunStuck",
-            text,
-            "Warning",
-        )
-        owner = observed.owner.root if observed.owner is not None else None
-        if owner is not None:
-            await self._event(observed.namespace, _involved(owner), "RunStuck", text, "Warning")
+        await self._run_events(observed, "RunStuck", text, "Warning", pod=pod)
 
     async def _placeholder_pending(
         self,
@@ -431,11 +414,7 @@ class StuckRuns:
                 text,
                 "Warning",
             )
-        owner = observed.owner.root if observed.owner is not None else None
-        if owner is not None:
-            await self._event(
-                observed.namespace, _involved(owner), "PlaceholderUnschedulable", text, "Warning"
-            )
+        await self._run_events(observed, "PlaceholderUnschedulable", text, "Warning")
 
     async def _strays(
         self,
@@ -505,6 +484,24 @@ class StuckRuns:
         kind: str = "Normal",
     ) -> None:
         await record_event(self.client, namespace, involved, reason, message, kind)
+
+    async def _run_events(
+        self,
+        observed: Observed,
+        reason: str,
+        message: str,
+        kind: str = "Normal",
+        *,
+        pod: stuck.PendingPod | None = None,
+    ) -> None:
+        """The same Event on the stuck pod (if any) and on the run that owns the group, where
+        its users look (``kubectl describe pipelinerun``)."""
+        if pod is not None:
+            involved = {"apiVersion": "v1", "kind": "Pod", "name": pod.name, "uid": pod.uid}
+            await self._event(observed.namespace, involved, reason, message, kind)
+        owner = observed.owner.root if observed.owner is not None else None
+        if owner is not None:
+            await self._event(observed.namespace, _involved(owner), reason, message, kind)
 
 
 def _involved(owner: OwnerRef) -> dict[str, str]:
