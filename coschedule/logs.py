@@ -21,6 +21,12 @@ _STANDARD = frozenset(vars(logging.makeLogRecord({})).keys()) | {
 
 FORMATS = ("json", "text")
 
+# Libraries whose INFO lines are chatter, not news: httpx logs one line per API request
+# (the reconciler's watches and writes: most of its log), uvicorn one lifecycle line per
+# listener (serve has two, so each came twice); our own start and stop lines say the same
+# once. Their warnings and errors still show; at level debug everything does.
+QUIET_LOGGERS = ("httpx", "httpcore", "uvicorn.error")
+
 
 # A record's own attributes come first in its __dict__, the call site's extra after them.
 _OWN = len(vars(logging.makeLogRecord({})))
@@ -103,3 +109,6 @@ def setup(level: str = "info", fmt: str = "json") -> None:
     for name in ("uvicorn", "uvicorn.error"):
         logging.getLogger(name).handlers[:] = []
         logging.getLogger(name).propagate = True
+    quiet = logging.NOTSET if root.level <= logging.DEBUG else logging.WARNING
+    for name in QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(quiet)

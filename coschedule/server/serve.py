@@ -139,3 +139,4 @@ async def serve(webhook: Webhook, options: ServeOptions) -> None:
         reloader.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await reloader
+    log.info("stopped")

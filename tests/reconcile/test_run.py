@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import signal
 from collections.abc import Callable
 from pathlib import Path
@@ -110,6 +111,9 @@ async def test_cli_process_serves_probes_and_releases_the_lease_on_sigterm(
         assert process.stderr is not None
         stderr = (await process.stderr.read()).decode()
         assert '"msg":"released the Lease"' in stderr
+        # Its API requests (watches, the Lease) are not logged one line each at info.
+        loggers = [json.loads(line)["logger"] for line in stderr.splitlines()]
+        assert not [name for name in loggers if name.startswith(("httpx", "httpcore"))], stderr
     finally:
         if process.returncode is None:
             process.kill()

@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import json
 import logging
+import signal
 import socket
 import subprocess
 import sys
+import time
 from typing import Any
 
+import httpx
 import orjson
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
@@ -189,6 +192,70 @@ def test_serve_logs_in_the_chosen_format(fmt: str, first: str, tmp_path: Any) ->
     assert line.startswith(first), line
     if fmt == "json":
         assert "level" in json.loads(line)
+
+
+def test_serve_logs_each_lifecycle_line_once(tmp_path: Any) -> None:
+    """A real `coschedule serve` process from start to SIGTERM: two listeners, yet every line
+    once (uvicorn's per-listener lifecycle lines were each printed twice)."""
+    certs.write_bundle(certs.generate(["localhost"]), tmp_path)
+    health = free_port()
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "coschedule.cli.main",
+            "serve",
+            "--no-cluster",
+            "--port",
+            str(free_port()),
+            "--health-port",
+            str(health),
+            "--cert-dir",
+            str(tmp_path),
+            "--log-format",
+            "json",
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        for _ in range(400):
+            try:
+                if httpx.get(f"http://127.0.0.1:{health}/livez").status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.025)
+        process.send_signal(signal.SIGTERM)
+        _, stderr = process.communicate(timeout=10)
+    finally:
+        if process.returncode is None:
+            process.kill()
+            process.wait()
+    messages = [(entry["logger"], entry["msg"]) for entry in map(json.loads, stderr.splitlines())]
+    assert ("coschedule.serve", "serving") in messages
+    assert messages[-2:] == [("coschedule.serve", "shutting down"), ("coschedule.serve", "stopped")]
+    assert len(messages) == len(set(messages)), messages
+    assert not [m for m in messages if m[0].startswith("uvicorn")], messages
+
+
+@pytest.mark.parametrize("level", ["info", "warning", "debug"])
+def test_http_client_and_server_chatter_is_quiet_unless_debug(level: str) -> None:
+    """httpx logs one INFO line per API request and uvicorn one per listener's lifecycle
+    step: hidden at info, their warnings still shown, everything at debug."""
+    root = logging.getLogger()
+    saved = (root.handlers[:], root.level)
+    try:
+        logs.setup(level, "json")
+        for name in logs.QUIET_LOGGERS:
+            logger = logging.getLogger(name)
+            assert logger.isEnabledFor(logging.INFO) == (level == "debug")
+            assert logger.isEnabledFor(logging.WARNING)
+        assert logging.getLogger("coschedule.x").isEnabledFor(logging.INFO) == (level != "warning")
+    finally:
+        root.handlers[:], _ = saved
+        root.setLevel(saved[1])
+        for name in logs.QUIET_LOGGERS:
+            logging.getLogger(name).setLevel(logging.NOTSET)
 
 
 def test_metrics_expose_what_prometheus_client_would() -> None:
