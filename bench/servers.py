@@ -83,8 +83,8 @@ def expected_answer(app: str, body: bytes) -> bytes:
     webhook's own decision computed in this process with the same settings."""
     if app == "floor":
         return FLOOR_RESPONSE
-    from coschedule.cluster import ClusterLink
     from coschedule.config.store import SettingsStore
+    from coschedule.server.cluster import ClusterLink
     from coschedule.server.mutate_endpoint import AdmissionHandler
     from coschedule.server.webhook_metrics import WebhookMetrics
 

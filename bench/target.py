@@ -91,9 +91,9 @@ def https_config(app: Any, context: ssl.SSLContext, host: str, port: int) -> uvi
 def webhook_app(cert_dir: Path, mode: str = WEBHOOK_MODE) -> tuple[Any, ssl.SSLContext, Any]:
     """(app, TLS context, reload callable) of the real webhook, offline, as ``serve
     --no-cluster`` builds it: cluster settings alone, no claim rewrite."""
-    from coschedule.cluster import ClusterLink
     from coschedule.config.store import SettingsStore
     from coschedule.probes import probes_app
+    from coschedule.server.cluster import ClusterLink
     from coschedule.server.https_app import HttpsApp
     from coschedule.server.serve import build_webhook
     from coschedule.server.webhook_metrics import WebhookMetrics

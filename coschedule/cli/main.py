@@ -21,62 +21,9 @@ EXIT_USAGE = 2
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from coschedule import certs, logs
-    from coschedule.config.store import open_store_or_exit
-    from coschedule.server.serve import ServeOptions, build_webhook, serve
-    from coschedule.server.webhook_metrics import WebhookMetrics
+    from coschedule.server.main import run_webhook
 
-    logs.setup(args.log_level, args.log_format)
-    metrics = WebhookMetrics()
-    store = open_store_or_exit("serve", args.config_dir, os.environ, metrics)
-    cert_dir = Path(args.cert_dir) if args.cert_dir else Path("certs")
-    if args.cert_dir is None:
-        if certs.ensure_self_signed(cert_dir):
-            print(
-                f"coschedule serve: made a self-signed certificate in {cert_dir}/ "
-                f"(CA: {cert_dir / certs.CA_FILE})",
-                file=sys.stderr,
-            )
-    elif not (cert_dir / certs.CERT_FILE).exists() or not (cert_dir / certs.KEY_FILE).exists():
-        print(
-            f"coschedule serve: {cert_dir} has no {certs.CERT_FILE} and {certs.KEY_FILE}; "
-            f"make them with: coschedule certs --dns-name NAME --out {cert_dir}",
-            file=sys.stderr,
-        )
-        return EXIT_USAGE
-
-    from coschedule.cluster import ClusterLink, ClusterUnavailable
-
-    try:
-        link = ClusterLink.connect(args.kubeconfig, os.environ, offline=args.no_cluster)
-    except ClusterUnavailable as exc:
-        print(f"coschedule serve: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    store.adjust = link.adjust_settings
-    store.current = link.adjust_settings(store.current)
-    webhook = build_webhook(
-        store, metrics, cert_dir, link.namespaces, link.claims, link.volumes, link.controls
-    )
-    link.add_probes(webhook.probes)
-    serve_options = ServeOptions(
-        host=args.host, port=args.port, health_port=args.health_port, cert_dir=cert_dir
-    )
-
-    async def main() -> None:
-        async with link.running():
-            await serve(webhook, serve_options)
-
-    _run(main())
-    return EXIT_OK
-
-
-def _run(coro: object) -> None:
-    try:
-        import uvloop
-
-        uvloop.run(coro)  # type: ignore[arg-type]
-    except ImportError:
-        asyncio.run(coro)  # type: ignore[arg-type]
+    return run_webhook(args)
 
 
 def cmd_certs(args: argparse.Namespace) -> int:
@@ -124,7 +71,7 @@ def _certs_in_cluster(
     import datetime as dt
 
     from coschedule import certs
-    from coschedule.certs_apply import ApplyError, apply_in_cluster, parse_secret_ref
+    from coschedule.cli.certs_apply import ApplyError, apply_in_cluster, parse_secret_ref
     from coschedule.kube.client import KubeClient, KubeConfigError, require
 
     try:
@@ -169,8 +116,8 @@ def _certs_in_cluster(
 def cmd_explain(args: argparse.Namespace) -> int:
     import orjson
 
+    from coschedule.cli.explain import UnreadablePod, explain, read_pod, render_text, static_claims
     from coschedule.config.settings import ConfigError, load_settings
-    from coschedule.explain import UnreadablePod, explain, read_pod, render_text, static_claims
     from coschedule.marks import MODE_CHOICES, Mode
     from coschedule.wire.pod_fields import MalformedPod
 
@@ -233,7 +180,7 @@ def _read_run(text: str) -> dict[str, Any] | None:
     """The document when it is a PipelineRun or Workflow (else None: explain a pod)."""
     import yaml
 
-    from coschedule.explain_runs import run_kind
+    from coschedule.cli.explain_runs import run_kind
 
     try:
         doc = yaml.safe_load(text)
@@ -247,7 +194,7 @@ def _read_run(text: str) -> dict[str, Any] | None:
 def _explain_run(args: argparse.Namespace, text: str, run: dict[str, Any] | None) -> int:
     import orjson
 
-    from coschedule.explain_runs import (
+    from coschedule.cli.explain_runs import (
         RUN_KINDS,
         UnreadableInput,
         explain_run,

@@ -8,8 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from coschedule.cli.explain import explain, render_text
 from coschedule.config.settings import parse_settings
-from coschedule.explain import explain, render_text
 from tests.conftest import ROOT
 from tests.fixtures import load_pod
 

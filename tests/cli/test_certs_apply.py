@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from coschedule import certs
-from coschedule.certs_apply import (
+from coschedule.cli.certs_apply import (
     STRATEGIC_MERGE,
     ApplyError,
     apply_in_cluster,

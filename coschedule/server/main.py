@@ -1,0 +1,73 @@
+"""``coschedule serve``: the webhook's process, wired: logging, metrics, the settings store,
+the serving certificate, the cluster's caches, then both listeners in one event loop."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+from collections.abc import Coroutine
+from pathlib import Path
+from typing import Any
+
+from coschedule import certs, logs
+from coschedule.config.store import open_store_or_exit
+from coschedule.server.cluster import ClusterLink, ClusterUnavailable
+from coschedule.server.serve import ServeOptions, build_webhook, serve
+from coschedule.server.webhook_metrics import WebhookMetrics
+
+EXIT_OK = 0
+EXIT_USAGE = 2
+
+
+def run_webhook(args: argparse.Namespace) -> int:
+    logs.setup(args.log_level, args.log_format)
+    metrics = WebhookMetrics()
+    store = open_store_or_exit("serve", args.config_dir, os.environ, metrics)
+    cert_dir = Path(args.cert_dir) if args.cert_dir else Path("certs")
+    if args.cert_dir is None:
+        if certs.ensure_self_signed(cert_dir):
+            print(
+                f"coschedule serve: made a self-signed certificate in {cert_dir}/ "
+                f"(CA: {cert_dir / certs.CA_FILE})",
+                file=sys.stderr,
+            )
+    elif not (cert_dir / certs.CERT_FILE).exists() or not (cert_dir / certs.KEY_FILE).exists():
+        print(
+            f"coschedule serve: {cert_dir} has no {certs.CERT_FILE} and {certs.KEY_FILE}; "
+            f"make them with: coschedule certs --dns-name NAME --out {cert_dir}",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
+
+    try:
+        link = ClusterLink.connect(args.kubeconfig, os.environ, offline=args.no_cluster)
+    except ClusterUnavailable as exc:
+        print(f"coschedule serve: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    store.adjust = link.adjust_settings
+    store.current = link.adjust_settings(store.current)
+    webhook = build_webhook(
+        store, metrics, cert_dir, link.namespaces, link.claims, link.volumes, link.controls
+    )
+    link.add_probes(webhook.probes)
+    serve_options = ServeOptions(
+        host=args.host, port=args.port, health_port=args.health_port, cert_dir=cert_dir
+    )
+
+    async def main() -> None:
+        async with link.running():
+            await serve(webhook, serve_options)
+
+    _run(main())
+    return EXIT_OK
+
+
+def _run(coro: Coroutine[Any, Any, None]) -> None:
+    try:
+        import uvloop
+
+        uvloop.run(coro)
+    except ImportError:
+        asyncio.run(coro)
