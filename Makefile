@@ -1,31 +1,58 @@
 # coschedule: `make run` serves the webhook, `make test` runs every check.
 # Every dependency comes from pyproject.toml into .venv; nothing is installed by hand.
 
+# Python >= 3.11 (pyproject.toml's requires-python).
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed-stamp
+INTERPRETER := $(VENV)/.interpreter
+RUNTIME := $(VENV)/.runtime-stamp
+STAMP := $(VENV)/.dev-stamp
+# `make run` is for a dev machine: it listens on the loopback only (the container's
+# `coschedule serve` listens on every address, serve's --host default).
+HOST ?= 127.0.0.1
 PORT ?= 8443
 HEALTH_PORT ?= 8080
 
-.PHONY: help venv run test lint typecheck unit e2e bench certs clean
+.PHONY: help venv run test lint typecheck unit e2e bench certs clean FORCE
 
 help:
-	@echo "make run    serve the webhook on https://localhost:$(PORT) (probes on :$(HEALTH_PORT))"
-	@echo "make test   lint, type-check and run the tests (e2e too when KUBEBUILDER_ASSETS is set)"
+	@echo "make run    serve the webhook on https://$(HOST):$(PORT) (probes on http://$(HOST):$(HEALTH_PORT)); runtime dependencies only"
+	@echo "make test   lint, type-check and run the tests (e2e too when KUBEBUILDER_ASSETS is set); adds the dev tools"
 	@echo "make e2e    the end-to-end suite against a real control plane"
 	@echo "make bench  the benchmarks (not part of make test)"
 
-$(STAMP): pyproject.toml
-	$(PYTHON) -m venv $(VENV)
+# The venv belongs to $(PYTHON). One made by another interpreter, by another Python version
+# or by an interpreter that no longer runs is made again here, not left to fail until
+# `make clean`. The file is rewritten only then, so the installs below rerun only then.
+VENV_ID = import sys; print("%d.%d" % sys.version_info[:2], sys.base_prefix)
+VENV_OK = import os, sysconfig; assert os.path.isdir(sysconfig.get_path("purelib"))
+$(INTERPRETER): FORCE
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "coschedule needs Python >= 3.11; $(PYTHON) is " + sys.version.split()[0] + ": make ... PYTHON=python3.11 (or newer)")'
+	@want=$$($(PYTHON) -c '$(VENV_ID)'); \
+	have=$$($(BIN)/python -c '$(VENV_OK); $(VENV_ID)' 2>/dev/null || true); \
+	if [ "$$want" != "$$have" ] || [ ! -f $@ ]; then \
+		if [ -d $(VENV) ]; then \
+			echo "$(VENV) was made by $${have:-an interpreter that no longer runs}, not by $(PYTHON) ($$want): making it again"; \
+		fi; \
+		rm -rf $(VENV) && $(PYTHON) -m venv $(VENV) && echo "$$want" > $@; \
+	fi
+
+# `make run` needs the runtime dependencies only; `make test` adds the [dev] extra.
+$(RUNTIME): pyproject.toml $(INTERPRETER)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e .
+	touch $@
+
+$(STAMP): pyproject.toml $(INTERPRETER)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
-	touch $(STAMP)
+	touch $@ $(RUNTIME)
 
 venv: $(STAMP)
 
-run: $(STAMP)
-	$(BIN)/coschedule serve --port $(PORT) --health-port $(HEALTH_PORT)
+run: $(RUNTIME)
+	$(BIN)/coschedule serve --host $(HOST) --port $(PORT) --health-port $(HEALTH_PORT)
 
 lint: $(STAMP)
 	$(BIN)/ruff check coschedule tests bench .github/scripts
@@ -55,7 +82,7 @@ e2e: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python -m bench
 
-certs: $(STAMP)
+certs: $(RUNTIME)
 	$(BIN)/coschedule certs --dns-name localhost --dns-name 127.0.0.1 --out certs
 
 clean:

@@ -1,0 +1,158 @@
+"""The Makefile a new user meets first: ``make run`` serves with the runtime dependencies only,
+on the loopback the README names; ``make test`` adds the dev tools; a venv made by another
+Python is made again instead of failing until ``make clean``."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+MAKE = shutil.which("make")
+
+needs_make = pytest.mark.skipif(MAKE is None, reason="no make on PATH")
+
+
+def _copy(tmp_path: Path) -> Path:
+    for name in ("Makefile", "pyproject.toml"):
+        shutil.copy(ROOT / name, tmp_path / name)
+    return tmp_path
+
+
+def _make(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    assert MAKE is not None
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MAKE", "VIRTUAL_ENV"))}
+    return subprocess.run(
+        [MAKE, "--no-print-directory", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+
+
+def _makefile_default(name: str) -> str:
+    match = re.search(rf"^{name} \?= (\S+)$", (ROOT / "Makefile").read_text(), re.M)
+    assert match, f"no `{name} ?=` in the Makefile"
+    return match.group(1)
+
+
+@needs_make
+def test_make_run_installs_the_runtime_dependencies_only(tmp_path: Path) -> None:
+    plan = _make(_copy(tmp_path), "-n", "run")
+    assert plan.returncode == 0, plan.stderr
+    installs = [line for line in plan.stdout.splitlines() if "pip install" in line]
+    assert any(line.rstrip().endswith("install --quiet -e .") for line in installs), installs
+    assert not any("[dev]" in line for line in installs), installs
+
+
+@needs_make
+def test_make_test_installs_the_dev_tools(tmp_path: Path) -> None:
+    plan = _make(_copy(tmp_path), "-n", "test")
+    assert plan.returncode == 0, plan.stderr
+    assert "-e '.[dev]'" in plan.stdout
+    assert "ruff check" in plan.stdout
+    assert "mypy" in plan.stdout
+
+
+@needs_make
+def test_make_run_binds_the_loopback_the_readme_names(tmp_path: Path) -> None:
+    host = _makefile_default("HOST")
+    assert host in {"127.0.0.1", "localhost", "::1"}, "make run is for a dev machine"
+    plan = _make(_copy(tmp_path), "-n", "run")
+    serve = [line for line in plan.stdout.splitlines() if " serve " in line]
+    assert serve, plan.stdout
+    assert f"--host {host}" in serve[-1]
+    readme = (ROOT / "README.md").read_text("utf-8")
+    quick_start = readme.split("## Quick start", 1)[1].split("\n## ", 1)[0]
+    assert host in quick_start, "the README's quick start says where make run listens"
+    assert "0.0.0.0" not in quick_start
+
+
+def test_python_version_is_stated_where_a_user_looks() -> None:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text("utf-8"))["project"]
+    assert project["requires-python"] == ">=3.11"
+    readme = (ROOT / "README.md").read_text("utf-8")
+    quick_start = readme.split("## Quick start", 1)[1].split("\n## ", 1)[0]
+    assert "Python 3.11" in quick_start
+
+
+@needs_make
+def test_a_venv_made_by_another_python_is_made_again(tmp_path: Path) -> None:
+    """A venv whose interpreter reports another Python (or no longer runs) is recreated by
+    the first ``make`` that needs it, saying why; the next one leaves it alone."""
+    work = _copy(tmp_path)
+    stale = work / ".venv" / "bin"
+    stale.mkdir(parents=True)
+    (stale / "python").write_text('#!/bin/sh\necho "3.10 /opt/old-python"\n')
+    (stale / "python").chmod(0o755)
+    (work / ".venv" / ".interpreter").write_text("3.10 /opt/old-python\n")
+
+    made = _make(work, f"PYTHON={sys.executable}", ".venv/.interpreter")
+    assert made.returncode == 0, made.stderr
+    assert "was made by 3.10 /opt/old-python" in made.stdout
+    assert "making it again" in made.stdout
+    version = subprocess.run(
+        [str(stale / "python"), "-c", "import sys; print(sys.version_info[:2])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert version.stdout.strip() == str(sys.version_info[:2])
+
+    stamp = work / ".venv" / ".interpreter"
+    before = stamp.stat().st_mtime_ns
+    again = _make(work, f"PYTHON={sys.executable}", ".venv/.interpreter")
+    assert again.returncode == 0, again.stderr
+    assert "making it again" not in again.stdout
+    assert stamp.stat().st_mtime_ns == before, "an unchanged venv must not reinstall"
+
+
+def test_serving_needs_no_dev_dependency() -> None:
+    """Every coschedule module imports with the [dev] extra's packages unimportable, and
+    ``serve --help`` runs: ``make run``'s runtime-only venv serves."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text("utf-8"))["project"]
+    dev = {
+        re.split(r"[ ;=<>!\[]", requirement, maxsplit=1)[0].lower().replace("_", "-")
+        for requirement in project["optional-dependencies"]["dev"]
+    }
+    probe = f"""
+import importlib, importlib.abc, importlib.metadata, pkgutil, sys
+dev = {sorted(dev)!r}
+blocked = {{
+    module
+    for module, dists in importlib.metadata.packages_distributions().items()
+    if all(d.lower().replace("_", "-") in dev for d in dists)
+}}
+class Refuse(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.partition(".")[0] in blocked:
+            raise ImportError(f"{{name}} is a dev dependency")
+        return None
+sys.meta_path.insert(0, Refuse())
+import coschedule
+for info in pkgutil.walk_packages(coschedule.__path__, "coschedule."):
+    importlib.import_module(info.name)
+from coschedule.cli.main import main
+try:
+    main(["serve", "--help"])
+except SystemExit as done:
+    assert done.code == 0, done.code
+print("blocked", len(blocked))
+"""
+    result = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT, check=False
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "--port" in result.stdout
+    blocked = int(result.stdout.rsplit("blocked ", 1)[1])
+    assert blocked >= 5, "the dev packages were found and refused"
