@@ -59,11 +59,14 @@ def _without_helm_labels(obj: Obj) -> Obj:
     ("source", "overlay"), [("self-signed", SELF_SIGNED), ("cert-manager", CERT_MANAGER)]
 )
 def test_chart_defaults_render_the_overlay_objects(source: str, overlay: str) -> None:
-    chart = {
-        ident(_without_helm_labels(o)): _without_helm_labels(o)
-        for o in render_chart(_values(source))
+    """The same objects, but the Namespace: the chart's is the release's, which Helm creates
+    (``--create-namespace``) before it stores the release there."""
+    docs = render_chart(_values(source))
+    assert not objects(docs, "Namespace")
+    chart = {ident(_without_helm_labels(o)): _without_helm_labels(o) for o in docs}
+    kustomize = {
+        ident(o): _without_helm_labels(o) for o in render(overlay) if o["kind"] != "Namespace"
     }
-    kustomize = {ident(o): _without_helm_labels(o) for o in render(overlay)}
     assert sorted(chart) == sorted(kustomize)
     for name, obj in kustomize.items():
         assert chart[name] == obj, name
@@ -183,7 +186,7 @@ def test_every_option_reaches_the_objects() -> None:
     values = all_options()
     docs = render_chart(values)
     image = f"{values['image']['repository']}@{values['image']['digest']}"
-    assert not objects(docs, "Namespace")  # namespace.create: false
+    assert not objects(docs, "Namespace")  # the release's, made by helm --create-namespace
     pods = {
         "webhook": _pod(docs, "Deployment", "coschedule-webhook"),
         "reconciler": _pod(docs, "Deployment", "coschedule-reconciler"),
@@ -267,7 +270,7 @@ def test_another_namespace_is_followed_everywhere() -> None:
     for obj in docs:
         if "namespace" in obj["metadata"]:
             assert obj["metadata"]["namespace"] == "platform-coschedule", ident(obj)
-    assert one(docs, "Namespace", "platform-coschedule")
+    assert not objects(docs, "Namespace")
     hook = _webhook(docs)
     assert hook["clientConfig"]["service"]["namespace"] == "platform-coschedule"
     (excluded,) = hook["namespaceSelector"]["matchExpressions"]
@@ -319,3 +322,16 @@ def test_the_chart_ships_the_manifests_concurrencycontrol_crd() -> None:
     )
     base = CHART.parents[1] / "manifests" / "base" / "crd-concurrencycontrol.yaml"
     assert shipped == yaml.safe_load(base.read_text())
+
+
+def test_documented_helm_install_creates_the_release_namespace() -> None:
+    """The chart renders no Namespace, so every documented install says --create-namespace
+    (tests/e2e/test_helm_install.py runs that command against a real API server)."""
+    root = CHART.parent.parent
+    commands = []
+    for path in [root / "README.md", *sorted((root / "docs").glob("*.md")), CHART / "values.yaml"]:
+        text = path.read_text("utf-8").replace("\\\n", " ")
+        commands += [(path.name, m) for m in re.findall(r"helm install coschedule [^\n]*", text)]
+    assert len(commands) >= 3, commands
+    for name, command in commands:
+        assert "--create-namespace" in command, (name, command)

@@ -43,6 +43,8 @@ CHART_SELF_SIGNED = "chart:self-signed"
 CHART_CERT_MANAGER = "chart:cert-manager"
 TARGETS = (BASE, CERT_MANAGER, SELF_SIGNED, CHART_SELF_SIGNED, CHART_CERT_MANAGER)
 OVERLAYS = (CERT_MANAGER, SELF_SIGNED, CHART_SELF_SIGNED, CHART_CERT_MANAGER)
+# Those that render the Namespace (the chart's is the release's: helm --create-namespace).
+KUSTOMIZE_TARGETS = (BASE, CERT_MANAGER, SELF_SIGNED)
 
 K8S_VERSIONS = ("1.30", "1.36")
 NAMESPACE = "coschedule-system"
@@ -391,8 +393,13 @@ def test_namespace_selector_needs_the_label_and_excludes_system_namespaces(
     ]
     assert len(excluded) == 1
     assert {"kube-system", NAMESPACE} <= set(excluded[0]["values"])
-    # The project's namespace could not match anyway: it is not enabled.
-    namespace = one(rendered, "Namespace", NAMESPACE)
+
+
+@pytest.mark.parametrize("target", KUSTOMIZE_TARGETS)
+def test_the_overlays_namespace_is_disabled_by_label(target: str) -> None:
+    """The project's namespace could not match anyway: it is not enabled. (The chart's
+    namespace is the release's, made by ``helm --create-namespace``: excluded by name only.)"""
+    namespace = one(render(target), "Namespace", NAMESPACE)
     assert namespace["metadata"]["labels"].get(marks.LABEL_ENABLED) != "true"
     assert namespace["metadata"]["labels"].get(marks.LABEL_MODE) == "disabled"
 
@@ -608,8 +615,10 @@ def test_webhook_rollout_never_drops_below_its_replicas(rendered: list[Obj]) -> 
     assert strategy["rollingUpdate"]["maxUnavailable"] == 0
 
 
-def test_the_namespace_enforces_restricted_pod_security(rendered: list[Obj]) -> None:
-    labels = one(rendered, "Namespace", NAMESPACE)["metadata"]["labels"]
+@pytest.mark.parametrize("target", KUSTOMIZE_TARGETS)
+def test_the_namespace_enforces_restricted_pod_security(target: str) -> None:
+    # The chart's namespace is the release's (docs/deploy.md says how to label it the same).
+    labels = one(render(target), "Namespace", NAMESPACE)["metadata"]["labels"]
     for mode in ("enforce", "audit", "warn"):
         assert labels[f"pod-security.kubernetes.io/{mode}"] == "restricted"
 

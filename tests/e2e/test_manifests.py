@@ -48,14 +48,12 @@ def test_chart_applies_with_server_dry_run(e2e: E2E, source: str, tmp_path: Path
     """charts/coschedule rendered by a real Helm (every option set) applies to the server."""
     values = all_options()
     values["certificates"]["source"] = source
-    values["namespace"]["create"] = True
     manifest = tmp_path / "chart.yaml"
     manifest.write_text(render_chart_text(values))
     done = e2e.kubectl_run("apply", "--dry-run=server", "-f", str(manifest))
     assert done.returncode == 0, f"kubectl apply --dry-run=server (chart) failed:\n{done.stderr}"
     out = done.stdout
     for kind, name in [
-        ("namespace", "coschedule-system"),
         ("deployment.apps", "coschedule-webhook"),
         ("deployment.apps", "coschedule-reconciler"),
         ("mutatingwebhookconfiguration.admissionregistration.k8s.io", "coschedule"),
