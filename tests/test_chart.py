@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import yaml
 
+from coschedule.config.policy import POLICY_KEYS, PolicyMode
 from coschedule.config.settings import KNOWN_KEYS, parse_settings
 from coschedule.marks import Mode
 from tests.chart import CHART, NAMESPACE, all_options, helm, lint, render_chart
@@ -299,12 +300,63 @@ def test_the_schema_knows_exactly_the_config_keys() -> None:
         ({"certificates": {"source": "vault"}}, "/certificates/source"),
         ({"image": {"digest": "latest"}}, "/image/digest"),
         ({"certificates": {"selfSigned": {"days": 0}}}, "/certificates/selfSigned/days"),
+        # Values, not only keys: an unquoted off is YAML's false, which no process accepts.
+        ({"config": {"policy-control-plane": False}}, "/config/policy-control-plane"),
+        ({"config": {"policy-reserved-tolerations": "block"}}, "/config/policy-reserved"),
+        ({"config": {"policy-hard-anti-affinity-topology": 1}}, "/config/policy-hard-anti"),
+        ({"config": {"coschedule": False}}, "/config/coschedule"),
+        ({"config": {"coschedule": "per-run"}}, "/config/coschedule"),
+        # No webhook replica while a webhook fails closed: nothing could be created.
+        ({"webhook": {"replicas": 0}}, "/webhook/replicas"),
+        ({"webhook": {"replicas": 0, "failurePolicy": "Ignore"}}, "/webhook/replicas"),
+        ({"webhook": {"replicas": 0, "runsFailurePolicy": "Ignore"}}, "/webhook/replicas"),
     ],
 )
 def test_bad_values_are_refused_by_the_schema(values: Obj, fragment: str) -> None:
     with pytest.raises(Exception, match=re.escape(fragment)) as caught:
         render_chart(values)
     assert "schema" in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        {"policy-control-plane": "off", "policy-reserved-tolerations": "deny"},
+        {"policy-hard-anti-affinity-topology": "", "coschedule": ""},
+        *({"coschedule": mode.value} for mode in Mode),
+    ],
+)
+def test_every_accepted_config_value_is_one_the_processes_accept(config: Obj) -> None:
+    """What the schema lets through, the processes load (the ConfigMap as rendered)."""
+    (configmap,) = [o for o in render_chart({"config": config}) if o["kind"] == "ConfigMap"]
+    for key, value in config.items():
+        assert configmap["data"][key] == value
+    parse_settings(configmap["data"])
+
+
+def test_the_schema_enums_are_the_processes_words() -> None:
+    schema = json.loads((CHART / "values.schema.json").read_text("utf-8"))
+    config = schema["properties"]["config"]["properties"]
+    assert set(config["coschedule"]["enum"]) == {m.value for m in Mode} | {""}
+    for key in POLICY_KEYS:
+        assert set(config[key]["enum"]) == {m.value for m in PolicyMode} | {""}, key
+
+
+def test_no_webhook_replica_is_allowed_only_when_both_webhooks_fail_open() -> None:
+    values = {"webhook": {"replicas": 0, "failurePolicy": "Ignore", "runsFailurePolicy": "Ignore"}}
+    webhook = one(render_chart(values), "Deployment", "coschedule-webhook")
+    assert webhook["spec"]["replicas"] == 0
+
+
+def test_notes_say_to_wait_for_ready_pods_and_name_both_policies() -> None:
+    for values in (None, {"webhook": {"failurePolicy": "Ignore"}}):
+        with helm().Chart.load(str(CHART)) as chart:
+            rendered = chart.render(values, name="coschedule", namespace=NAMESPACE, is_install=True)
+        (notes,) = [text for name, text in rendered.items() if name.endswith("NOTES.txt")]
+        assert "Ready" in notes
+        assert notes.index("rollout status") < notes.index("coschedule.dev/enabled=true")
+        assert "runsFailurePolicy" in notes
+        assert "failurePolicy" in notes
 
 
 def test_crds_folder_is_rendered_and_validated() -> None:
