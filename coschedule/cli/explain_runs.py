@@ -12,7 +12,7 @@ import yaml
 from coschedule.concurrency.admission import admit_run
 from coschedule.concurrency.control import BadControl, Control, parse_control
 from coschedule.concurrency.names import KIND as CONTROL_KIND
-from coschedule.concurrency.runs import Kind, Strategy, kind_of
+from coschedule.concurrency.runs import Kind, Strategy, engine_labels, kind_of
 
 RUN_KINDS = tuple(k.value for k in Kind)
 
@@ -58,9 +58,6 @@ def explain_run(
     in_namespace = [c for c in controls if c.namespace == namespace]
     decision = admit_run(kind, run, namespace, in_namespace)
     matched = {m.control.name: m for m in decision.matches}
-    meta = run.get("metadata")
-    labels = meta.get("labels") if isinstance(meta, Mapping) else None
-    labels = labels if isinstance(labels, Mapping) else {}
     rows: list[dict[str, Any]] = []
     for control in sorted(in_namespace, key=lambda c: c.name):
         row: dict[str, Any] = {"control": control.name, "strategy": control.strategy.value}
@@ -89,6 +86,15 @@ def explain_run(
         "controls": rows,
         "patch": decision.ops,
     }
+    meta = run.get("metadata")
+    own = meta.get("labels") if isinstance(meta, Mapping) else None
+    added = {
+        k: v
+        for k, v in engine_labels(kind, run).items()
+        if not (isinstance(own, Mapping) and k in own)
+    }
+    if added:
+        report["engineLabels"] = added
     if skipped:
         report["otherNamespaces"] = skipped
     return report
@@ -112,6 +118,8 @@ def render_run_text(report: Mapping[str, Any]) -> str:
         f"outcome:  {report['outcome']}",
         "controls:" if report["controls"] else "controls: none in this namespace",
     ]
+    for key, value in report.get("engineLabels", {}).items():
+        lines.insert(2, f"label:    {key}={value} (its engine adds it; controls see it)")
     for row in report["controls"]:
         if row["matches"]:
             hashed = " (not a valid label value: hashed)" if row["hashed"] else ""

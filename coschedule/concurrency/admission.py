@@ -15,7 +15,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from coschedule.concurrency.control import Control
-from coschedule.concurrency.runs import TEKTON_PENDING, Kind, is_pending, params, start_state_set
+from coschedule.concurrency.runs import (
+    TEKTON_PENDING,
+    Kind,
+    is_pending,
+    params,
+    run_labels,
+    start_state_set,
+)
 from coschedule.concurrency.template import label_value
 from coschedule.marks import (
     ANNOTATION_PENDING_BY,
@@ -64,7 +71,9 @@ def match_controls(
 ) -> tuple[Match, ...]:
     meta = run.get("metadata")
     meta = meta if isinstance(meta, Mapping) else {}
-    labels = _str_map(meta.get("labels"))
+    # Selected on the labels users see on their runs, including those the engine adds
+    # after admission (tekton.dev/pipeline of a pipelineRef): the same the reconciler reads.
+    labels = run_labels(kind, run)
     annotations = _str_map(meta.get("annotations"))
     run_params: dict[str, Any] | None = None
     found: list[Match] = []

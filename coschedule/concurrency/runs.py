@@ -146,6 +146,62 @@ def params(kind: Kind, obj: Mapping[str, Any]) -> dict[str, Any]:
     return found
 
 
+# Labels an engine's controller adds to a run after admission, from the run's spec.
+TEKTON_PIPELINE_LABEL = "tekton.dev/pipeline"
+ARGO_TEMPLATE_LABEL = "workflows.argoproj.io/workflow-template"
+ARGO_CLUSTER_TEMPLATE_LABEL = "workflows.argoproj.io/cluster-workflow-template"
+
+
+def engine_labels(kind: Kind, obj: Mapping[str, Any]) -> dict[str, str]:
+    """The labels the engine's controller will add to this run from its spec, as it does.
+
+    Tekton (v1.x ``propagatePipelineNameLabelToPipelineRun``) sets ``tekton.dev/pipeline``
+    on its first reconcile, after admission: ``spec.pipelineRef.name``; for an embedded
+    ``pipelineSpec`` the run's own name; for a resolver ref the ``name`` parameter when the
+    ``kind`` parameter is ``pipeline`` (the cluster resolver), else the run's name. Argo's
+    submit paths set ``workflows.argoproj.io/workflow-template`` (or
+    ``cluster-workflow-template`` with ``clusterScope``) to ``spec.workflowTemplateRef.name``.
+    A name the API server has not generated yet (``generateName``) is unknown: no label.
+    Labels the engine copies from the Pipeline or template object are not known here.
+    """
+    spec = _spec(obj)
+    own_name = str(_meta(obj).get("name") or "")
+    found = ""
+    key = TEKTON_PIPELINE_LABEL
+    if kind is Kind.PIPELINE_RUN:
+        ref = spec.get("pipelineRef")
+        ref = ref if isinstance(ref, Mapping) else None
+        if ref is not None and isinstance(ref.get("name"), str) and ref["name"]:
+            found = ref["name"]
+        elif isinstance(spec.get("pipelineSpec"), Mapping):
+            found = own_name
+        elif ref is not None and ref.get("resolver"):
+            ref_params = {
+                p.get("name"): p.get("value")
+                for p in ref.get("params") or ()
+                if isinstance(p, Mapping)
+            }
+            named = ref_params.get("name")
+            if ref_params.get("kind") == "pipeline" and isinstance(named, str):
+                found = named
+            else:
+                found = own_name
+    else:
+        ref = spec.get("workflowTemplateRef")
+        if isinstance(ref, Mapping) and isinstance(ref.get("name"), str):
+            found = ref["name"]
+            key = ARGO_CLUSTER_TEMPLATE_LABEL if ref.get("clusterScope") else ARGO_TEMPLATE_LABEL
+    return {key: found} if found else {}
+
+
+def run_labels(kind: Kind, obj: Mapping[str, Any]) -> dict[str, str]:
+    """The labels a user sees on the run once its engine has reconciled it: its own (which
+    win, as the engines only add a label that is absent) and those the engine will add."""
+    labels = engine_labels(kind, obj)
+    labels.update(_str_map(_meta(obj).get("labels")))
+    return labels
+
+
 def timestamp(value: str) -> float:
     """Seconds since the epoch of an RFC 3339 time; 0 when absent or unreadable."""
     if not value:
@@ -231,7 +287,7 @@ def parse_run(kind: Kind, obj: Mapping[str, Any]) -> Run:
         uid=str(meta.get("uid") or ""),
         resource_version=str(meta.get("resourceVersion") or ""),
         created=created,
-        labels=_str_map(meta.get("labels")),
+        labels=run_labels(kind, obj),
         annotations=_str_map(meta.get("annotations")),
         state=state_of(kind, obj),
         created_at=timestamp(created),

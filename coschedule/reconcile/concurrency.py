@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import Callable, Coroutine
@@ -39,6 +40,7 @@ from coschedule.concurrency.runs import (
     Strategy,
     cancel_patch,
     parse_run,
+    run_labels,
     start_patch,
 )
 from coschedule.kube.client import ApiError, KubeClient, object_path
@@ -92,8 +94,9 @@ class ConcurrencyMetrics:
                 self.cancellations.labels(strategy.value)
 
 
-def slim_run(obj: Obj) -> Obj:
-    """What the decisions read of a run: identity, labels, our annotations, start state."""
+def slim_run(obj: Obj, kind: Kind) -> Obj:
+    """What the decisions read of a run: identity, labels (with those its engine adds from
+    the spec, which is not kept), our annotations, start state."""
     meta = obj.get("metadata") or {}
     annotations = meta.get("annotations") or {}
     spec = obj.get("spec") or {}
@@ -115,7 +118,7 @@ def slim_run(obj: Obj) -> Obj:
             "uid": meta.get("uid"),
             "resourceVersion": meta.get("resourceVersion"),
             "creationTimestamp": meta.get("creationTimestamp"),
-            "labels": meta.get("labels") or {},
+            "labels": run_labels(kind, obj),
             "annotations": {
                 k: v
                 for k, v in annotations.items()
@@ -159,7 +162,7 @@ class ConcurrencyController(LeaderWorkers):
                 f"/apis/{engine.api_version}/{engine.plural}",
                 name=engine.plural,
                 label_selector=LABEL_CONCURRENCY_GROUPED,
-                transform=slim_run,
+                transform=functools.partial(slim_run, kind=kind),
             )
             informer.add_handler(self._handler(kind))
             self.runs[kind] = informer

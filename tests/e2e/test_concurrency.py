@@ -332,6 +332,62 @@ def test_newest_run_starts_older_ones_are_cancelled(
     assert any(r == "Started" for r, _ in run_events(api, ns, "third")), events(api, ns)
 
 
+def readme_control(name: str) -> Obj:
+    """A ConcurrencyControl exactly as the README shows it."""
+    text = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    for block in text.split("```yaml")[1:]:
+        doc = yaml.safe_load(block.split("```")[0])
+        if isinstance(doc, dict) and doc.get("metadata", {}).get("name") == name:
+            return doc
+    raise AssertionError(f"README.md has no ConcurrencyControl {name}")
+
+
+@pytest.mark.usefixtures("reconciling")
+def test_the_readme_example_holds_runs_created_with_a_pipeline_ref(
+    e2e: E2E, namespace: Callable[..., str]
+) -> None:
+    """The README's control selects ``tekton.dev/pipeline: build-and-test``; Triggers and
+    Pipelines-as-Code create runs with a ``pipelineRef`` and no such label (Tekton adds it
+    after admission). Pushed three times: the newest starts, the older two are cancelled
+    with their finally tasks; another pipeline's run is not the control's."""
+    api = e2e.api
+    ns = namespace(prefix="cc-readme")
+    doc = readme_control("ci-per-branch")
+    doc["metadata"]["namespace"] = ns
+    api.create(doc)
+    probe = run_manifest("PipelineRun", ns, "probe", {"branch": "x"})
+    probe["spec"]["pipelineRef"] = {"name": "build-and-test"}
+    wait_for(
+        "the webhook to see the README's control",
+        lambda: LABEL + "ci-per-branch" in api.create(probe, dry_run=True)["metadata"]["labels"],
+        timeout=15,
+    )
+    names = ["push-1", "push-2", "push-3"]
+    for i, name in enumerate(names):
+        if i:
+            time.sleep(1.0)
+        run = run_manifest("PipelineRun", ns, name, {"branch": "fix/readme"})
+        run["spec"]["pipelineRef"] = {"name": "build-and-test"}
+        assert "tekton.dev/pipeline" not in run["metadata"]["labels"]
+        created = api.create(run)
+        assert state(created) == "pending-us", created
+        assert created["metadata"]["annotations"][LABEL + "ci-per-branch"] == "fix/readme"
+    other = run_manifest("PipelineRun", ns, "other-pipeline", {"branch": "fix/readme"})
+    other["spec"]["pipelineRef"] = {"name": "lint"}
+    assert state(api.create(other)) == "started"
+    wait_states(
+        api,
+        "PipelineRun",
+        ns,
+        {
+            "push-1": "CancelledRunFinally",
+            "push-2": "CancelledRunFinally",
+            "push-3": "started",
+            "other-pipeline": "started",
+        },
+    )
+
+
 @pytest.mark.usefixtures("reconciling")
 def test_concurrent_creates_start_exactly_one(e2e: E2E, namespace: Callable[..., str]) -> None:
     api = e2e.api
