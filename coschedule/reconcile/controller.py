@@ -28,7 +28,9 @@ from coschedule.marks import (
     MANAGED_BY,
     BadMark,
     ClaimTemplate,
+    placeholder_claim,
 )
+from coschedule.mutate.volume_topology import VolumeTopology
 from coschedule.reconcile import event_keys, shapes, stuck
 from coschedule.reconcile import plan as planning
 from coschedule.reconcile.event_keys import BY_NODE, BY_PLACEHOLDER
@@ -36,15 +38,19 @@ from coschedule.reconcile.executor import Executor, NotLeader
 from coschedule.reconcile.leading import LeaderWorkers
 from coschedule.reconcile.observed import (
     MarkedPod,
+    NodeInfo,
     Observed,
     ObservedSet,
     OwnerState,
     OwnerStatus,
+    PlaceholderPod,
     Plan,
 )
+from coschedule.reconcile.placeholder import group_spec
 from coschedule.reconcile.reconciler_metrics import ReconcileMetrics
 from coschedule.reconcile.resolver import OwnerLookupFailed, OwnerResolver
 from coschedule.reconcile.stuck_runs import StuckRuns
+from coschedule.reconcile.tolerations import eviction_reason
 from coschedule.reconcile.topology import TopologyLabels
 from coschedule.reconcile.workqueue import WorkQueue
 
@@ -323,6 +329,7 @@ class Controller(LeaderWorkers):
         else:
             idle = self._idle_since.setdefault(key, now)
         templates, claims_to_delete = self.volume_claims(key, pods, sts)
+        volumes = await self._pinning_volumes(namespace, sts, pods, ppods, nodes)
         observed = Observed(
             namespace=namespace,
             name=name,
@@ -334,6 +341,7 @@ class Controller(LeaderWorkers):
             idle_since=idle,
             claim_templates=templates,
             claims_to_delete=claims_to_delete,
+            placeholder_volumes=volumes,
         )
         result = planning.plan(observed, settings, now, owner_recheck=self.owner_recheck)
         await self.executor.execute(key, result.actions, sts_obj)
@@ -352,6 +360,34 @@ class Controller(LeaderWorkers):
             now,
         )
         return result
+
+    async def _pinning_volumes(
+        self,
+        namespace: str,
+        sts: ObservedSet | None,
+        pods: list[MarkedPod],
+        ppods: list[PlaceholderPod],
+        nodes: Mapping[str, NodeInfo],
+    ) -> tuple[tuple[str, VolumeTopology], ...]:
+        """The placeholder's bound claims and their volumes' topology, read (claim and PV
+        GETs) only while one of its pods is on a node it would otherwise leave."""
+        leaving = any(
+            not p.deleting
+            and (node := nodes.get(p.node_name)) is not None
+            and eviction_reason(node, p.tolerations)[0]
+            for p in ppods
+        )
+        if sts is None or not leaving:
+            return ()
+        group = group_spec(namespace, sts.name, pods)
+        mounted = (
+            group.claims
+            if group is not None
+            else tuple(c for c in sts.annotations.get(ANNOTATION_CLAIMS, "").split(",") if c)
+        )
+        names = [*mounted, *(placeholder_claim(t, sts.name) for t in sorted(sts.templates))]
+        states = await self.stuck.claim_states(namespace, names)
+        return tuple((s.claim, s.volume) for s in states if s.volume is not None)
 
     def volume_claims(
         self, key: str, pods: list[MarkedPod], sts: ObservedSet | None

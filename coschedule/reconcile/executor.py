@@ -21,6 +21,7 @@ from coschedule.reconcile.observed import (
     DeleteClaim,
     DeletePlaceholderPod,
     DeleteStatefulSet,
+    HoldPinnedPlaceholder,
     PatchStatefulSet,
     RecordEvent,
 )
@@ -55,6 +56,9 @@ class Executor:
         # Placeholder pod -> the resourceVersion we deleted: until the watch shows it
         # terminating, a second look must not delete (and count, and announce) it again.
         self.evicted: dict[str, str] = {}
+        # Placeholder key -> why its pod stays on a node it would otherwise leave: explained
+        # once per reason (not on every look), counted while it lasts.
+        self.pinned: dict[str, str] = {}
 
     def forget_pod(self, pod_key: str) -> None:
         self.evicted.pop(pod_key, None)
@@ -72,6 +76,10 @@ class Executor:
 
     async def execute(self, key: str, actions: Iterable[Action], sts_obj: Obj | None) -> None:
         uid = str(((sts_obj or {}).get("metadata") or {}).get("uid") or "")
+        actions = list(actions)
+        if key in self.pinned and not any(isinstance(a, HoldPinnedPlaceholder) for a in actions):
+            del self.pinned[key]  # the node took it back, or the run is gone
+            self.metrics.pinned_placeholders.set(len(self.pinned))
         for action in actions:
             if not self.leading():
                 raise NotLeader
@@ -92,6 +100,8 @@ class Executor:
             elif isinstance(action, DeletePlaceholderPod):
                 if await self._evict(key, action):
                     await self._event(action.event, uid)
+            elif isinstance(action, HoldPinnedPlaceholder):
+                await self._hold(key, action, uid)
             elif isinstance(action, DeleteStatefulSet):
                 await self.client.delete(
                     object_path("apps/v1", "statefulsets", action.namespace, action.name),
@@ -109,6 +119,24 @@ class Executor:
                 log.info("deleted claim", extra=self._extra(key, "delete-claim", claim=action.name))
             elif isinstance(action, RecordEvent):
                 await self._event(action, uid)
+
+    async def _hold(self, key: str, action: HoldPinnedPlaceholder, uid: str) -> None:
+        if self.pinned.get(key) == action.message:
+            return
+        self.pinned[key] = action.message
+        self.metrics.pinned_placeholders.set(len(self.pinned))
+        log.warning(
+            "placeholder pod stays: its volumes can be used on its node only",
+            extra=self._extra(
+                key,
+                "hold-pinned-placeholder",
+                pod=action.name,
+                node=action.node,
+                reason=action.reason,
+                detail=action.message,
+            ),
+        )
+        await self._event(action.event, uid)
 
     async def _evict(self, key: str, action: DeletePlaceholderPod) -> bool:
         """Delete the placeholder pod; False when this very version was deleted already."""

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from coschedule.marks import ClaimTemplate, Mode
+from coschedule.mutate.volume_topology import VolumeTopology
 
 Obj = dict[str, Any]
 
@@ -133,6 +134,9 @@ class Observed:
     idle_since: float | None = None  # first time seen with no live pod (controller memory)
     claim_templates: tuple[ClaimTemplate, ...] = ()
     claims_to_delete: tuple[str, ...] = ()  # claims the StatefulSet created (volume issue)
+    # The placeholder's bound claims and where their volumes can be used: (claim, volume).
+    # Read only while one of its pods is on a node it would otherwise leave (rare).
+    placeholder_volumes: tuple[tuple[str, VolumeTopology], ...] = ()
 
     @property
     def key(self) -> str:
@@ -187,6 +191,21 @@ class DeletePlaceholderPod:
 
 
 @dataclass(frozen=True, slots=True)
+class HoldPinnedPlaceholder:
+    """A placeholder pod stays on a node it would otherwise leave: its volumes can be used
+    there only (moving it would leave it Pending and the run's data behind). Explained by an
+    Event and the ``coschedule_pinned_placeholders`` gauge instead."""
+
+    namespace: str
+    name: str
+    statefulset: str
+    node: str
+    reason: str  # "cordoned" | "tainted"
+    message: str
+    event: RecordEvent
+
+
+@dataclass(frozen=True, slots=True)
 class DeleteStatefulSet:
     namespace: str
     name: str
@@ -205,6 +224,7 @@ Action = (
     CreateStatefulSet
     | PatchStatefulSet
     | DeletePlaceholderPod
+    | HoldPinnedPlaceholder
     | DeleteStatefulSet
     | DeleteClaim
     | RecordEvent

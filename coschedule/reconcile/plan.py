@@ -3,7 +3,8 @@
 Level-based: for one placeholder, compare what should exist with what does, every time.
 - a live marked pod and no StatefulSet: create it;
 - a StatefulSet that drifted from what we own (replicas, labels, template, owner): patch;
-- its pod on a node that is cordoned or tainted against it: delete that pod (not the set);
+- its pod on a node that is cordoned or tainted against it: delete that pod (not the set),
+  unless its volumes can be used on that node only: then it stays, explained;
 - no live pod: tear down when the run is done (owner complete or gone; or, with no
   owner, idle for ``idle_grace_seconds``), else look again later.
 """
@@ -15,6 +16,7 @@ from collections.abc import Sequence
 from coschedule import marks
 from coschedule.config.settings import Settings
 from coschedule.marks import ANNOTATION_MODE, ClaimTemplate, Mode
+from coschedule.mutate.volume_topology import HOSTNAME
 from coschedule.reconcile import owners, relocation
 from coschedule.reconcile.observed import (
     Action,
@@ -22,6 +24,7 @@ from coschedule.reconcile.observed import (
     DeleteClaim,
     DeletePlaceholderPod,
     DeleteStatefulSet,
+    HoldPinnedPlaceholder,
     MarkedPod,
     Obj,
     Observed,
@@ -156,6 +159,23 @@ def _evictions(observed: Observed) -> list[Action]:
         reason, why = eviction_reason(node, pod.tolerations)
         if not reason:
             continue
+        pins = pinned_by(observed, node.name)
+        if pins:
+            message = (
+                f"placeholder pod {pod.name} stays on node {node.name} although {why}: "
+                f"the run's data is there, on volume(s) usable on that node only "
+                f"({'; '.join(pins)}); moved, it could run nowhere. The run's next pods "
+                f"wait for the node: uncordon or untaint it, or delete the run to free it"
+            )
+            event = RecordEvent(
+                observed.namespace, observed.name, "PlaceholderPinned", message, "Warning"
+            )
+            actions.append(
+                HoldPinnedPlaceholder(
+                    observed.namespace, pod.name, observed.name, node.name, reason, message, event
+                )
+            )
+            continue
         event = RecordEvent(
             observed.namespace,
             observed.name,
@@ -169,6 +189,17 @@ def _evictions(observed: Observed) -> list[Action]:
             )
         )
     return actions
+
+
+def pinned_by(observed: Observed, node: str) -> list[str]:
+    """The placeholder's volumes that can be used on ``node`` and nowhere else (a bound
+    node-local volume), described; empty when moving the placeholder could help."""
+    pins = []
+    for claim, volume in observed.placeholder_volumes:
+        hosts = volume.pinned(HOSTNAME)
+        if hosts and hosts <= {node}:
+            pins.append(f"claim {claim}, volume {volume.name}")
+    return pins
 
 
 def drift(

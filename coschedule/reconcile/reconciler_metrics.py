@@ -32,6 +32,12 @@ class ReconcileMetrics:
             ["reason"],
             registry=self.registry,
         )
+        self.pinned_placeholders = Gauge(
+            "coschedule_pinned_placeholders",
+            "Placeholder pods left on a cordoned or tainted node because their volumes can be "
+            "used there only (explained by a PlaceholderPinned Event).",
+            registry=self.registry,
+        )
         self.relists = Counter(
             "coschedule_watch_relists_total",
             "Full relists after a watch expired (410 Gone), by resource.",

@@ -186,7 +186,7 @@ class StuckRuns:
 
     async def _decide(self, case: _Case) -> None:
         observed, sts, group, pod, node = case.observed, case.sts, case.group, case.pod, case.node
-        claims = await self._claims(
+        claims = await self.claim_states(
             observed.namespace,
             [*group.claims, *(marks.placeholder_claim(t, sts.name) for t in sts.templates)],
         )
@@ -459,7 +459,8 @@ class StuckRuns:
             and (item.get("spec") or {}).get("nodeName") == node
         )
 
-    async def _claims(self, namespace: str, names: Sequence[str]) -> list[stuck.ClaimState]:
+    async def claim_states(self, namespace: str, names: Sequence[str]) -> list[stuck.ClaimState]:
+        """Each claim, bound or not, and where its volume can be used (two GETs each)."""
         result = []
         for name in dict.fromkeys(names):
             claim = await self.client.get(

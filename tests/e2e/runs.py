@@ -2,8 +2,16 @@
 
 from __future__ import annotations
 
+import re
+from typing import TYPE_CHECKING
+
+import httpx
+
 from tests.e2e.kube import Api, Obj, brief, wait_for
 from tests.e2e.world import describe_namespace
+
+if TYPE_CHECKING:
+    from tests.e2e.conftest import E2E
 
 TIMEOUT = 30.0
 # Teardown after completion: the reconciler learns that an owner reports done when it asks
@@ -110,3 +118,15 @@ def claim_names(obj: Obj) -> list[str]:
         for v in spec.get("volumes") or []
         if "persistentVolumeClaim" in v
     ]
+
+
+def leader_metric(e2e: E2E, name: str, **labels: str) -> float:
+    """A sample from the leading reconciler's /metrics (0 when absent)."""
+    leader = e2e.product.leader()
+    assert leader is not None, "no reconciler holds the Lease"
+    port = e2e.product.reconciler_ports[leader]
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+    wanted = ",".join(f'{k}="{v}"' for k, v in labels.items())
+    pattern = re.escape(name) + (r"\{" + re.escape(wanted) + r"\}" if wanted else "") + r" (\S+)"
+    match = re.search("^" + pattern + "$", text, re.MULTILINE)
+    return float(match.group(1)) if match else 0.0

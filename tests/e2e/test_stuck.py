@@ -19,13 +19,12 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from coschedule.marks import run_placeholder
 from tests.e2e.conftest import E2E, STUCK_GRACE
 from tests.e2e.kube import Api, ApiError, Obj, wait_for
-from tests.e2e.runs import node, wait_bound, wait_placeholder_bound
+from tests.e2e.runs import leader_metric, node, wait_bound, wait_placeholder_bound
 from tests.e2e.world import (
     HOSTNAME,
     POOL,
@@ -134,18 +133,6 @@ def events_on(api: Api, namespace: str, kind: str, name: str, reason: str) -> li
         for e in api.list("Event", namespace, field_selector=f"involvedObject.name={name}")
         if e.get("reason") == reason and (e.get("involvedObject") or {}).get("kind") == kind
     ]
-
-
-def leader_metric(e2e: E2E, name: str, **labels: str) -> float:
-    """A sample from the leading reconciler's /metrics (0 when absent)."""
-    leader = e2e.product.leader()
-    assert leader is not None, "no reconciler holds the Lease"
-    port = e2e.product.reconciler_ports[leader]
-    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
-    wanted = ",".join(f'{k}="{v}"' for k, v in labels.items())
-    pattern = re.escape(name) + (r"\{" + re.escape(wanted) + r"\}" if wanted else "") + r" (\S+)"
-    match = re.search("^" + pattern + "$", text, re.MULTILINE)
-    return float(match.group(1)) if match else 0.0
 
 
 def fill(api: Api, namespace: str, node_name: str, cause: str) -> None:

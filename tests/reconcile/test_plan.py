@@ -9,12 +9,14 @@ import pytest
 
 from coschedule.config.settings import Settings
 from coschedule.marks import BadMark, ClaimTemplate, Mode, claim_placeholder, run_placeholder
+from coschedule.mutate.volume_topology import VolumeTopology
 from coschedule.reconcile import owners, shapes
 from coschedule.reconcile.observed import (
     CreateStatefulSet,
     DeleteClaim,
     DeletePlaceholderPod,
     DeleteStatefulSet,
+    HoldPinnedPlaceholder,
     NodeInfo,
     Observed,
     ObservedSet,
@@ -376,6 +378,59 @@ def test_untolerated_taints_move_the_placeholder(taint: Taint) -> None:
     [delete] = only(plan(observed, SETTINGS, NOW), DeletePlaceholderPod)
     assert delete.reason == "tainted"
     assert taint.key in delete.message
+
+
+def _pinned(name: str, key: str, *values: str) -> VolumeTopology:
+    """A bound volume usable only on nodes whose ``key`` is one of ``values``."""
+    term = {"matchExpressions": [{"key": key, "operator": "In", "values": list(values)}]}
+    return VolumeTopology(name, (term,))
+
+
+@pytest.mark.parametrize(
+    "node",
+    [
+        NodeInfo("worker-1", True, ()),
+        NodeInfo("worker-1", False, (Taint("dedicated", "gpu", "NoSchedule"),)),
+    ],
+)
+def test_a_placeholder_pinned_by_its_node_local_volume_stays_explained(node: NodeInfo) -> None:
+    """Its volume can be used on this node only: moved, it would sit Pending and the run's
+    data would stay here. It stays, and a Warning says why and what can be done."""
+    observed, ppod = _with_placeholder_pod(node)
+    observed = replace(
+        observed,
+        placeholder_volumes=(
+            ("cache", _pinned("pv-shared", "topology.kubernetes.io/zone", "z1")),
+            ("source", _pinned("pv-local-1", "kubernetes.io/hostname", "worker-1")),
+        ),
+    )
+    actions = plan(observed, SETTINGS, NOW)
+    assert not only(actions, DeletePlaceholderPod)
+    [hold] = only(actions, HoldPinnedPlaceholder)
+    assert (hold.name, hold.node, hold.statefulset) == (ppod.name, "worker-1", observed.name)
+    assert hold.reason == ("cordoned" if node.unschedulable else "tainted")
+    assert hold.event.type == "Warning"
+    assert hold.event.reason == "PlaceholderPinned"
+    assert "claim source, volume pv-local-1" in hold.event.message
+    assert "pv-shared" not in hold.event.message  # a zonal volume does not pin it
+    assert "uncordon or untaint" in hold.event.message
+
+
+@pytest.mark.parametrize(
+    "volume",
+    [
+        _pinned("pv-zonal", "topology.kubernetes.io/zone", "z1"),
+        _pinned("pv-two-nodes", "kubernetes.io/hostname", "worker-1", "worker-2"),
+        _pinned("pv-elsewhere", "kubernetes.io/hostname", "worker-2"),
+        VolumeTopology("pv-anywhere"),
+    ],
+)
+def test_a_volume_usable_elsewhere_does_not_pin_the_placeholder(volume: VolumeTopology) -> None:
+    observed, _ = _with_placeholder_pod(NodeInfo("worker-1", True, ()))
+    observed = replace(observed, placeholder_volumes=(("source", volume),))
+    actions = plan(observed, SETTINGS, NOW)
+    assert only(actions, DeletePlaceholderPod)
+    assert not only(actions, HoldPinnedPlaceholder)
 
 
 def test_tolerated_and_soft_taints_do_not_move_it() -> None:
