@@ -335,7 +335,9 @@ def test_the_in_cluster_payload_is_a_first_pod_whose_claim_is_rewritten() -> Non
     """``tekton in a cluster`` measures the claim-rewrite path, not the offline one."""
     pod = tekton_pod()
     cache = decide_bench.run_claims_cache(pod)
-    ctx = AdmissionContext(Settings(mode=Mode.PIPELINERUNS), "ci", None, cache, explain=False)
+    ctx = AdmissionContext(
+        Settings(mode=Mode.PIPELINERUNS, rewrite_claims=True), "ci", None, cache, explain=False
+    )
     decision = decide(pod, ctx)
     assert decision.allowed
     assert decision.templates is not None

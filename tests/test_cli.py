@@ -18,7 +18,9 @@ from tests.fixtures import pod_path
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def run(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+def run(
+    *args: str, stdin: str | None = None, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "coschedule.cli.main", *args],
         capture_output=True,
@@ -26,7 +28,7 @@ def run(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str
         input=stdin,
         cwd=ROOT,
         timeout=60,
-        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)},
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), **(env or {})},
     )
 
 
@@ -93,6 +95,7 @@ def test_explain_shows_claim_rewrite_with_claims_file(tmp_path: Path) -> None:
         "pipelineruns",
         "-c",
         str(claims),
+        env={"COSCHEDULE_REWRITE_CLAIMS": "true"},  # opt-in
     )
     assert result.returncode == 0, result.stderr
     placeholder = run_placeholder("ci", "pr-7f3k2")

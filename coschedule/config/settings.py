@@ -89,9 +89,11 @@ class Settings:
     # How long a run's pod may stay Unschedulable because of the run's node before the
     # reconciler moves the run (when that loses nothing) or explains why not.
     stuck_grace_seconds: int = DEFAULT_STUCK_GRACE_SECONDS
-    # Claim rewrite needs the reconciler to build the StatefulSet that owns the new claims.
-    # Without a cluster nothing would, so ``serve`` turns it off there (see the design).
-    rewrite_claims: bool = True
+    # Claim rewrite (opt-in): the run's engine-made unbound claims become the placeholder's
+    # volumeClaimTemplates. Off (the default), the placeholder mounts the engine's claims:
+    # one volume per workspace whatever the binding mode. It needs the reconciler to build
+    # the StatefulSet that owns the new claims; without a cluster ``serve`` turns it off.
+    rewrite_claims: bool = False
     # ReadWriteMany/ReadOnlyMany claims (shared caches) are not grouped unless this is on.
     group_shared_claims: bool = False
     # Why the mode is what it is, for ``explain`` and the startup log.

@@ -271,7 +271,7 @@ def _decide_coschedule(
 
     ops = decision.ops
     mounted = claims
-    if mode.per_run and view is not None and settings.rewrite_claims:
+    if mode.per_run and view is not None:
         mounted = _rewrite_claims(
             ctx.namespace, run, placeholder, volumes, claims, view, settings, ops, decision
         )
@@ -501,6 +501,15 @@ def _rewrite_claims(
                 f"claims: following the run's earlier pods: the placeholder provisions "
                 f"{sorted(chosen) or 'none'}"
             )
+    elif not settings.rewrite_claims:
+        # The default: the placeholder mounts the engine's own claims, so a workspace has
+        # one volume whatever its class's binding mode (WaitForFirstConsumer: the
+        # placeholder is the first consumer, as the run's pods wait for it; Immediate: the
+        # run goes where the volume is). An earlier decision (above) is still followed.
+        decision.templates = ()
+        chosen = {}
+        if decision.trace:
+            reasons.append("claims: rewrite-claims is off: the placeholder mounts them as they are")
     else:
         templates = claims_mod.run_templates(
             view.run_claims(namespace, run), run, settings.group_shared_claims

@@ -1,16 +1,19 @@
-"""Volume co-location (TEP-0135, issue 4): a run's template workspaces become the
-placeholder's volumeClaimTemplates, provisioned together where the placeholder runs; an
-existing claim is mounted by the placeholder so the run goes where its data is."""
+"""Volume co-location (TEP-0135, issue 4). By default the placeholder mounts the run's
+claims as the engine made them: a WaitForFirstConsumer claim is provisioned where the
+placeholder runs (it is their first consumer: the run's pods wait for it), one volume per
+workspace. With ``rewrite-claims`` on, a run's template workspaces become the placeholder's
+volumeClaimTemplates instead. An existing claim is mounted by the placeholder either way, so
+the run goes where its data is."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import pytest
 
 from coschedule.marks import run_placeholder
 from tests.e2e.conftest import E2E
-from tests.e2e.kube import Api, Obj, dump, wait_for
+from tests.e2e.kube import Api, ApiError, Obj, dump, wait_for
 from tests.e2e.runs import (
     node,
     wait_bound,
@@ -62,9 +65,95 @@ def claims_by_volume(pod: Obj) -> dict[str, str]:
     }
 
 
+@pytest.fixture
+def claim_rewrite_on(e2e: E2E) -> Iterator[None]:
+    """``rewrite-claims: "true"`` in the cluster config for one scenario, then back off;
+    ready once the webhook rewrites a dry-run pod of a probe run."""
+    assert e2e.product.config_dir is not None
+    path = e2e.product.config_dir / "rewrite-claims"
+    path.write_text("true")
+    try:
+        yield
+    finally:
+        path.unlink()
+
+
+def wait_rewrite_in_force(api: Api, run: TektonRun, claim: str) -> None:
+    probe = run.pod_manifest("probe", claims={"pvc-1f1344866c": claim})
+
+    def rewritten() -> bool:
+        try:
+            stored = api.create(probe, dry_run=True)
+        except ApiError:
+            return False  # e.g. the claim is not in the webhook's cache yet
+        return claim not in claims_by_volume(stored).values()
+
+    wait_for("the webhook to reload rewrite-claims: true", rewritten, timeout=15)
+
+
+def test_by_default_one_volume_per_workspace_provisioned_where_the_placeholder_runs(
+    e2e: E2E, namespace: Callable[..., str]
+) -> None:
+    """The default: Tekton's template claims are mounted as they are, by the pods and by the
+    placeholder, and provisioned (WaitForFirstConsumer) on the placeholder's node; no other
+    claim is made, none is left Pending, and the run's pods all land there."""
+    e2e.require("scheduler", "controller-manager", "reconciler")
+    api = e2e.api
+    ns = namespace(mode="pipelineruns")
+    run = TektonRun(api, ns, unique("pr")).create()
+    source = template_claim(api, run, f"pvc-{unique('src')[4:]}")["metadata"]["name"]
+    cache = template_claim(api, run, f"pvc-{unique('cch')[4:]}")["metadata"]["name"]
+    run.create_pod("build", claims={"pvc-1f1344866c": source})
+    run.create_pod(
+        "test",
+        fixture="tekton-taskrun-two-workspaces",
+        claims={"pvc-1f1344866c": source, "pvc-f87b6a85f3": cache},
+    )
+    placeholder = run_placeholder(ns, run.name)
+    sts = wait_statefulset(api, ns, placeholder)
+    assert not sts["spec"].get("volumeClaimTemplates"), dump(sts["spec"])
+    build = api.must_get("Pod", run.pod_name("build"), ns)
+    test = api.must_get("Pod", run.pod_name("test"), ns)
+    assert set(claims_by_volume(build).values()) == {source}
+    assert set(claims_by_volume(test).values()) == {source, cache}
+
+    pinned = node(wait_placeholder_bound(api, ns, placeholder))
+    for task in ("build", "test"):
+        wait_bound(api, ns, run.pod_name(task), node=pinned)
+    keys = [f"{ns}/{claim}" for claim in (source, cache)]
+    wait_for(
+        f"{keys} provisioned",
+        lambda: all(key in e2e.agents.provisioned for key in keys),
+        describe=lambda: describe_namespace(api, ns),
+    )
+    for key in keys:
+        assert e2e.agents.provisioned[key] == pinned, (
+            f"{key} provisioned on {e2e.agents.provisioned[key]}, the run is on {pinned}"
+        )
+
+    def phases() -> dict[str, str]:
+        return {
+            c["metadata"]["name"]: str((c.get("status") or {}).get("phase"))
+            for c in api.list("PersistentVolumeClaim", ns)
+        }
+
+    # Exactly the run's two workspaces, each with its one volume: nothing Pending, no copy.
+    wait_for(
+        "both claims Bound and no other claim",
+        lambda: phases() == {source: "Bound", cache: "Bound"},
+        describe=lambda: f"{phases()}\n{describe_namespace(api, ns)}",
+    )
+    run.finish("True")
+    wait_statefulset_gone(api, ns, placeholder, "the PipelineRun reports Succeeded=True")
+    assert sorted(phases()) == sorted([source, cache])  # the PipelineRun's, kept with it
+
+
+@pytest.mark.usefixtures("claim_rewrite_on")
 def test_two_template_workspaces_and_one_existing_claim(
     e2e: E2E, namespace: Callable[..., str]
 ) -> None:
+    """With rewrite-claims on: the template claims become the placeholder's
+    volumeClaimTemplates; the user's bound claim is mounted as it is."""
     e2e.require("scheduler", "controller-manager", "reconciler")
     api = e2e.api
     ns = namespace(mode="pipelineruns")
@@ -72,6 +161,7 @@ def test_two_template_workspaces_and_one_existing_claim(
     run = TektonRun(api, ns, unique("pr")).create()
     source = template_claim(api, run, f"pvc-{unique('src')[4:]}")["metadata"]["name"]
     cache = template_claim(api, run, f"pvc-{unique('cch')[4:]}")["metadata"]["name"]
+    wait_rewrite_in_force(api, run, source)
 
     run.create_pod("build", claims={"pvc-1f1344866c": source})
     run.create_pod(

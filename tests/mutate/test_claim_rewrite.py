@@ -137,7 +137,10 @@ def two_workspaces_and_user_claim() -> dict[str, Any]:
 def admit(
     pod: dict[str, Any], view: ClaimCache | None, mode: Mode = Mode.PIPELINERUNS, **kw: Any
 ) -> tuple[Decision, dict[str, Any]]:
-    context = AdmissionContext(Settings(mode=mode, **kw), NS, None, view)
+    # These tests are about the rewrite, which is opt-in (rewrite-claims: "true").
+    context = AdmissionContext(
+        Settings(mode=mode, **{"rewrite_claims": True, **kw}), NS, None, view
+    )
     decision = decide(pod, context)
     patched = reference_jsonpatch.apply_patch(pod, decision.ops) if decision.ops else pod
     return decision, patched
@@ -311,6 +314,32 @@ def test_rewrite_off_and_offline_mount_claims_as_they_are() -> None:
     assert offline["metadata"]["annotations"][ANNOTATION_CLAIMS] == CLAIM_A
 
 
+@pytest.mark.parametrize("mode", [Mode.PIPELINERUNS, Mode.ISOLATE_PIPELINERUN])
+def test_by_default_the_engines_claims_are_mounted_one_volume_per_workspace(mode: Mode) -> None:
+    """The default (rewrite-claims off): every pod keeps Tekton's own claims and the
+    placeholder mounts them, so a workspace gets one volume whatever its class's binding
+    mode; the run's decision (no templates) travels on the pod like a rewrite's would."""
+    pod = two_workspaces_and_user_claim()
+    context = AdmissionContext(Settings(mode=mode), NS, None, run_cluster())
+    assert context.settings.rewrite_claims is False
+    decision = decide(pod, context)
+    assert decision.allowed
+    patched = reference_jsonpatch.apply_patch(pod, decision.ops)
+    assert claim_names(patched) == [CLAIM_A, CLAIM_B, USER_CLAIM]
+    annotations = patched["metadata"]["annotations"]
+    assert annotations[ANNOTATION_CLAIMS] == ",".join([CLAIM_A, CLAIM_B, USER_CLAIM])
+    assert decision.templates == ()
+
+
+def test_with_rewrite_off_a_run_that_has_templates_keeps_following_them() -> None:
+    """Turned off mid-run (or an upgrade under a running run): the StatefulSet's templates
+    stay the run's decision, so its later pods still use the claims its earlier pods wrote."""
+    view = run_cluster()
+    deliver(view, statefulset({claims_mod.template_name(CLAIM_A): CLAIM_A}))
+    _, patched = admit(load_pod("tekton-taskrun"), view, rewrite_claims=False)
+    assert claim_names(patched) == [sts_claim(CLAIM_A)]
+
+
 def test_workspaces_mode_never_rewrites() -> None:
     _, patched = admit(load_pod("tekton-taskrun"), run_cluster(), Mode.WORKSPACES)
     assert claim_names(patched) == [CLAIM_A]
@@ -335,7 +364,8 @@ def test_deleted_claim_leaves_the_run_index() -> None:
 def test_http_layer_waits_for_a_claim_arriving_from_the_watch() -> None:
     """Pod before claim, through the handler: the claim arrives while it waits."""
     view = cache()
-    store = SettingsStore(None, {"COSCHEDULE_COSCHEDULE": "pipelineruns"})
+    env = {"COSCHEDULE_COSCHEDULE": "pipelineruns", "COSCHEDULE_REWRITE_CLAIMS": "true"}
+    store = SettingsStore(None, env)
     handler = AdmissionHandler(store, WebhookMetrics(), None, view)
     review = admission_review(load_pod("tekton-taskrun"))
     sent: list[MutableMapping[str, Any]] = []

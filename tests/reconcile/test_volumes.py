@@ -29,7 +29,7 @@ from tests.fixtures import load_pod
 NS = "ci"
 RUN = "pr-7f3k2"
 PLACEHOLDER = run_placeholder(NS, RUN)
-SETTINGS = Settings(mode=Mode.PIPELINERUNS)
+SETTINGS = Settings(mode=Mode.PIPELINERUNS, rewrite_claims=True)  # the opt-in rewrite
 OWNER = OwnerRef("tekton.dev/v1", "PipelineRun", RUN, "uid-pr")
 
 
