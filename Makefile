@@ -57,6 +57,7 @@ run: $(RUNTIME)
 lint: $(STAMP)
 	$(BIN)/ruff check coschedule tests bench .github/scripts
 	$(BIN)/ruff format --check coschedule tests bench .github/scripts
+	$(BIN)/lint-imports --no-cache
 	@# The GitHub workflows; actionlint's wheel is for linux x86_64 (see pyproject.toml).
 	@if [ -x $(BIN)/actionlint ]; then \
 		echo "$(BIN)/actionlint -shellcheck=$(BIN)/shellcheck .github/workflows/*.yml"; \
