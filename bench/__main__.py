@@ -39,6 +39,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--no-stuck", action="store_true", help="skip the stuck-run relocation timing (e2e)"
     )
+    parser.add_argument(
+        "--no-scheduler",
+        action="store_true",
+        help="skip the kube-scheduler cost of co-scheduled pods (bench.scheduler)",
+    )
+    parser.add_argument(
+        "--scheduler-nodes",
+        type=int,
+        action="append",
+        help="cluster sizes for bench.scheduler (default 1,000 and 5,000; 50 with --quick)",
+    )
     parser.add_argument("--server-cpu", type=int, default=None)
     parser.add_argument("--client-cpu", type=int, default=None)
     args = parser.parse_args(argv)
@@ -69,7 +80,16 @@ def main(argv: list[str] | None = None) -> int:
 
         results["stuck"] = stuck.measure(1 if args.quick else 2)
         stuck_text = "\n" + stuck.render(results["stuck"]) + "\n"
-    table = render(results) + stuck_text
+    scheduler_text = ""
+    if not args.no_scheduler:
+        from bench import scheduler  # the real kube-scheduler at 1,000 and 5,000 nodes
+
+        scheduler_plan = scheduler.QUICK if args.quick else scheduler.Plan()
+        if args.scheduler_nodes:
+            scheduler_plan = replace(scheduler_plan, nodes=tuple(args.scheduler_nodes))
+        results["scheduler"] = scheduler.measure(scheduler_plan)
+        scheduler_text = "\n" + scheduler.render(results["scheduler"]) + "\n"
+    table = render(results) + stuck_text + scheduler_text
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "latest.json").write_bytes(
         orjson.dumps(results, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS) + b"\n"

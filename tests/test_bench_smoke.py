@@ -13,6 +13,7 @@ import signal
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -21,18 +22,26 @@ import uvicorn
 
 from bench import appcost, openloop, phases, report, suite
 from bench import decide as decide_bench
+from bench import scheduler as scheduler_bench
 from bench.loadgen import run_closed, run_openloop, run_wrk, wrk_path
 from bench.openloop import LoadConfig, percentiles
 from bench.payloads import tekton_pod
 from bench.servers import Server, expected_answer
 from bench.target import FLOOR_RESPONSE, floor_context, https_config
-from coschedule.config.settings import Settings
+from coschedule.config.settings import DEFAULT_TOPOLOGY_KEY, Settings
 from coschedule.config.store import SettingsStore
-from coschedule.marks import Mode, placeholder_claim, run_placeholder
+from coschedule.marks import (
+    LABEL_INSTANCE,
+    Mode,
+    affinity_term,
+    placeholder_claim,
+    run_placeholder,
+)
 from coschedule.mutate.decision import AdmissionContext, decide
 from coschedule.server import serve as serve_module
 from coschedule.server.serve import ServeOptions, build_webhook
 from coschedule.server.webhook_metrics import WebhookMetrics
+from tests.e2e.cluster import find_binaries
 
 RATE = 300  # requests per second for one second: a few hundred requests
 
@@ -352,3 +361,67 @@ def test_the_in_cluster_payload_is_a_first_pod_whose_claim_is_rewritten() -> Non
     assert later.templates is None
     again = [op for op in later.ops if op["path"].endswith("/claimName")]
     assert [op["value"] for op in again] == [placeholder_claim(template.name, placeholder)]
+
+
+def test_scheduler_bench_coscheduled_pods_are_decided_and_placeholders_rendered() -> None:
+    """bench.scheduler's co-scheduled batch is what coschedule makes: every run pod carries
+    the required pod-affinity term to its run's placeholder and mounts the claim the
+    placeholder's template makes, and the placeholder pod is the StatefulSet's replica 0
+    (our labels, the same claim), created before its run's pods; plain pods are the
+    engine's pods untouched."""
+    plan = replace(scheduler_bench.QUICK, groups=2, per_group=3)
+    batch = scheduler_bench.coscheduled_batch("co-0", plan, scheduler_bench.ENCODINGS["affinity"])
+    assert batch.counted == 6
+    [step] = batch.steps
+    work = step({})
+    assert len(work.create) == 8 == len(work.expect)  # a placeholder before each run's pods
+    holders = [p for p in work.create if p["metadata"]["name"] in batch.groups]
+    assert [work.create.index(h) for h in holders] == [0, 4]
+    for holder in holders:
+        name = holder["metadata"]["name"]
+        placeholder = name.removesuffix("-0")
+        assert holder["metadata"]["labels"][LABEL_INSTANCE] == placeholder
+        assert "podAntiAffinity" in holder["spec"]["affinity"]
+        holder_claims = {
+            v["persistentVolumeClaim"]["claimName"]
+            for v in holder["spec"]["volumes"]
+            if "persistentVolumeClaim" in v
+        }
+        members = [p for p in work.create if p["metadata"]["name"] in batch.groups[name]]
+        assert len(members) == 3
+        for pod in members:
+            terms = pod["spec"]["affinity"]["podAffinity"][
+                "requiredDuringSchedulingIgnoredDuringExecution"
+            ]
+            assert affinity_term(placeholder, DEFAULT_TOPOLOGY_KEY) in terms
+            mounted = {
+                v["persistentVolumeClaim"]["claimName"]
+                for v in pod["spec"]["volumes"]
+                if "persistentVolumeClaim" in v
+            }
+            assert mounted <= holder_claims  # the finally task mounts none
+        assert any(p["spec"]["volumes"] for p in members)
+        assert set(batch.claims) >= holder_claims
+    plain = scheduler_bench.plain_batch("plain-0", plan)
+    assert plain.counted == 6
+    assert all("affinity" not in pod["spec"] for pod in plain.steps[0]({}).create)
+
+
+@pytest.mark.skipif(find_binaries()[0] is None, reason="no kube-apiserver/kube-scheduler binaries")
+def test_scheduler_bench_runs_on_a_real_scheduler() -> None:
+    """A few nodes, one round: every batch binds, every run lands on its placeholder's
+    node, and the figures and ratios come out (their values are not asserted)."""
+    plan = replace(
+        scheduler_bench.QUICK, nodes=(12,), groups=3, per_group=10, background_per_node=2
+    )
+    [result] = scheduler_bench.measure(plan, log=lambda _: None)
+    assert result["available"], result
+    kinds = [b["kind"] for b in result["batches"]]
+    assert kinds == ["plain", "affinity", "beside:affinity"]
+    assert all(b["pods"] == 30 and b["wall_s"] > 0 for b in result["batches"])
+    [row] = result["encodings"]
+    assert row["colocated"] == "3/3"
+    for key in ("cpu_ratio", "throughput_ratio", "spillover_ratio"):
+        assert row[key] > 0
+    table = scheduler_bench.render([result])
+    assert "| 12 | pod affinity (today) |" in table

@@ -258,8 +258,6 @@ class ControlPlane:
         """kube-controller-manager and kube-scheduler, where present; returns once both are
         healthy (started together: they take a few seconds each)."""
         assert self.pki is not None
-        assert self.admin_kubeconfig is not None
-        kc = str(self.admin_kubeconfig)
         pending: list[tuple[str, Proc]] = []
         if self.has_controller_manager:
             port = free_port()
@@ -267,14 +265,7 @@ class ControlPlane:
                 "kube-controller-manager",
                 [
                     str(self.binaries / "kube-controller-manager"),
-                    f"--kubeconfig={kc}",
-                    f"--authentication-kubeconfig={kc}",
-                    f"--authorization-kubeconfig={kc}",
-                    "--authentication-skip-lookup=true",
-                    "--bind-address=127.0.0.1",
-                    f"--secure-port={port}",
-                    f"--cert-dir={self.workdir / 'kcm-certs'}",
-                    "--leader-elect=false",
+                    *self._component_args(port, "kcm-certs"),
                     f"--service-account-private-key-file={self.pki.sa_key}",
                     f"--root-ca-file={self.pki.ca_crt}",
                     "--use-service-account-credentials=true",
@@ -284,25 +275,45 @@ class ControlPlane:
             )
             pending.append((f"https://127.0.0.1:{port}/healthz", proc))
         if self.has_scheduler:
-            port = free_port()
-            proc = self._proc(
-                "kube-scheduler",
-                [
-                    str(self.binaries / "kube-scheduler"),
-                    f"--kubeconfig={kc}",
-                    f"--authentication-kubeconfig={kc}",
-                    f"--authorization-kubeconfig={kc}",
-                    "--authentication-skip-lookup=true",
-                    "--bind-address=127.0.0.1",
-                    f"--secure-port={port}",
-                    f"--cert-dir={self.workdir / 'scheduler-certs'}",
-                    "--leader-elect=false",
-                    "--v=1",
-                ],
-            )
-            pending.append((f"https://127.0.0.1:{port}/healthz", proc))
+            pending.append(self._launch_scheduler(()))
         for url, proc in pending:
             wait_healthy(url, proc, timeout=90)
+
+    def start_scheduler(self, extra_args: Sequence[str] = ()) -> Proc:
+        """kube-scheduler alone (with ``extra_args``, e.g. client rate limits); returns once
+        it is healthy."""
+        url, proc = self._launch_scheduler(extra_args)
+        wait_healthy(url, proc, timeout=90)
+        return proc
+
+    def _launch_scheduler(self, extra_args: Sequence[str]) -> tuple[str, Proc]:
+        port = free_port()
+        proc = self._proc(
+            "kube-scheduler",
+            [
+                str(self.binaries / "kube-scheduler"),
+                *self._component_args(port, "scheduler-certs"),
+                "--v=1",
+                *extra_args,
+            ],
+        )
+        return f"https://127.0.0.1:{port}/healthz", proc
+
+    def _component_args(self, port: int, cert_dir: str) -> list[str]:
+        """What kube-controller-manager and kube-scheduler share: the admin kubeconfig for
+        everything, loopback serving, no leader election."""
+        assert self.admin_kubeconfig is not None
+        kc = str(self.admin_kubeconfig)
+        return [
+            f"--kubeconfig={kc}",
+            f"--authentication-kubeconfig={kc}",
+            f"--authorization-kubeconfig={kc}",
+            "--authentication-skip-lookup=true",
+            "--bind-address=127.0.0.1",
+            f"--secure-port={port}",
+            f"--cert-dir={self.workdir / cert_dir}",
+            "--leader-elect=false",
+        ]
 
     def stop(self) -> None:
         """Everything, newest first; never raises."""

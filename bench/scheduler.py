@@ -1,0 +1,1042 @@
+"""What our pods cost the real kube-scheduler: scheduler CPU per pod and throughput of pods
+exactly as coschedule mutates them, as ratios to plain pods in the same run, at 1,000 and
+5,000 nodes.
+
+The cluster: kube-apiserver, etcd and kube-scheduler v1.36 from ``KUBEBUILDER_ASSETS`` (the
+e2e suite's control plane, ``tests/e2e/cluster.py``), no kube-controller-manager (nothing
+marks the kubelet-less nodes unreachable, so they stay Ready), N Ready nodes (API objects:
+32 CPU, 128 GiB, 110 pods) with 10 bound background pods each (created with
+``spec.nodeName``). The scheduler runs with ``--kube-api-qps 500 --kube-api-burst 500`` so
+its client rate limit does not hide what scheduling costs.
+
+The pods: 30 PipelineRuns x 10 Tekton pods (``tests/fixtures``: nine ``tekton-taskrun``
+tasks mounting the run's workspace claim and the ``finally`` task), per batch:
+
+- ``plain``: the pods as Tekton creates them (each run's claim bound, usable anywhere);
+- ``coschedule``: the same pods through the real ``decide`` with the webhook's claim cache
+  (the first pod of a run decides the claim templates, the later ones follow the
+  placeholder's), JSONPatch applied, plus each run's placeholder pod rendered from the
+  StatefulSet the reconciler would make (``reconcile/placeholder.py``) as the StatefulSet
+  controller renders replica 0; created placeholder first, then its run's pods;
+- ``plain beside``: plain pods again while the co-scheduled batch is still there (the
+  spillover: what co-scheduled pods cost everyone else's pods).
+
+Per round: plain, coschedule, plain beside; the batches are interleaved so a burst of other
+work on the machine touches all three. The scheduler is stopped (SIGSTOP) while a batch is
+created and continued (SIGCONT) once it is all there; its CPU (utime + stime from
+``/proc/PID/stat``) and the wall time are taken from then until every pod of the batch is
+bound (a watch on the batch; 0.3 s more for the trailing events and bindings). The
+co-scheduled batch counts only the run pods: the placeholders' cost is in it, amortised.
+
+Run: ``python -m bench.scheduler [--nodes 1000 --nodes 5000] [--rounds 3] [--quick]
+[--json FILE]``; in ``python -m bench`` (``make bench``) unless ``--no-scheduler``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import copy
+import json
+import os
+import signal
+import ssl
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Final, cast
+from urllib.parse import urlencode
+
+import httptools
+import httpx
+import jsonpatch
+import orjson
+import uvloop
+
+from bench.decide import add_placeholder, run_claims_cache
+from bench.servers import loadavg
+from coschedule.config.settings import Settings
+from coschedule.marks import (
+    COMPONENT_AFFINITY_ASSISTANT,
+    LABEL_COMPONENT,
+    BadMark,
+    Mode,
+    placeholder_claim,
+)
+from coschedule.mutate.decision import AdmissionContext, Decision, decide
+from coschedule.reconcile.placeholder import build_statefulset, group_spec
+from coschedule.reconcile.shapes import parse_marked
+from tests.e2e.cluster import ControlPlane, Proc, find_binaries
+from tests.e2e.world import strip_service_account_volume
+from tests.fixtures import load_pod
+
+Obj = dict[str, Any]
+
+BATCH_LABEL: Final = "bench.coschedule.dev/batch"
+SCHEDULER_ARGS: Final = ("--kube-api-qps=500", "--kube-api-burst=500")
+NODE_RESOURCES: Final = {"cpu": "32", "memory": "128Gi", "pods": "110", "ephemeral-storage": "1Ti"}
+ZONES: Final = 3
+TASK_FIXTURE: Final = "tekton-taskrun"
+FINALLY_FIXTURE: Final = "tekton-taskrun-no-workspace"
+FIXTURE_CLAIM: Final = "pvc-1f1344866c"
+PLAIN_NS: Final = "bench-plain"
+CO_NS: Final = "bench-co"
+BACKGROUND_NS: Final = "bench-background"
+SERVICE_ACCOUNTS: Final = ("default", "ci-builder")
+SETTLE_S: Final = 0.3
+MERGE_PATCH: Final = "application/merge-patch+json"
+JSON_PATCH: Final = "application/json-patch+json"
+REQUIRED: Final = "requiredDuringSchedulingIgnoredDuringExecution"
+GOAL_COSCHEDULED: Final = 1.2  # x plain scheduler CPU per pod, at 5,000 nodes
+GOAL_SPILLOVER: Final = 1.05
+GOAL_NODES: Final = 5000
+
+
+GATE: Final = "coschedule.dev/placeholder"  # the candidates' scheduling gate
+
+
+@dataclass(frozen=True, slots=True)
+class Encoding:
+    """How a run's pods are tied to its placeholder. ``affinity`` is what coschedule makes
+    (``decide`` and the reconciler's StatefulSet, untouched); the others are candidates
+    made from those pods by swapping the tie, to choose the next encoding by."""
+
+    name: str
+    title: str
+    pods: str  # affinity | pin-after-bound | gate-pin
+    # How placeholders keep apart: today's preferred anti-affinity to each other, or a
+    # ScheduleAnyway topology spread constraint over them (a placeholder requests almost
+    # nothing: without either, the scheduler stacks a batch of them on a few nodes and the
+    # runs' pods do not fit there).
+    spread: str = "anti-affinity"
+
+
+ENCODINGS: Final = {
+    e.name: e
+    for e in (
+        Encoding("affinity", "pod affinity (today)", "affinity"),
+        Encoding(
+            "pin-after-bound",
+            "first pod pod affinity, later pods pinned by node name (candidate)",
+            "pin-after-bound",
+        ),
+        Encoding(
+            "gate-pin",
+            "pods gated, pinned by node name and ungated once the placeholder is bound (candidate)",
+            "gate-pin",
+        ),
+        Encoding(
+            "gate-pin-spread",
+            "gated and pinned as above, placeholders spread by a topology spread constraint "
+            "instead of anti-affinity (candidate)",
+            "gate-pin",
+            spread="topology-spread",
+        ),
+    )
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    nodes: tuple[int, ...] = (1000, 5000)
+    rounds: int = 3
+    groups: int = 30
+    per_group: int = 10
+    first_pods: int = 1  # pods of a run admitted before its placeholder is bound
+    background_per_node: int = 10
+    concurrency: int = 48
+    bind_timeout_s: float = 120.0
+    encodings: tuple[str, ...] = ("affinity",)
+    settings: Settings = field(default_factory=lambda: Settings(mode=Mode.PIPELINERUNS))
+
+
+QUICK: Final = Plan(nodes=(50,), rounds=1, groups=5)
+
+
+# ---- the pods ------------------------------------------------------------------------
+
+
+def tekton_pod(namespace: str, run: str, index: int, last: bool, batch: str) -> Obj:
+    """Task ``index`` of ``run`` as Tekton creates it (the fixture renamed, re-owned, without
+    the token volume the ServiceAccount plugin adds again); the run's workspace claim is
+    ``<run>-ws``. The last task is the run's ``finally`` task (no workspace)."""
+    pod = load_pod(FINALLY_FIXTURE if last else TASK_FIXTURE)
+    meta = pod["metadata"]
+    task = "report-status" if last else f"task-{index}"
+    task_run = f"{run}-{task}"
+    meta["name"] = f"{task_run}-pod"
+    meta["namespace"] = namespace
+    meta.pop("generateName", None)
+    meta["labels"].update(
+        {
+            "tekton.dev/pipelineRun": run,
+            "tekton.dev/pipelineRunUID": f"uid-{run}",
+            "tekton.dev/pipelineTask": task,
+            "tekton.dev/taskRun": task_run,
+            "tekton.dev/taskRunUID": f"uid-{task_run}",
+            BATCH_LABEL: batch,
+        }
+    )
+    meta["ownerReferences"][0].update(name=task_run, uid=f"uid-{task_run}")
+    spec = pod["spec"]
+    strip_service_account_volume(spec)
+    for volume in spec["volumes"]:
+        source = volume.get("persistentVolumeClaim")
+        if source is not None and source["claimName"] == FIXTURE_CLAIM:
+            source["claimName"] = f"{run}-ws"
+    return pod
+
+
+def run_pods(namespace: str, run: str, per_group: int, batch: str) -> list[Obj]:
+    return [
+        tekton_pod(namespace, run, index, index == per_group - 1, batch)
+        for index in range(per_group)
+    ]
+
+
+def mutated(pod: Obj, decision: Decision) -> Obj:
+    if not decision.allowed:
+        raise RuntimeError(f"decide denied a benchmark pod: {decision.message}")
+    result: Obj = jsonpatch.apply_patch(pod, decision.ops)
+    return result
+
+
+def placeholder_pod(sts: Obj, batch: str) -> Obj:
+    """Replica 0 of the placeholder StatefulSet, as the StatefulSet controller renders it:
+    the template with the pod's identity (name, hostname, labels) and a volume per claim
+    template, named after the template, mounting ``<template>-<set>-0``."""
+    name = sts["metadata"]["name"]
+    template = copy.deepcopy(sts["spec"]["template"])
+    pod_name = f"{name}-0"
+    labels = {
+        **template["metadata"]["labels"],
+        "statefulset.kubernetes.io/pod-name": pod_name,
+        "apps.kubernetes.io/pod-index": "0",
+        "controller-revision-hash": f"{name}-5d8f7c9b6",
+        BATCH_LABEL: batch,
+    }
+    spec = template["spec"]
+    spec["hostname"] = pod_name
+    spec["subdomain"] = sts["spec"]["serviceName"]
+    claims = [
+        {
+            "name": t["metadata"]["name"],
+            "persistentVolumeClaim": {"claimName": f"{t['metadata']['name']}-{pod_name}"},
+        }
+        for t in sts["spec"].get("volumeClaimTemplates") or []
+    ]
+    spec["volumes"] = claims + list(spec.get("volumes") or [])
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": pod_name,
+            "namespace": sts["metadata"]["namespace"],
+            "labels": labels,
+            "ownerReferences": [
+                {
+                    "apiVersion": "apps/v1",
+                    "kind": "StatefulSet",
+                    "name": name,
+                    "uid": f"uid-{name}",
+                    "controller": True,
+                    "blockOwnerDeletion": True,
+                }
+            ],
+        },
+        "spec": spec,
+    }
+
+
+@dataclass(slots=True)
+class Work:
+    """One step of a batch: created with the scheduler stopped, then measured until every
+    pod in ``expect`` is bound."""
+
+    create: list[Obj] = field(default_factory=list)
+    patch: list[tuple[str, list[Obj]]] = field(default_factory=list)  # (pod, JSONPatch)
+    expect: list[str] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class Batch:
+    name: str
+    kind: str  # plain, beside, or the encoding's name
+    namespace: str
+    counted: int  # the run pods (what the per-pod figures divide by)
+    # Each step is made from the pods bound so far (name -> node): what the webhook's
+    # watch-fed view of the placeholders would know.
+    steps: list[Callable[[dict[str, str]], Work]] = field(default_factory=list)
+    claims: list[str] = field(default_factory=list)  # bound claims the batch needs made
+    groups: dict[str, list[str]] = field(default_factory=dict)  # placeholder pod -> its pods
+
+
+def plain_batch(name: str, plan: Plan, kind: str = "plain") -> Batch:
+    pods = [
+        pod
+        for group in range(plan.groups)
+        for pod in run_pods(PLAIN_NS, f"pr-{group:02d}", plan.per_group, name)
+    ]
+    for pod in pods:
+        pod["metadata"]["name"] += f"-{name}"
+    work = Work(pods, [], [pod["metadata"]["name"] for pod in pods])
+    return Batch(name, kind, PLAIN_NS, len(pods), [lambda _: work])
+
+
+def plain_claims(plan: Plan) -> list[str]:
+    return [f"pr-{group:02d}-ws" for group in range(plan.groups)]
+
+
+def decided_runs(name: str, plan: Plan) -> Iterator[tuple[Obj, list[Obj], list[str]]]:
+    """Per run: its placeholder pod, its pods as ``decide`` mutates them (the webhook in a
+    cluster: the first pod decides the claim templates, the later ones follow the
+    placeholder's) and the claims the placeholder's templates make."""
+    for group in range(plan.groups):
+        run = f"pr-{name}-{group:02d}"
+        pods = run_pods(CO_NS, run, plan.per_group, name)
+        cache = run_claims_cache(pods[0], CO_NS)
+        ctx = AdmissionContext(plan.settings, CO_NS, None, cache, explain=False)
+        first = decide(pods[0], ctx)
+        if first.placeholder is None or first.templates is None:
+            raise RuntimeError("the first pod of a run must decide its claim templates")
+        add_placeholder(cache, CO_NS, first.placeholder, first.templates)
+        done = [mutated(pods[0], first)] + [mutated(pod, decide(pod, ctx)) for pod in pods[1:]]
+        # The reconciler reads the first pod as stored and makes the run's StatefulSet.
+        marked = parse_marked(done[0])
+        if isinstance(marked, BadMark):
+            raise RuntimeError(f"the mutated pod's marks do not parse: {marked}")
+        spec = group_spec(CO_NS, first.placeholder, [marked])
+        assert spec is not None
+        sts = build_statefulset(spec, plan.settings, None, first.templates)
+        claims = [placeholder_claim(t.name, first.placeholder) for t in first.templates]
+        yield placeholder_pod(sts, name), done, claims
+
+
+def placeholder_selector_all() -> dict[str, str]:
+    return {LABEL_COMPONENT: COMPONENT_AFFINITY_ASSISTANT}
+
+
+def pinned(pod: Obj, node_name: str) -> Obj:
+    """The pod with its placeholder term swapped for a required node affinity to the
+    node's name (``matchFields``: the scheduler evaluates that one node)."""
+    result = copy.deepcopy(pod)
+    result["spec"]["affinity"] = {
+        "nodeAffinity": {REQUIRED: {"nodeSelectorTerms": [pin_term(node_name)]}}
+    }
+    return result
+
+
+def pin_term(node_name: str) -> Obj:
+    return {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node_name]}]}
+
+
+def gated(pod: Obj) -> Obj:
+    """The pod without its placeholder term, held by a scheduling gate."""
+    result = copy.deepcopy(pod)
+    del result["spec"]["affinity"]
+    result["spec"]["schedulingGates"] = [{"name": GATE}]
+    return result
+
+
+def ungate_and_pin(node_name: str) -> list[Obj]:
+    """What the reconciler would send once the placeholder is bound: a gated pod's node
+    affinity may still be set (mutable scheduling directives), and the gate lifted."""
+    return [
+        {
+            "op": "add",
+            "path": "/spec/affinity",
+            "value": {"nodeAffinity": {REQUIRED: {"nodeSelectorTerms": [pin_term(node_name)]}}},
+        },
+        {"op": "remove", "path": "/spec/schedulingGates"},
+    ]
+
+
+def coscheduled_batch(name: str, plan: Plan, encoding: Encoding) -> Batch:
+    """The runs' placeholders and pods in ``encoding``, in the order the scheduler meets
+    them: each placeholder before its run's pods."""
+    batch = Batch(name, encoding.name, CO_NS, 0)
+    holders: list[Obj] = []
+    now: list[Obj] = []  # created with the placeholders
+    later: list[tuple[str, Obj]] = []  # (placeholder pod, pod) once the placeholder is bound
+    for holder, pods, claims in decided_runs(name, plan):
+        holder_name = holder["metadata"]["name"]
+        if encoding.spread == "topology-spread":
+            del holder["spec"]["affinity"]
+            holder["spec"]["topologySpreadConstraints"] = [
+                {
+                    "maxSkew": 1,
+                    "topologyKey": plan.settings.topology_key,
+                    "whenUnsatisfiable": "ScheduleAnyway",
+                    "labelSelector": {"matchLabels": placeholder_selector_all()},
+                }
+            ]
+        holders.append(holder)
+        batch.counted += len(pods)
+        batch.claims.extend(claims)
+        batch.groups[holder_name] = [p["metadata"]["name"] for p in pods]
+        if encoding.pods == "affinity":
+            now.extend([holder, *pods])
+        elif encoding.pods == "pin-after-bound":
+            now.extend([holder, *pods[: plan.first_pods]])
+            later.extend((holder_name, pod) for pod in pods[plan.first_pods :])
+        elif encoding.pods == "gate-pin":
+            now.extend([holder, *(gated(pod) for pod in pods)])
+            later.extend((holder_name, pod) for pod in pods)
+        else:
+            raise ValueError(f"unknown encoding {encoding.pods!r}")
+    first_wave = [pod["metadata"]["name"] for pod in now if not pod["spec"].get("schedulingGates")]
+    batch.steps.append(lambda _: Work(now, [], first_wave))
+    if later:
+        names = [pod["metadata"]["name"] for _, pod in later]
+        if encoding.pods == "gate-pin":
+            batch.steps.append(
+                lambda bound: Work(
+                    [],
+                    [
+                        (pod["metadata"]["name"], ungate_and_pin(bound[holder]))
+                        for holder, pod in later
+                    ],
+                    names,
+                )
+            )
+        else:
+            batch.steps.append(
+                lambda bound: Work([pinned(pod, bound[holder]) for holder, pod in later], [], names)
+            )
+    return batch
+
+
+# ---- the cluster ---------------------------------------------------------------------
+
+
+def node(name: str, index: int) -> Obj:
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "labels": {
+                "kubernetes.io/hostname": name,
+                "kubernetes.io/arch": "amd64",
+                "kubernetes.io/os": "linux",
+                "topology.kubernetes.io/zone": f"zone-{index % ZONES}",
+                "topology.kubernetes.io/region": "bench",
+            },
+        },
+        "status": {
+            "capacity": NODE_RESOURCES,
+            "allocatable": NODE_RESOURCES,
+            "conditions": [
+                {
+                    "type": "Ready",
+                    "status": "True",
+                    "reason": "KubeletReady",
+                    "message": "node of the scheduler benchmark",
+                    "lastHeartbeatTime": now,
+                    "lastTransitionTime": now,
+                }
+            ],
+            "nodeInfo": {
+                "architecture": "amd64",
+                "operatingSystem": "linux",
+                "kubeletVersion": "v1.36.2",
+                "containerRuntimeVersion": "fake://0",
+                "kernelVersion": "6.0.0",
+                "osImage": "bench",
+                "bootID": name,
+                "machineID": name,
+                "systemUUID": name,
+                "kubeProxyVersion": "",
+            },
+        },
+    }
+
+
+def background_pod(node_name: str, index: int) -> Obj:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": f"bg-{node_name}-{index}",
+            "namespace": BACKGROUND_NS,
+            "labels": {"app": f"service-{index}"},
+        },
+        "spec": {
+            "nodeName": node_name,
+            "automountServiceAccountToken": False,
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "registry.k8s.io/pause:3.10",
+                    "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}},
+                }
+            ],
+        },
+    }
+
+
+def bound_claim_objects(namespace: str, claim: str, pv_name: str) -> tuple[Obj, Obj]:
+    """A claim bound to a volume usable on every node (the scheduler's VolumeBinding wants
+    the bind-completed annotation; no PV controller runs)."""
+    pv = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolume",
+        "metadata": {"name": pv_name},
+        "spec": {
+            "capacity": {"storage": "1Gi"},
+            "accessModes": ["ReadWriteOnce"],
+            "persistentVolumeReclaimPolicy": "Retain",
+            "storageClassName": "",
+            "hostPath": {"path": f"/tmp/bench/{pv_name}"},
+            "claimRef": {"namespace": namespace, "name": claim},
+        },
+    }
+    pvc = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {
+            "name": claim,
+            "namespace": namespace,
+            "annotations": {"pv.kubernetes.io/bind-completed": "yes"},
+        },
+        "spec": {
+            "accessModes": ["ReadWriteOnce"],
+            "storageClassName": "",
+            "volumeName": pv_name,
+            "resources": {"requests": {"storage": "1Gi"}},
+        },
+    }
+    return pv, pvc
+
+
+class _Conn(asyncio.Protocol):
+    """One keep-alive HTTPS connection to the apiserver, one request at a time; answers are
+    parsed by httptools (C). httpx costs the client more CPU per request than the
+    apiserver spends on it: 50,000 pods would take most of an hour on a shared machine."""
+
+    def __init__(self) -> None:
+        self.parser = httptools.HttpResponseParser(self)
+        self.transport: asyncio.WriteTransport | None = None
+        self.waiter: asyncio.Future[tuple[int, bytes]] | None = None
+        self.body: list[bytes] = []
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.WriteTransport, transport)
+
+    def data_received(self, data: bytes) -> None:
+        self.parser.feed_data(data)
+
+    def on_body(self, body: bytes) -> None:
+        self.body.append(body)
+
+    def on_message_complete(self) -> None:
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_result((self.parser.get_status_code(), b"".join(self.body)))
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_exception(ConnectionError(f"apiserver connection lost: {exc}"))
+
+    async def send(self, raw: bytes) -> tuple[int, bytes]:
+        assert self.transport is not None
+        self.body = []
+        self.waiter = asyncio.get_running_loop().create_future()
+        self.transport.write(raw)
+        return await self.waiter
+
+
+class Client:
+    """Concurrent admin requests to the benchmark's apiserver: a pool of lean keep-alive
+    connections for the many small requests, httpx for the watch."""
+
+    def __init__(self, server: str, ca_file: Path, token: str, concurrency: int) -> None:
+        self.server = server
+        self.context = ssl.create_default_context(cafile=str(ca_file))
+        self.token = token
+        self.concurrency = concurrency
+        self.pool: asyncio.Queue[_Conn] | None = None
+        self.conns: list[_Conn] = []
+        self.http = httpx.AsyncClient(
+            base_url=server,
+            verify=self.context,
+            headers={"Authorization": f"Bearer {token}", "Accept": "application/json"},
+            timeout=120,
+        )
+
+    async def _pool(self) -> asyncio.Queue[_Conn]:
+        if self.pool is None:
+            url = httpx.URL(self.server)
+            loop = asyncio.get_running_loop()
+            pool: asyncio.Queue[_Conn] = asyncio.Queue()
+            for _ in range(self.concurrency):
+                _, conn = await loop.create_connection(
+                    _Conn, url.host, url.port or 443, ssl=self.context, server_hostname=url.host
+                )
+                self.conns.append(conn)
+                pool.put_nowait(conn)
+            self.pool = pool
+        return self.pool
+
+    async def close(self) -> None:
+        for conn in self.conns:
+            if conn.transport is not None:
+                conn.transport.close()
+        await self.http.aclose()
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        body: Obj | list[Obj] | None = None,
+        *,
+        params: dict[str, str] | None = None,
+        content_type: str = "application/json",
+    ) -> Obj:
+        target = path + ("?" + urlencode(params) if params else "")
+        content = orjson.dumps(body) if body is not None else b""
+        head = (
+            f"{method} {target} HTTP/1.1\r\nHost: apiserver\r\n"
+            f"Authorization: Bearer {self.token}\r\nAccept: application/json\r\n"
+            f"Content-Type: {content_type}\r\nContent-Length: {len(content)}\r\n\r\n"
+        )
+        pool = await self._pool()
+        conn = await pool.get()
+        try:
+            status, answer = await conn.send(head.encode() + content)
+        finally:
+            pool.put_nowait(conn)
+        if status >= 300:
+            raise RuntimeError(f"{method} {path}: HTTP {status}: {answer[:500].decode()}")
+        doc = orjson.loads(answer) if answer else {}
+        return doc if isinstance(doc, dict) else {}
+
+    async def create(self, path: str, body: Obj) -> Obj:
+        return await self.request("POST", path, body)
+
+    async def merge_patch(self, path: str, body: Obj) -> Obj:
+        return await self.request("PATCH", path, body, content_type=MERGE_PATCH)
+
+    async def create_all(self, items: Sequence[tuple[str, Obj]]) -> None:
+        """Create in order, as many in flight as there are connections."""
+        await self._each([("POST", path, body, "application/json") for path, body in items])
+
+    async def patch_all(self, items: Sequence[tuple[str, list[Obj]]]) -> None:
+        await self._each([("PATCH", path, ops, JSON_PATCH) for path, ops in items])
+
+    async def _each(self, calls: Sequence[tuple[str, str, Obj | list[Obj], str]]) -> None:
+        queue = iter(calls)
+
+        async def worker() -> None:
+            for method, path, body, content_type in queue:
+                await self.request(method, path, body, content_type=content_type)
+
+        await asyncio.gather(*(worker() for _ in range(self.concurrency)))
+
+
+def pods_path(namespace: str) -> str:
+    return f"/api/v1/namespaces/{namespace}/pods"
+
+
+async def make_cluster(client: Client, nodes: int, plan: Plan, log: Callable[[str], None]) -> None:
+    for namespace in (BACKGROUND_NS, PLAIN_NS, CO_NS):
+        await client.create(
+            "/api/v1/namespaces",
+            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}},
+        )
+        for account in SERVICE_ACCOUNTS:
+            await client.create(
+                f"/api/v1/namespaces/{namespace}/serviceaccounts",
+                {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": account}},
+            )
+    names = [f"node-{index:05d}" for index in range(nodes)]
+    started = time.monotonic()
+    await client.create_all([("/api/v1/nodes", node(name, i)) for i, name in enumerate(names)])
+    # TaintNodesByCondition gives a new node the not-ready taint, which only the node
+    # lifecycle controller (not running: no kubelets) would lift.
+    queue = iter(names)
+
+    async def untaint() -> None:
+        for name in queue:
+            await client.merge_patch(f"/api/v1/nodes/{name}", {"spec": {"taints": None}})
+
+    await asyncio.gather(*(untaint() for _ in range(client.concurrency)))
+    stored = await client.request("GET", f"/api/v1/nodes/{names[0]}")
+    if not (stored.get("status") or {}).get("conditions"):
+        raise RuntimeError("the apiserver dropped the node status on create")
+    log(f"{nodes} nodes in {time.monotonic() - started:.1f}s")
+    started = time.monotonic()
+    await client.create_all(
+        [
+            (pods_path(BACKGROUND_NS), background_pod(name, k))
+            for k in range(plan.background_per_node)
+            for name in names
+        ]
+    )
+    spent = time.monotonic() - started
+    log(f"{nodes * plan.background_per_node} bound background pods in {spent:.1f}s")
+    await make_claims(client, PLAIN_NS, plain_claims(plan), "plain")
+
+
+async def make_claims(client: Client, namespace: str, claims: Sequence[str], tag: str) -> None:
+    items: list[tuple[str, Obj]] = []
+    for index, claim in enumerate(claims):
+        pv, pvc = bound_claim_objects(namespace, claim, f"pv-{tag}-{index:03d}")
+        items.append(("/api/v1/persistentvolumes", pv))
+        items.append((f"/api/v1/namespaces/{namespace}/persistentvolumeclaims", pvc))
+    await client.create_all(items)
+
+
+# ---- measuring -----------------------------------------------------------------------
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of a process, in seconds."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@dataclass(slots=True)
+class BatchResult:
+    kind: str
+    pods: int
+    cpu_s: float
+    wall_s: float
+    colocated: int | None = None  # groups whose pods all share their placeholder's node
+    groups: int = 0
+
+    def to_json(self) -> Obj:
+        return {
+            "kind": self.kind,
+            "pods": self.pods,
+            "cpu_s": round(self.cpu_s, 3),
+            "wall_s": round(self.wall_s, 3),
+            "colocated": self.colocated,
+            "groups": self.groups,
+        }
+
+
+async def watch_bound(
+    client: Client,
+    batch: Batch,
+    resource_version: str,
+    bound: dict[str, str],
+    changed: asyncio.Event,
+) -> None:
+    """Record each pod of the batch as it is bound (name -> node)."""
+    params = {
+        "watch": "true",
+        "labelSelector": f"{BATCH_LABEL}={batch.name}",
+        "resourceVersion": resource_version,
+        "allowWatchBookmarks": "false",
+    }
+    async with client.http.stream(
+        "GET", pods_path(batch.namespace), params=params, timeout=httpx.Timeout(None)
+    ) as response:
+        async for line in response.aiter_lines():
+            if not line:
+                continue
+            event = orjson.loads(line)
+            obj = event.get("object") or {}
+            node_name = (obj.get("spec") or {}).get("nodeName")
+            if event.get("type") in ("ADDED", "MODIFIED") and node_name:
+                bound[obj["metadata"]["name"]] = node_name
+                changed.set()
+
+
+async def run_batch(client: Client, scheduler: Proc, batch: Batch, plan: Plan) -> BatchResult:
+    if batch.claims:
+        await make_claims(client, batch.namespace, batch.claims, batch.name)
+    listed = await client.request(
+        "GET",
+        pods_path(batch.namespace),
+        params={"labelSelector": f"{BATCH_LABEL}={batch.name}", "limit": "1"},
+    )
+    bound: dict[str, str] = {}
+    changed = asyncio.Event()
+    watcher = asyncio.create_task(
+        watch_bound(client, batch, str(listed["metadata"]["resourceVersion"]), bound, changed)
+    )
+    await asyncio.sleep(0.1)  # the watch is open
+    cpu = wall = 0.0
+    try:
+        for step in batch.steps:
+            work = step(bound)
+            spent, took = await _run_step(
+                client, scheduler, batch, work, (bound, changed, watcher), plan
+            )
+            cpu += spent
+            wall += took
+    finally:
+        watcher.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watcher
+    result = BatchResult(batch.kind, batch.counted, cpu, wall, groups=len(batch.groups))
+    if batch.groups:
+        result.colocated = sum(
+            1
+            for holder, members in batch.groups.items()
+            if all(bound.get(member) == bound.get(holder) for member in members)
+        )
+    return result
+
+
+async def _run_step(
+    client: Client,
+    scheduler: Proc,
+    batch: Batch,
+    work: Work,
+    watch: tuple[dict[str, str], asyncio.Event, asyncio.Task[None]],
+    plan: Plan,
+) -> tuple[float, float]:
+    """(scheduler CPU seconds, wall seconds) from continuing the stopped scheduler to
+    every expected pod bound."""
+    bound, changed, watcher = watch
+    os.kill(scheduler.pid, signal.SIGSTOP)
+    try:
+        await client.create_all([(pods_path(batch.namespace), pod) for pod in work.create])
+        await client.patch_all(
+            [(f"{pods_path(batch.namespace)}/{name}", ops) for name, ops in work.patch]
+        )
+        before = cpu_seconds(scheduler.pid)
+        started = time.monotonic()
+    finally:
+        os.kill(scheduler.pid, signal.SIGCONT)
+    deadline = started + plan.bind_timeout_s
+    while not all(name in bound for name in work.expect):
+        if watcher.done():  # the watch failed: say why
+            watcher.result()
+            raise RuntimeError(f"batch {batch.name}: the watch ended")
+        changed.clear()
+        with contextlib.suppress(TimeoutError):  # a second at most: the watch may fail
+            await asyncio.wait_for(changed.wait(), 1.0)
+        if time.monotonic() > deadline:
+            missing = [name for name in work.expect if name not in bound]
+            holders = {bound.get(holder, "-") for holder in batch.groups}
+            raise RuntimeError(
+                f"batch {batch.name}: {len(missing)} of {len(work.expect)} pods not bound after "
+                f"{plan.bind_timeout_s:.0f}s (e.g. {missing[:3]}); the placeholders are on "
+                f"{len(holders)} node(s) for {len(batch.groups)} runs"
+            )
+    wall = time.monotonic() - started
+    await asyncio.sleep(SETTLE_S)
+    return cpu_seconds(scheduler.pid) - before, wall
+
+
+async def delete_batch(client: Client, batch: Batch) -> None:
+    await client.request(
+        "DELETE",
+        pods_path(batch.namespace),
+        params={"labelSelector": f"{BATCH_LABEL}={batch.name}", "gracePeriodSeconds": "0"},
+    )
+
+
+# ---- one cluster size ----------------------------------------------------------------
+
+
+async def measure_nodes(nodes: int, plan: Plan, log: Callable[[str], None]) -> Obj:
+    binaries, source = find_binaries()
+    if binaries is None:
+        return {"nodes": nodes, "available": False, "note": source}
+    with tempfile.TemporaryDirectory(prefix="coschedule-bench-scheduler-") as tmp:
+        plane = ControlPlane(binaries, Path(tmp))
+        try:
+            api = plane.start_apiserver()
+            api.close()
+            assert plane.pki is not None
+            client = Client(plane.server, plane.pki.ca_crt, plane.pki.admin_token, plan.concurrency)
+            try:
+                started = time.monotonic()
+                await make_cluster(client, nodes, plan, log)
+                scheduler = plane.start_scheduler(SCHEDULER_ARGS)
+                setup_s = time.monotonic() - started
+                log(f"cluster of {nodes} nodes ready in {setup_s:.0f}s")
+                return await _rounds(client, scheduler, nodes, plan, setup_s, log)
+            finally:
+                await client.close()
+        finally:
+            plane.stop()
+
+
+async def _rounds(
+    client: Client,
+    scheduler: Proc,
+    nodes: int,
+    plan: Plan,
+    setup_s: float,
+    log: Callable[[str], None],
+) -> Obj:
+    encodings = [ENCODINGS[name] for name in plan.encodings]
+    # Warm-up, not counted: the scheduler's first batches of each kind.
+    warm = [plain_batch("warm-plain", plan)]
+    warm += [coscheduled_batch(f"warm-{e.name}", plan, e) for e in encodings]
+    for batch in warm:
+        await run_batch(client, scheduler, batch, plan)
+        await delete_batch(client, batch)
+    load_before = loadavg()
+    rows: list[BatchResult] = []
+    for index in range(plan.rounds):
+        for encoding in encodings:
+            # Interleaved: plain alone, the encoding, plain beside it.
+            alone = plain_batch(f"plain-{encoding.name}-{index}", plan)
+            rows.append(await run_batch(client, scheduler, alone, plan))
+            await delete_batch(client, alone)
+            await asyncio.sleep(1)
+            co = coscheduled_batch(f"co-{encoding.name}-{index}", plan, encoding)
+            rows.append(await run_batch(client, scheduler, co, plan))
+            beside = plain_batch(f"beside-{encoding.name}-{index}", plan, f"beside:{encoding.name}")
+            rows.append(await run_batch(client, scheduler, beside, plan))
+            await delete_batch(client, beside)
+            await delete_batch(client, co)
+            await asyncio.sleep(1)
+            log(
+                f"{nodes} nodes, round {index + 1}: "
+                + ", ".join(
+                    f"{r.kind} {r.cpu_s / r.pods * 1000:.2f} ms/pod in {r.wall_s:.2f}s"
+                    for r in rows[-3:]
+                )
+            )
+    return summarize(nodes, plan, rows, setup_s, load_before, loadavg())
+
+
+def _totals(rows: Sequence[BatchResult]) -> Obj:
+    pods = sum(r.pods for r in rows)
+    cpu = sum(r.cpu_s for r in rows)
+    wall = sum(r.wall_s for r in rows)
+    return {
+        "pods": pods,
+        "cpu_ms_per_pod": round(cpu / pods * 1000, 3),
+        "pods_per_s": round(pods / wall, 1),
+    }
+
+
+def summarize(
+    nodes: int,
+    plan: Plan,
+    rows: list[BatchResult],
+    setup_s: float,
+    load_before: float,
+    load_after: float,
+) -> Obj:
+    plain = _totals([r for r in rows if r.kind == "plain"])
+    encodings = []
+    for name in plan.encodings:
+        mine = [r for r in rows if r.kind == name]
+        co = _totals(mine)
+        beside = _totals([r for r in rows if r.kind == f"beside:{name}"])
+        encodings.append(
+            {
+                "name": name,
+                "title": ENCODINGS[name].title,
+                **co,
+                "beside_cpu_ms_per_pod": beside["cpu_ms_per_pod"],
+                "cpu_ratio": _ratio(co["cpu_ms_per_pod"], plain["cpu_ms_per_pod"]),
+                "throughput_ratio": _ratio(co["pods_per_s"], plain["pods_per_s"]),
+                "spillover_ratio": _ratio(beside["cpu_ms_per_pod"], plain["cpu_ms_per_pod"]),
+                "colocated": f"{sum(r.colocated or 0 for r in mine)}/{sum(r.groups for r in mine)}",
+            }
+        )
+    return {
+        "nodes": nodes,
+        "available": True,
+        "background_pods": nodes * plan.background_per_node,
+        "rounds": plan.rounds,
+        "batch": f"{plan.groups} runs x {plan.per_group} pods",
+        "mode": plan.settings.mode.value,
+        "setup_s": round(setup_s, 1),
+        "load_before": load_before,
+        "load_after": load_after,
+        "plain": plain,
+        "encodings": encodings,
+        "batches": [r.to_json() for r in rows],
+    }
+
+
+def _ratio(value: float, base: float) -> float | None:
+    """None when the base is 0 (a batch too small for the 10 ms tick of /proc)."""
+    return round(value / base, 3) if base else None
+
+
+def _x(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2f}x"
+
+
+def measure(plan: Plan, log: Callable[[str], None] | None = None) -> list[Obj]:
+    say = log or (lambda message: print(message, file=sys.stderr, flush=True))
+    return [uvloop.run(measure_nodes(nodes, plan, say)) for nodes in plan.nodes]
+
+
+def render(results: Sequence[Obj]) -> str:
+    lines = [
+        "kube-scheduler v1.36: scheduler CPU per pod of co-scheduled runs (placeholders "
+        "included) and of plain pods beside them, as ratios to plain pods in the same run:",
+        "",
+        "| nodes | encoding | ms/pod (plain) | CPU x plain | throughput x plain "
+        "| plain beside it (spillover) | runs co-located |",
+        "|---:|---|---:|---:|---:|---:|---|",
+    ]
+    for result in results:
+        if not result.get("available"):
+            lines.append(f"| {result['nodes']:,} | not measured: {result.get('note')} |")
+            continue
+        for row in result["encodings"]:
+            lines.append(
+                f"| {result['nodes']:,} | {row['title']} | {row['cpu_ms_per_pod']:.2f} "
+                f"({result['plain']['cpu_ms_per_pod']:.2f}) | {_x(row['cpu_ratio'])} | "
+                f"{_x(row['throughput_ratio'])} | {_x(row['spillover_ratio'])} | "
+                f"{row['colocated']} |"
+            )
+    lines.append("")
+    for result in results:
+        if result.get("available"):
+            lines.append(
+                f"{result['nodes']:,} nodes: {result['background_pods']:,} bound background "
+                f"pods, batches of {result['batch']}, {result['rounds']} round(s), mode "
+                f"{result['mode']}, set up in {result['setup_s']:.0f}s, load "
+                f"{result['load_before']:.1f} -> {result['load_after']:.1f}"
+            )
+    goal = next((r for r in results if r.get("available") and r["nodes"] == GOAL_NODES), None)
+    for row in goal["encodings"] if goal is not None else []:
+        met = (row["cpu_ratio"] or 0) <= GOAL_COSCHEDULED and (
+            row["spillover_ratio"] or 0
+        ) <= GOAL_SPILLOVER
+        lines.append(
+            f"goal at {GOAL_NODES:,} nodes (co-scheduled <= {GOAL_COSCHEDULED}x, spillover <= "
+            f"{GOAL_SPILLOVER}x): {row['title']}: {'met' if met else 'MISSED'}"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.scheduler", description=__doc__)
+    parser.add_argument("--nodes", type=int, action="append", help="cluster sizes (repeatable)")
+    parser.add_argument("--rounds", type=int, default=None)
+    parser.add_argument("--quick", action="store_true", help=f"{QUICK.nodes[0]} nodes, 1 round")
+    parser.add_argument(
+        "--encoding",
+        action="append",
+        choices=sorted(ENCODINGS),
+        help="encodings to measure (repeatable; default: affinity, what coschedule makes)",
+    )
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args(argv)
+    plan = QUICK if args.quick else Plan()
+    if args.nodes:
+        plan = replace(plan, nodes=tuple(args.nodes))
+    if args.rounds is not None:
+        plan = replace(plan, rounds=args.rounds)
+    if args.encoding:
+        plan = replace(plan, encodings=tuple(args.encoding))
+    results = measure(plan)
+    if args.json is not None:
+        args.json.write_text(json.dumps(results, indent=2) + "\n")
+    print(render(results))
+    return 0 if all(r.get("available") for r in results) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
