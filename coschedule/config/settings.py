@@ -63,6 +63,9 @@ KNOWN_KEYS: frozenset[str] = frozenset(
 )
 
 ENV_PREFIX = "COSCHEDULE_"
+# Where read_raw_config puts the COSCHEDULE_* variables that name no key, for parse_settings
+# to refuse as it refuses an unknown key in the folder (no file can have this name).
+_UNKNOWN_ENV = "/unknown-variables"
 
 _T = TypeVar("_T")
 
@@ -71,6 +74,28 @@ _LABEL_NAME = r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
 _LABEL_KEY_RE = re.compile(rf"^([a-z0-9]([-a-z0-9.]{{0,251}}[a-z0-9])?/)?{_LABEL_NAME}$")
 _QUANTITY_RE = re.compile(r"^[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+|[numkMGTPE]|[KMGTPE]i)?$")
 _DNS_SUBDOMAIN_RE = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
+# An image reference as the container runtime parses it (distribution's reference grammar):
+# [registry[:port]/]path[:tag][@digest], the path in lower case.
+_IMAGE_PATH = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_IMAGE_HOST_PART = r"(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])"
+_IMAGE_RE = re.compile(
+    rf"^(?:(?:{_IMAGE_HOST_PART}(?:\.{_IMAGE_HOST_PART})*|\[[0-9a-fA-F:]+\])(?::[0-9]+)?/)?"
+    rf"{_IMAGE_PATH}(?:/{_IMAGE_PATH})*"
+    r"(?::[\w][\w.-]{0,127})?"
+    r"(?:@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,})?$"
+)
+# Resource names a pod may request: the standard ones, hugepages-<size>, and extended
+# resources (a domain-qualified name such as example.com/device).
+_STANDARD_RESOURCES = ("cpu", "memory", "ephemeral-storage")
+_EXTENDED_RESOURCE_RE = re.compile(rf"^[a-z0-9]([-a-z0-9.]{{0,251}}[a-z0-9])?/{_LABEL_NAME}$")
+# COSCHEDULE_* variables that are not config keys and never a typo: the links Kubernetes
+# injects for the Services of the namespace (coschedule-webhook: COSCHEDULE_WEBHOOK_SERVICE_HOST,
+# COSCHEDULE_WEBHOOK_PORT_443_TCP, ...), and the project's own test and benchmark switches.
+_SERVICE_LINK_RE = re.compile(
+    r"^COSCHEDULE(_[A-Z0-9_]+)?_(SERVICE_HOST|SERVICE_PORT(_[A-Z0-9_]+)?"
+    r"|PORT(_\d+_(TCP|UDP|SCTP)(_(PROTO|PORT|ADDR))?)?)$"
+)
+TOOL_VARIABLE_PREFIXES = ("COSCHEDULE_E2E_", "COSCHEDULE_BENCH_", "COSCHEDULE_STUCK_FIGURES")
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,7 +158,7 @@ def resolve_mode(raw: Mapping[str, str]) -> tuple[Mode, str]:
         coschedule_given = True
 
     disable_text = raw.get("disable-affinity-assistant")
-    if disable_text is None:
+    if disable_text is None or not disable_text.strip():  # empty: absent, as every key
         source = 'key "coschedule"' if coschedule_given else "default"
         return coschedule, f"{source}: {coschedule.value}"
 
@@ -190,6 +215,7 @@ def _parse_resources(text: str) -> Mapping[str, Mapping[str, str]]:
             raise ConfigError(f'config key "placeholder-resources": {section} must be a mapping')
         parsed: dict[str, str] = {}
         for name, quantity in values.items():
+            _check_resource_name(section, str(name))
             quantity_text = str(quantity).strip()
             if not _QUANTITY_RE.match(quantity_text):
                 raise ConfigError(
@@ -199,6 +225,30 @@ def _parse_resources(text: str) -> Mapping[str, Mapping[str, str]]:
             parsed[str(name)] = quantity_text
         result[section] = parsed
     return result
+
+
+def _parse_image(text: str) -> str:
+    image = text.strip()
+    if len(image) > 512 or not _IMAGE_RE.match(image):
+        raise ConfigError(
+            f'config key "placeholder-image": {image[:100]!r} is not an image reference '
+            "(registry/path:tag or @sha256:..., the path in lower case)"
+        )
+    return image
+
+
+def _check_resource_name(section: str, name: str) -> None:
+    if (
+        name in _STANDARD_RESOURCES
+        or (name.startswith("hugepages-") and _QUANTITY_RE.match(name.removeprefix("hugepages-")))
+        or (_EXTENDED_RESOURCE_RE.match(name) and not name.startswith("kubernetes.io/"))
+    ):
+        return
+    raise ConfigError(
+        f'config key "placeholder-resources": {section}.{name}: not a resource name (use '
+        f"{', '.join(_STANDARD_RESOURCES)}, hugepages-<size> or a domain-qualified extended "
+        "resource such as example.com/device)"
+    )
 
 
 def _parse_topology_key(text: str) -> str:
@@ -233,11 +283,17 @@ def parse_settings(raw: Mapping[str, str]) -> Settings:
             errors.append(str(exc))
             return None
 
-    unknown = sorted(key for key in raw if key not in KNOWN_KEYS)
+    unknown = sorted(key for key in raw if key not in KNOWN_KEYS and key not in _UNKNOWN_ENV)
     if unknown:
         errors.append(
             f"unknown config key(s): {', '.join(unknown)}; known keys are "
             f"{', '.join(sorted(KNOWN_KEYS))}"
+        )
+    if raw.get(_UNKNOWN_ENV):
+        errors.append(
+            f"unknown {ENV_PREFIX}* variable(s): {raw[_UNKNOWN_ENV]}; a key's variable is "
+            f"{ENV_PREFIX} + the key in upper case with _ for - (the mode's is "
+            f"{ENV_PREFIX}COSCHEDULE, topology-key's {ENV_PREFIX}TOPOLOGY_KEY)"
         )
     kwargs: dict[str, object] = {}
     if (resolved := check(lambda: resolve_mode(raw))) is not None:
@@ -247,7 +303,7 @@ def parse_settings(raw: Mapping[str, str]) -> Settings:
     if (labels := raw.get("group-labels")) is not None:
         kwargs["group_labels"] = check(lambda: _parse_group_labels(labels))
     if (text := raw.get("placeholder-image")) is not None and text.strip():
-        kwargs["placeholder_image"] = text.strip()
+        kwargs["placeholder_image"] = check(lambda: _parse_image(text))
     if (resources := raw.get("placeholder-resources")) is not None and resources.strip():
         kwargs["placeholder_resources"] = check(lambda: _parse_resources(resources))
     if (priority := raw.get("placeholder-priority-class")) is not None:
@@ -259,7 +315,7 @@ def parse_settings(raw: Mapping[str, str]) -> Settings:
         ("rewrite-claims", "rewrite_claims"),
         ("group-shared-claims", "group_shared_claims"),
     ):
-        if (flag := raw.get(key)) is not None:
+        if (flag := raw.get(key)) is not None and flag.strip():
             kwargs[attr] = check(partial(_parse_bool, key, flag))
     valid_policy: dict[str, str] = {}
     for key in POLICY_KEYS:
@@ -322,12 +378,19 @@ def read_raw_config(config_dir: Path | None, environ: Mapping[str, str]) -> dict
     Unknown keys from the folder are kept so that ``parse_settings`` can refuse them.
     """
     raw: dict[str, str] = {}
-    for name, value in environ.items():
+    unknown: list[str] = []
+    for name, value in sorted(environ.items()):
         key = env_to_key(name)
-        # Only known keys: Kubernetes injects COSCHEDULE_SERVICE_HOST and friends into pods
-        # of a namespace that has a Service named "coschedule".
-        if key is not None and key in KNOWN_KEYS:
+        if key is None:
+            continue
+        if key in KNOWN_KEYS:
             raw[key] = value
+        # Kubernetes injects COSCHEDULE_SERVICE_HOST and friends into pods of a namespace
+        # with a Service named "coschedule..."; the tests' and benchmarks' switches are ours.
+        elif not _SERVICE_LINK_RE.match(name) and not name.startswith(TOOL_VARIABLE_PREFIXES):
+            unknown.append(name)
+    if unknown:
+        raw[_UNKNOWN_ENV] = ", ".join(unknown)  # refused by parse_settings, named
     if config_dir is not None and config_dir.is_dir():
         for entry in sorted(config_dir.iterdir()):
             # "_example"-style keys document a ConfigMap (Tekton ships them); skip them.

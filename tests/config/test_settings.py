@@ -231,3 +231,123 @@ def test_reload_gauge_and_counter_hooks(tmp_path: Path) -> None:
     (tmp_path / "idle-grace-seconds").write_text("60")
     store.maybe_reload()
     assert gauge() == 1.0
+
+
+# ---- config that loads but would break every placeholder: refused at load, naming the key
+
+
+@pytest.mark.parametrize(
+    ("text", "fragment"),
+    [
+        ("requests: {cpu: 1m, mem: 8Mi}", "requests.mem: not a resource name"),
+        ("limits: {cpus: 1}", "limits.cpus: not a resource name"),
+        ("limits: {kubernetes.io/gpu: 1}", "limits.kubernetes.io/gpu: not a resource name"),
+        ("requests: {hugepages-lots: 1Mi}", "requests.hugepages-lots: not a resource name"),
+    ],
+)
+def test_unknown_resource_names_are_refused(text: str, fragment: str) -> None:
+    with pytest.raises(ConfigError, match='config key "placeholder-resources"') as caught:
+        parse_settings({"placeholder-resources": text})
+    assert fragment in str(caught.value)
+
+
+def test_every_resource_a_pod_may_request_is_accepted() -> None:
+    text = (
+        "requests: {cpu: 1m, memory: 8Mi, ephemeral-storage: 1Mi, hugepages-2Mi: 2Mi,"
+        " example.com/device: 1}\nlimits: {memory: 16Mi, example.com/device: 1}"
+    )
+    settings = parse_settings({"placeholder-resources": text})
+    assert settings.placeholder_resources["requests"]["hugepages-2Mi"] == "2Mi"
+
+
+@pytest.mark.parametrize(
+    "image",
+    [
+        "registry.k8s.io/pause:3.10",
+        "pause",
+        "localhost:5000/team/pause:latest",
+        "[::1]:5000/pause",
+        "registry.example.com/a/b/c@sha256:" + "0" * 64,
+        "registry.example.com/pause:3.10@sha256:" + "a" * 64,
+    ],
+)
+def test_image_references_are_accepted(image: str) -> None:
+    assert parse_settings({"placeholder-image": f" {image}\n"}).placeholder_image == image
+
+
+@pytest.mark.parametrize(
+    "image",
+    [
+        "registry.k8s.io/Pause:3.10",
+        "registry.k8s.io/pause:3.10 extra",
+        "registry.k8s.io/pause:",
+        "registry.k8s.io//pause",
+        "pause@sha256:short",
+        "https://registry.k8s.io/pause",
+        "pause:" + "1" * 200,
+    ],
+)
+def test_invalid_image_references_are_refused(image: str) -> None:
+    with pytest.raises(ConfigError, match=r'config key "placeholder-image": .* is not an image'):
+        parse_settings({"placeholder-image": image})
+
+
+@pytest.mark.parametrize(
+    ("key", "default"),
+    [
+        ("rewrite-claims", True),
+        ("group-shared-claims", False),
+    ],
+)
+@pytest.mark.parametrize("empty", ["", "  ", "\n"])
+def test_an_empty_flag_means_its_default(key: str, default: bool, empty: str) -> None:
+    settings = parse_settings({key: empty})
+    assert getattr(settings, key.replace("-", "_")) is default
+
+
+def test_an_empty_disable_affinity_assistant_is_absent() -> None:
+    settings = parse_settings({"disable-affinity-assistant": "", "coschedule": "pipelineruns"})
+    assert settings.mode is Mode.PIPELINERUNS
+    assert "migration" not in settings.mode_reason
+
+
+def test_mistyped_environment_variables_are_refused_naming_them() -> None:
+    environ = {
+        "COSCHEDULE_TOPOLOGY_KY": "topology.kubernetes.io/zone",
+        "COSCHEDULE_MODE": "pipelineruns",
+        "COSCHEDULE_COSCHEDULE": "pipelineruns",
+        # Not typos: Service links Kubernetes injects, and the project's own switches.
+        "COSCHEDULE_WEBHOOK_SERVICE_HOST": "10.0.0.1",
+        "COSCHEDULE_WEBHOOK_SERVICE_PORT_HTTPS": "443",
+        "COSCHEDULE_WEBHOOK_PORT": "tcp://10.0.0.1:443",
+        "COSCHEDULE_WEBHOOK_PORT_443_TCP_ADDR": "10.0.0.1",
+        "COSCHEDULE_E2E_REQUIRED": "1",
+        "OTHER": "x",
+    }
+    with pytest.raises(ConfigError) as caught:
+        load_settings(None, environ)
+    message = str(caught.value)
+    assert "COSCHEDULE_MODE, COSCHEDULE_TOPOLOGY_KY" in message
+    assert "COSCHEDULE_COSCHEDULE" in message  # the mode's variable, named
+    for fine in ("SERVICE_HOST", "SERVICE_PORT", "PORT_443", "E2E", "OTHER"):
+        assert fine not in message.split("(the mode's", 1)[0], fine
+    del environ["COSCHEDULE_TOPOLOGY_KY"], environ["COSCHEDULE_MODE"]
+    assert load_settings(None, environ).mode is Mode.PIPELINERUNS
+
+
+def test_every_coschedule_variable_the_project_names_is_a_key_or_a_known_switch() -> None:
+    """The project's own COSCHEDULE_* names (docs, tests, benchmarks, Makefile) are each a
+    config key, a Service link or one of TOOL_VARIABLE_PREFIXES: none would be refused."""
+    import re
+
+    root = Path(__file__).resolve().parents[2]
+    names: set[str] = set()
+    for pattern in ("**/*.py", "**/*.md", "**/*.yaml", "Makefile", ".ci/run"):
+        for path in root.glob(pattern):
+            if ".venv" in path.parts or not path.is_file():
+                continue
+            names |= set(re.findall(r"\bCOSCHEDULE_[A-Z0-9_]*[A-Z0-9]\b", path.read_text("utf-8")))
+    assert "COSCHEDULE_COSCHEDULE" in names
+    typos = {"COSCHEDULE_TOPOLOGY_KY", "COSCHEDULE_MODE"}  # this file's own examples
+    raw = read_raw_config(None, dict.fromkeys(names - typos, "x"))
+    assert "/unknown-variables" not in raw, raw.get("/unknown-variables")
