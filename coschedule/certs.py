@@ -10,6 +10,7 @@ import base64
 import datetime as dt
 import ipaddress
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -62,6 +63,37 @@ def _key_usage(*, signs_certificates: bool) -> x509.KeyUsage:
     )
 
 
+# A DNS name a certificate may carry: RFC 1123 labels of at most 63 characters, 253 in all;
+# the first label may be a wildcard.
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$", re.IGNORECASE)
+COMMON_NAME_MAX = 64  # X.509's upper bound on a common name (RFC 5280)
+
+
+def check_names(names: list[str]) -> None:
+    """Raise ValueError, saying which and why, unless every name is a DNS name or an IP
+    address and the first (the certificate's common name) fits in 64 characters."""
+    if not names:
+        raise ValueError("at least one DNS name or IP address is needed")
+    for name in names:
+        if not name:
+            raise ValueError("an empty name; give a DNS name or an IP address")
+        try:
+            ipaddress.ip_address(name)
+            continue
+        except ValueError:
+            pass
+        labels = name.split(".")
+        if labels[0] == "*" and len(labels) > 1:
+            labels = labels[1:]
+        if len(name) > 253 or not all(_DNS_LABEL.match(label) for label in labels):
+            raise ValueError(f"{name[:100]!r} is neither a DNS name nor an IP address")
+    if len(names[0]) > COMMON_NAME_MAX:
+        raise ValueError(
+            f"{names[0][:100]!r} has {len(names[0])} characters: the first name is the "
+            f"certificate's common name, at most {COMMON_NAME_MAX}; give a shorter name first"
+        )
+
+
 def _san(names: list[str]) -> x509.SubjectAlternativeName:
     entries: list[x509.GeneralName] = []
     for name in names:
@@ -76,8 +108,7 @@ def generate(
     dns_names: list[str], *, days: int = 365, now: dt.datetime | None = None
 ) -> CertBundle:
     """A fresh CA (P-256) and a serving certificate it signs, for ``dns_names``."""
-    if not dns_names:
-        raise ValueError("at least one DNS name or IP address is needed")
+    check_names(dns_names)
     start = (now or dt.datetime.now(dt.UTC)) - dt.timedelta(minutes=5)  # clock skew
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "coschedule-ca")])

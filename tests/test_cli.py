@@ -281,3 +281,128 @@ def test_every_flag_has_help() -> None:
             if action.help is None or not action.help.strip():
                 missing.append(f"{name} {'/'.join(action.option_strings)}")
     assert missing == []
+
+
+# ---- mistakes at start answered in one line, exit 2 (issue 21.5) ----------------------------
+
+
+def _cert_dir(tmp_path: Path, name: str = "good", names: tuple[str, ...] = ("localhost",)) -> Path:
+    from coschedule import certs
+
+    folder = tmp_path / name
+    certs.write_bundle(certs.generate(list(names)), folder)
+    return folder
+
+
+def _serve(*args: str) -> subprocess.CompletedProcess[str]:
+    return run("serve", "--no-cluster", "--host", "127.0.0.1", *args)
+
+
+def test_serve_refuses_a_certificate_that_is_not_pem(tmp_path: Path) -> None:
+    folder = tmp_path / "bad"
+    folder.mkdir()
+    (folder / "tls.crt").write_text("junk")
+    (folder / "tls.key").write_text("junk")
+    refused(
+        _serve("--cert-dir", str(folder), "--port", "1", "--health-port", "2"),
+        f"cannot serve with {folder}/tls.crt and {folder}/tls.key",
+        "not a PEM certificate",
+    )
+
+
+def test_serve_refuses_a_key_of_another_certificate(tmp_path: Path) -> None:
+    folder = _cert_dir(tmp_path)
+    other = _cert_dir(tmp_path, "other")
+    (folder / "tls.key").write_bytes((other / "tls.key").read_bytes())
+    refused(
+        _serve("--cert-dir", str(folder), "--port", "1", "--health-port", "2"),
+        "the key is not the certificate's (a mismatched pair)",
+    )
+
+
+def test_serve_refuses_one_port_for_both_listeners() -> None:
+    refused(
+        _serve("--port", "9443", "--health-port", "9443"),
+        "--port and --health-port are both 9443",
+    )
+
+
+def test_serve_refuses_a_host_that_does_not_resolve() -> None:
+    refused(_serve("--host", "no-such-host.invalid"), "--host no-such-host.invalid: not an address")
+
+
+def _exec_kubeconfig(tmp_path: Path, command: str, *args: str) -> Path:
+    user = {
+        "exec": {
+            "apiVersion": "client.authentication.k8s.io/v1",
+            "command": command,
+            "args": list(args),
+            "interactiveMode": "Never",
+        }
+    }
+    doc = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:1"}}],
+        "users": [{"name": "u", "user": user}],
+        "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
+        "current-context": "x",
+    }
+    path = tmp_path / f"kubeconfig-{Path(command).name}"
+    path.write_text(json.dumps(doc))
+    return path
+
+
+PLUGINS = [
+    (("no-such-credential-plugin",), "exec plugin no-such-credential-plugin"),
+    (("/bin/sh", "-c", "echo denied >&2; exit 3"), "exec plugin /bin/sh exited 3: denied"),
+    (("/bin/echo", "junk"), "exec plugin /bin/echo: output is not JSON"),
+]
+
+
+@pytest.mark.parametrize(("plugin", "fragment"), PLUGINS)
+def test_a_broken_exec_plugin_is_one_line_for_every_command(
+    tmp_path: Path, plugin: tuple[str, ...], fragment: str
+) -> None:
+    kubeconfig = str(_exec_kubeconfig(tmp_path, *plugin))
+    certs_dir = str(_cert_dir(tmp_path))
+    serve = run(
+        "serve", "--kubeconfig", kubeconfig, "--cert-dir", certs_dir, "--host", "127.0.0.1",
+        "--port", "1", "--health-port", "2",
+    )  # fmt: skip
+    refused(serve, "coschedule serve: kubeconfig", fragment)
+    reconcile = run("reconcile", "--kubeconfig", kubeconfig, "--health-port", "3")
+    refused(reconcile, "coschedule reconcile: kubeconfig", fragment)
+    apply = run(
+        "certs", "--dns-name", "a", "--out", str(tmp_path / "c"), "--kubeconfig", kubeconfig,
+        "--apply-to-secret", "ns/name",
+    )  # fmt: skip
+    refused(apply, "coschedule certs: kubeconfig", fragment)
+
+
+@pytest.mark.parametrize(
+    ("names", "fragment"),
+    [
+        (("",), "an empty name"),
+        (("a" * 40 + "." + "b" * 40 + ".com",), "the first name is the certificate's common name"),
+        (("bad_name",), "'bad_name' is neither a DNS name nor an IP address"),
+        (("ok.example.com", "x" * 64 + ".com"), "is neither a DNS name"),
+        (("ok.example.com", "two words"), "'two words' is neither"),
+    ],
+)
+def test_certs_refuses_names_no_certificate_can_carry(
+    tmp_path: Path, names: tuple[str, ...], fragment: str
+) -> None:
+    args = [arg for name in names for arg in ("--dns-name", name)]
+    refused(run("certs", *args, "--out", str(tmp_path / "c")), fragment)
+    assert not (tmp_path / "c").exists()
+
+
+def test_certs_takes_long_names_after_a_short_first_and_ip_addresses_and_wildcards(
+    tmp_path: Path,
+) -> None:
+    names = ("webhook.example.com", "a" * 40 + "." + "b" * 40 + ".com", "*.svc.local", "::1")
+    args = [arg for name in names for arg in ("--dns-name", name)]
+    result = run("certs", *args, "--out", str(tmp_path / "c"))
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "c" / "tls.crt").is_file()

@@ -35,6 +35,11 @@ def cmd_certs(args: argparse.Namespace) -> int:
     if not names:
         print("coschedule certs: give at least one --dns-name (or --service)", file=sys.stderr)
         return EXIT_USAGE
+    try:
+        certs.check_names(names)
+    except ValueError as exc:
+        print(f"coschedule certs: --dns-name/--service: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         # Checked before anything is made or sent to a cluster.

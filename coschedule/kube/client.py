@@ -263,19 +263,28 @@ def in_cluster(
 
 def discover(kubeconfig: str | None, environ: Mapping[str, str]) -> Credentials | None:
     """Explicit kubeconfig, then in-cluster, then ``$KUBECONFIG``/``~/.kube/config``; None
-    when there is no cluster to talk to (the webhook then runs on cluster config alone)."""
+    when there is no cluster to talk to (the webhook then runs on cluster config alone).
+
+    A kubeconfig's exec plugin is run once here: one that is missing, fails or prints no
+    credential is a KubeConfigError at start (one line), not a watch failing forever."""
     if kubeconfig:
-        return from_kubeconfig(Path(kubeconfig))
+        return _with_credential(from_kubeconfig(Path(kubeconfig)))
     found = in_cluster(environ)
     if found is not None:
         return found
     env_path = environ.get("KUBECONFIG")
     if env_path:
-        return from_kubeconfig(Path(env_path.split(os.pathsep)[0]))
+        return _with_credential(from_kubeconfig(Path(env_path.split(os.pathsep)[0])))
     home = Path(environ.get("HOME", "~")).expanduser() / ".kube" / "config"
     if home.exists():
-        return from_kubeconfig(home)
+        return _with_credential(from_kubeconfig(home))
     return None
+
+
+def _with_credential(creds: Credentials) -> Credentials:
+    if creds.exec_plugin is not None:
+        creds.exec_plugin.credential()  # cached for the first request
+    return creds
 
 
 def require(kubeconfig: str | None, environ: Mapping[str, str], needed_for: str) -> Credentials:

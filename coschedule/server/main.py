@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import socket
 import sys
 from collections.abc import Coroutine
 from pathlib import Path
@@ -15,6 +16,7 @@ from coschedule import certs, logs
 from coschedule.config.store import open_store_or_exit
 from coschedule.server.cluster import ClusterLink, ClusterUnavailable
 from coschedule.server.serve import ServeOptions, build_webhook, serve
+from coschedule.server.tls import CertificateUnusable
 from coschedule.server.webhook_metrics import WebhookMetrics
 
 EXIT_OK = 0
@@ -22,6 +24,9 @@ EXIT_USAGE = 2
 
 
 def run_webhook(args: argparse.Namespace) -> int:
+    if (refusal := _listen_problem(args.host, args.port, args.health_port)) is not None:
+        print(f"coschedule serve: {refusal}", file=sys.stderr)
+        return EXIT_USAGE
     logs.setup(args.log_level, args.log_format)
     metrics = WebhookMetrics()
     store = open_store_or_exit("serve", args.config_dir, os.environ, metrics)
@@ -48,9 +53,13 @@ def run_webhook(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     store.adjust = link.adjust_settings
     store.current = link.adjust_settings(store.current)
-    webhook = build_webhook(
-        store, metrics, cert_dir, link.namespaces, link.claims, link.volumes, link.controls
-    )
+    try:
+        webhook = build_webhook(
+            store, metrics, cert_dir, link.namespaces, link.claims, link.volumes, link.controls
+        )
+    except CertificateUnusable as exc:
+        print(f"coschedule serve: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     link.add_probes(webhook.probes)
     serve_options = ServeOptions(
         host=args.host, port=args.port, health_port=args.health_port, cert_dir=cert_dir
@@ -62,6 +71,17 @@ def run_webhook(args: argparse.Namespace) -> int:
 
     _run(main())
     return EXIT_OK
+
+
+def _listen_problem(host: str, port: int, health_port: int) -> str | None:
+    """What stops both listeners from opening, said before anything starts."""
+    if port == health_port:
+        return f"--port and --health-port are both {port}; give them different ports"
+    try:
+        socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except (socket.gaierror, UnicodeError) as exc:
+        return f"--host {host[:100]}: not an address to listen on ({exc})"
+    return None
 
 
 def _run(coro: Coroutine[Any, Any, None]) -> None:

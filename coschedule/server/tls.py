@@ -24,6 +24,20 @@ def _signature(path: Path) -> tuple[int, int, int, int]:
     return st.st_ino, st.st_mtime_ns, st.st_size, st.st_dev
 
 
+class CertificateUnusable(Exception):
+    """The certificate files at start cannot be served with; the message says why."""
+
+
+def _why(exc: Exception) -> str:
+    if isinstance(exc, ssl.SSLError):
+        if exc.reason == "KEY_VALUES_MISMATCH":
+            return "the key is not the certificate's (a mismatched pair)"
+        return f"not a PEM certificate and its PEM private key ({exc.reason or exc})"
+    if isinstance(exc, OSError):
+        return exc.strerror or str(exc)
+    return str(exc)
+
+
 @dataclass(slots=True)
 class CertState:
     loaded: bool = False
@@ -45,13 +59,20 @@ class ServingCertificate:
         self.context.set_ciphers("ECDHE+AESGCM:ECDHE+CHACHA20")  # TLS 1.2 suites; 1.3 default
 
     def load(self) -> None:
-        """Load the files now; raise on failure (used at start: no certificate, no serving)."""
-        signature = (_signature(self.cert_path), _signature(self.key_path))
-        self.context.load_cert_chain(self.cert_path, self.key_path)
+        """Load the files now; raise CertificateUnusable, saying why, on failure (used at
+        start: no certificate, no serving)."""
+        try:
+            signature = (_signature(self.cert_path), _signature(self.key_path))
+            self.context.load_cert_chain(self.cert_path, self.key_path)
+            expiry = not_after(self.cert_path.read_bytes())
+        except (OSError, ssl.SSLError, ValueError) as exc:
+            raise CertificateUnusable(
+                f"cannot serve with {self.cert_path} and {self.key_path}: {_why(exc)}"
+            ) from None
         self.state.loaded = True
         self.state.error = None
         self.state.signature = signature
-        self.metrics.cert_not_after.set(not_after(self.cert_path.read_bytes()).timestamp())
+        self.metrics.cert_not_after.set(expiry.timestamp())
 
     def maybe_reload(self) -> bool:
         """Reload when the files changed; keep the old certificate if the new pair is bad.
