@@ -406,3 +406,37 @@ def test_certs_takes_long_names_after_a_short_first_and_ip_addresses_and_wildcar
     result = run("certs", *args, "--out", str(tmp_path / "c"))
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "c" / "tls.crt").is_file()
+
+
+# ---- messages that say what is wrong (issue 21.8) ------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("command", "usage"),
+    [
+        (("serve", "--bogus"), "usage: coschedule serve"),
+        (("certs", "--dns-name", "a", "--bogus", "x"), "usage: coschedule certs"),
+        (("explain", "-f", "x.yaml", "--bogus"), "usage: coschedule explain"),
+        (("reconcile", "--bogus"), "usage: coschedule reconcile"),
+    ],
+)
+def test_an_unknown_flag_after_a_command_prints_that_commands_usage(
+    command: tuple[str, ...], usage: str
+) -> None:
+    result = run(*command)
+    refused(result, usage, "unrecognized arguments: --bogus")
+
+
+def test_a_file_given_for_a_folder_is_named_as_such(tmp_path: Path) -> None:
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    refused(
+        run("explain", "-f", str(pod_path("tekton-taskrun")), "--config-dir", str(a_file)),
+        f"--config-dir {a_file} is a file, not a folder",
+    )
+    refused(
+        run(
+            "serve", "--no-cluster", "--cert-dir", str(a_file), "--port", "1", "--health-port", "2"
+        ),
+        f"--cert-dir {a_file} is a file, not a folder",
+    )

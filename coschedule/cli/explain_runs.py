@@ -40,10 +40,25 @@ def read_controls(text: str, namespace: str) -> list[Control]:
             items += list(doc.get("items") or ())
         elif doc is not None:
             items.append(doc)
+    if not items:
+        raise UnreadableInput(f"no {CONTROL_KIND} in it (an empty file)")
     controls = []
-    for item in items:
-        if not isinstance(item, dict) or item.get("kind") != CONTROL_KIND:
-            continue
+    for number, item in enumerate(items, 1):
+        if not isinstance(item, dict):
+            raise UnreadableInput(
+                f"item {number} is a {type(item).__name__}, not a {CONTROL_KIND} mapping"
+            )
+        if item.get("kind") != CONTROL_KIND:
+            kind = item.get("kind") or "document without a kind"
+            name = (
+                (item.get("metadata") or {}).get("name")
+                if isinstance(item.get("metadata"), dict)
+                else None
+            )
+            raise UnreadableInput(
+                f"item {number} is a {str(kind)[:60]}{f' ({str(name)[:60]})' if name else ''},"
+                f" not a {CONTROL_KIND}"
+            )
         try:
             controls.append(parse_control(item, namespace))
         except BadControl as exc:
@@ -116,7 +131,12 @@ def render_run_text(report: Mapping[str, Any]) -> str:
     lines = [
         f"run:      {report['kind']} in namespace {report['namespace']}",
         f"outcome:  {report['outcome']}",
-        "controls:" if report["controls"] else "controls: none in this namespace",
+        "controls:"
+        if report["controls"]
+        else "controls: none in this namespace"
+        if report.get("controlsGiven", True)
+        else "controls: none given (--controls FILE, e.g. from kubectl get concurrencycontrols"
+        " -A -o yaml): the run is admitted as it is",
     ]
     for key, value in report.get("engineLabels", {}).items():
         lines.insert(2, f"label:    {key}={value} (its engine adds it; controls see it)")

@@ -143,14 +143,11 @@ def cmd_explain(args: argparse.Namespace) -> int:
         )
         return EXIT_USAGE
     try:
-        if args.config_dir is not None and not Path(args.config_dir).is_dir():
-            print(
-                f"coschedule explain: --config-dir {args.config_dir}: no such folder",
-                file=sys.stderr,
-            )
-            return EXIT_USAGE
-        settings = load_settings(Path(args.config_dir) if args.config_dir else None)
-    except ConfigError as exc:
+        config_dir = None
+        if args.config_dir is not None:  # given: as serve and reconcile read it
+            config_dir, _ = folder.resolve_config_dir(args.config_dir)
+        settings = load_settings(config_dir)
+    except (ConfigError, folder.MissingConfigDir) as exc:
         print(f"coschedule explain: {exc}", file=sys.stderr)
         return EXIT_USAGE
     claims = None
@@ -227,6 +224,7 @@ def _explain_run(args: argparse.Namespace, text: str, run: dict[str, Any] | None
             print(f"coschedule explain: cannot use {args.controls}: {exc}", file=sys.stderr)
             return EXIT_USAGE
     report = explain_run(run, kind, controls, namespace)
+    report["controlsGiven"] = bool(args.controls)
     if args.output == "json":
         print(orjson.dumps(report, option=orjson.OPT_INDENT_2).decode())
     else:
@@ -383,11 +381,16 @@ def build_parser() -> argparse.ArgumentParser:
         "-o", "--output", choices=("text", "json"), default="text", help="report format"
     )
     exp.set_defaults(func=cmd_explain)
+    for command in sub.choices.values():
+        command.set_defaults(command_parser=command)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args, extra = build_parser().parse_known_args(argv)
+    if extra:
+        # After the command, a flag it does not know: its usage, not the top level's.
+        args.command_parser.error(f"unrecognized arguments: {' '.join(extra)}")
     result: int = args.func(args)
     return result
 

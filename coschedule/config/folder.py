@@ -27,6 +27,11 @@ def resolve_config_dir(given: str | None) -> tuple[Path | None, str | None]:
     """
     if given is not None:
         path = Path(given)
+        if path.exists() and not path.is_dir():
+            raise MissingConfigDir(
+                f"--config-dir {given} is a file, not a folder (the ConfigMap as a folder, "
+                "one file per key)"
+            )
         if not path.is_dir():
             raise MissingConfigDir(f"--config-dir {given}: no such folder")
         return path, None

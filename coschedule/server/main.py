@@ -38,6 +38,13 @@ def run_webhook(args: argparse.Namespace) -> int:
                 f"(CA: {cert_dir / certs.CA_FILE})",
                 file=sys.stderr,
             )
+    elif cert_dir.exists() and not cert_dir.is_dir():
+        print(
+            f"coschedule serve: --cert-dir {cert_dir} is a file, not a folder (one with "
+            f"{certs.CERT_FILE} and {certs.KEY_FILE}, as a mounted TLS Secret)",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
     elif not (cert_dir / certs.CERT_FILE).exists() or not (cert_dir / certs.KEY_FILE).exists():
         print(
             f"coschedule serve: {cert_dir} has no {certs.CERT_FILE} and {certs.KEY_FILE}; "

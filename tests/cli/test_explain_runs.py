@@ -89,3 +89,41 @@ def test_a_missing_controls_file_is_exit_2(capsys: pytest.CaptureFixture[str]) -
     code = main(["explain", "-f", str(EXAMPLES / "ci-run.yaml"), "--controls", "/nonexistent.yaml"])
     assert code == 2
     assert "cannot use /nonexistent.yaml" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("text", "fragment"),
+    [
+        ("apiVersion: v1\nkind: Pod\nmetadata: {name: web}\n", "item 1 is a Pod (web), not a"),
+        ("- a\n- b\n", "item 1 is a list, not a ConcurrencyControl mapping"),
+        ("just text\n", "item 1 is a str, not a ConcurrencyControl mapping"),
+        ("", "no ConcurrencyControl in it"),
+        ("apiVersion: v1\nkind: List\nitems: [{kind: Secret}]\n", "item 1 is a Secret, not a"),
+    ],
+)
+def test_a_controls_file_it_cannot_use_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str, fragment: str
+) -> None:
+    controls = tmp_path / "controls.yaml"
+    controls.write_text(text)
+    run = str(EXAMPLES / "ci-run.yaml")
+    assert main(["explain", "-f", run, "--controls", str(controls)]) == 2
+    err = capsys.readouterr().err
+    assert f"cannot use {controls}: " in err
+    assert fragment in err
+
+
+def test_a_control_among_other_kinds_is_refused_not_skipped(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    controls = tmp_path / "controls.yaml"
+    controls.write_text((EXAMPLES / "controls.yaml").read_text() + "---\nkind: ConfigMap\n")
+    assert main(["explain", "-f", str(EXAMPLES / "ci-run.yaml"), "--controls", str(controls)]) == 2
+    assert "item 3 is a ConfigMap, not a ConcurrencyControl" in capsys.readouterr().err
+
+
+def test_it_says_when_no_controls_were_given(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["explain", "-f", str(EXAMPLES / "ci-run.yaml")]) == 0
+    assert "controls: none given (--controls FILE" in capsys.readouterr().out
+    assert main(["explain", "-f", str(EXAMPLES / "ci-run.yaml"), "-o", "json"]) == 0
+    assert orjson.loads(capsys.readouterr().out)["controlsGiven"] is False
