@@ -303,7 +303,7 @@ def parse_settings(raw: Mapping[str, str]) -> Settings:
     if (labels := raw.get("group-labels")) is not None:
         kwargs["group_labels"] = check(lambda: _parse_group_labels(labels))
     if (text := raw.get("placeholder-image")) is not None and text.strip():
-        kwargs["placeholder_image"] = check(lambda: _parse_image(text))
+        kwargs["placeholder_image"] = check(partial(_parse_image, text))
     if (resources := raw.get("placeholder-resources")) is not None and resources.strip():
         kwargs["placeholder_resources"] = check(lambda: _parse_resources(resources))
     if (priority := raw.get("placeholder-priority-class")) is not None:
