@@ -39,7 +39,6 @@ ANNOTATION_CLAIMS = "coschedule.dev/claims"  # claims the placeholder mounts (co
 ANNOTATION_TOPOLOGY_KEY = "coschedule.dev/topology-key"
 ANNOTATION_CLAIM_TEMPLATES = "coschedule.dev/claim-templates"  # rewritten claim -> template
 
-TOPOLOGY_HOSTNAME = "kubernetes.io/hostname"
 
 # Run concurrency control: the marks the webhook writes on a PipelineRun or Workflow.
 # Per ConcurrencyControl: concurrency.coschedule.dev/<control>: <key, or its hash> (label),

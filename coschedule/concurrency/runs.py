@@ -9,9 +9,9 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Any
 
+from coschedule.k8s.timefmt import parse_time
 from coschedule.marks import ANNOTATION_PENDING_BY, LABEL_CONCURRENCY_PREFIX, PENDING_BY_CONCURRENCY
 
 
@@ -202,16 +202,6 @@ def run_labels(kind: Kind, obj: Mapping[str, Any]) -> dict[str, str]:
     return labels
 
 
-def timestamp(value: str) -> float:
-    """Seconds since the epoch of an RFC 3339 time; 0 when absent or unreadable."""
-    if not value:
-        return 0.0
-    try:
-        return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return 0.0
-
-
 @dataclass(frozen=True, slots=True)
 class Run:
     """A run as the reconciler sees it: identity, labels, and where it stands."""
@@ -290,7 +280,7 @@ def parse_run(kind: Kind, obj: Mapping[str, Any]) -> Run:
         labels=run_labels(kind, obj),
         annotations=_str_map(meta.get("annotations")),
         state=state_of(kind, obj),
-        created_at=timestamp(created),
+        created_at=parse_time(created) or 0.0,
     )
 
 

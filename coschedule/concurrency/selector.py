@@ -1,45 +1,20 @@
 """A ConcurrencyControl's LabelSelector, parsed with the API server's rules and messages.
 
-The parsed form and its matching are the ones the scheduling defaults use
-(``Selector``/``Requirement``); only the messages differ (they name the control's fields).
+The parsed form, its matching and the name rules are ``coschedule.k8s``'s, as the
+scheduling defaults use them; only the messages differ (they name the control's fields).
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from typing import Any
 
-from coschedule.config.scheduling_defaults import Requirement, Selector
-
-__all__ = ["BadSelector", "Requirement", "Selector", "parse_selector", "valid_label_value"]
-
-OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist")
-
-_NAME = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)$")
-_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
-_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+from coschedule.k8s.names import label_key_problem, valid_label_value
+from coschedule.k8s.selectors import OPERATORS, Requirement, Selector
 
 
 class BadSelector(ValueError):
     """The selector is not valid; the message names the field."""
-
-
-def valid_label_value(value: str) -> bool:
-    return len(value) <= 63 and _VALUE.match(value) is not None
-
-
-def label_key_problem(key: str) -> str | None:
-    """Why ``key`` is not a valid label key (a qualified name), or None."""
-    prefix, slash, name = key.rpartition("/")
-    if slash and (not prefix or len(prefix) > 253 or not _DNS_SUBDOMAIN.match(prefix)):
-        return f"prefix {prefix!r} must be a DNS subdomain of at most 253 characters"
-    if not name or len(name) > 63 or not _NAME.match(name):
-        return (
-            f"name {name!r} must be 1-63 characters, alphanumeric at both ends, with '-', "
-            "'_' or '.' between"
-        )
-    return None
 
 
 def parse_selector(doc: Any, where: str = "spec.selector") -> Selector:

@@ -15,7 +15,7 @@ from typing import Any
 
 import orjson
 
-from coschedule.concurrency.selector import valid_label_value
+from coschedule.k8s.names import valid_label_value
 
 # A reference's text between "$(" and ")".
 REFERENCE = (

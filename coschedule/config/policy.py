@@ -37,10 +37,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from coschedule.config import ConfigError
-from coschedule.marks import TOPOLOGY_HOSTNAME
+from coschedule.k8s.constants import HOSTNAME, REQUIRED
 from coschedule.wire import pod_fields as podview
 
-REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"
 RESERVED_PREFIX = "node.kubernetes.io/"
 EVICTION_DELAY_KEYS = frozenset({"node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable"})
 CONTROL_PLANE_KEYS = ("node-role.kubernetes.io/control-plane", "node-role.kubernetes.io/master")
@@ -262,7 +261,7 @@ def _anti_affinity(affinity: Mapping[str, Any] | None, mode: PolicyMode) -> list
         if selector is None or selector.get("matchLabels") or selector.get("matchExpressions"):
             continue
         topology = term.get("topologyKey")
-        if topology == TOPOLOGY_HOSTNAME:
+        if topology == HOSTNAME:
             continue
         field = f"spec.affinity.podAntiAffinity.{REQUIRED}[{i}]"
         found.append(
@@ -273,7 +272,7 @@ def _anti_affinity(affinity: Mapping[str, Any] | None, mode: PolicyMode) -> list
                 f"{field} has an empty namespaceSelector (pods of all namespaces) with "
                 f"topologyKey {topology!r}: one such pod would keep the matching pods of every "
                 f"namespace out of a whole {topology}. Fix: use topologyKey "
-                f"{TOPOLOGY_HOSTNAME}, select namespaces (a non-empty namespaceSelector, or "
+                f"{HOSTNAME}, select namespaces (a non-empty namespaceSelector, or "
                 "namespaces), or make the term preferred.",
                 f"anti-affinity term {i}: all namespaces, on {topology}",
             )

@@ -16,78 +16,32 @@ Rules are parsed here once, at config load, into frozen objects; ``merge_default
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from coschedule.config import ConfigError
+from coschedule.k8s.names import (
+    valid_dns_label,
+    valid_dns_subdomain,
+    valid_label_key,
+    valid_label_value,
+)
+from coschedule.k8s.selectors import OPERATORS, Requirement, Selector
 from coschedule.marks import LABEL_PLACEHOLDER
 
 KEY = "scheduling-defaults"
 DEFAULT_SCHEDULER = "default-scheduler"
 
-_LABEL_NAME = r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
-_LABEL_KEY_RE = re.compile(rf"^([a-z0-9]([-a-z0-9.]{{0,251}}[a-z0-9])?/)?{_LABEL_NAME}$")
-_LABEL_VALUE_RE = re.compile(rf"^({_LABEL_NAME})?$")
-_DNS_LABEL_RE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
-_DNS_SUBDOMAIN_RE = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
-
 RULE_FIELDS = ("namespaces", "selector", "nodeSelector", "tolerations", "schedulerName")
 SELECTOR_FIELDS = ("matchLabels", "matchExpressions")
 EXPRESSION_FIELDS = ("key", "operator", "values")
-SELECTOR_OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist")
 TOLERATION_FIELDS = ("key", "operator", "value", "effect", "tolerationSeconds")
 TOLERATION_OPERATORS = ("Equal", "Exists")
 TOLERATION_EFFECTS = ("", "NoSchedule", "PreferNoSchedule", "NoExecute")
 
 
 # --- the parsed rules ---------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Requirement:
-    """One ``matchExpressions`` entry of a LabelSelector."""
-
-    key: str
-    operator: str
-    values: tuple[str, ...] = ()
-
-    def matches(self, labels: Mapping[str, str]) -> bool:
-        if self.operator == "In":
-            return self.key in labels and labels[self.key] in self.values
-        if self.operator == "NotIn":
-            return self.key not in labels or labels[self.key] not in self.values
-        if self.operator == "Exists":
-            return self.key in labels
-        return self.key not in labels  # DoesNotExist
-
-    def describe(self) -> str:
-        if self.operator == "Exists":
-            return self.key
-        if self.operator == "DoesNotExist":
-            return "!" + self.key
-        word = "in" if self.operator == "In" else "notin"
-        return f"{self.key} {word} ({','.join(self.values)})"
-
-
-@dataclass(frozen=True, slots=True)
-class Selector:
-    """A Kubernetes LabelSelector; empty matches every pod (as in Kubernetes)."""
-
-    match_labels: tuple[tuple[str, str], ...] = ()
-    expressions: tuple[Requirement, ...] = ()
-
-    def matches(self, labels: Mapping[str, str]) -> bool:
-        for key, value in self.match_labels:
-            if labels.get(key) != value:
-                return False
-        return all(requirement.matches(labels) for requirement in self.expressions)
-
-    def describe(self) -> str:
-        parts = [f"{k}={v}" for k, v in self.match_labels]
-        parts += [requirement.describe() for requirement in self.expressions]
-        return ",".join(parts) or "(everything)"
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,14 +134,14 @@ def _yaml_type(value: Any) -> str:
 
 def _label_key(where: str, value: Any) -> str:
     key = _string(where, value)
-    if not _LABEL_KEY_RE.match(key):
+    if not valid_label_key(key):
         raise _fail(where, f"{key!r} is not a valid label key")
     return key
 
 
 def _label_value(where: str, value: Any) -> str:
     text = _string(where, value)
-    if not _LABEL_VALUE_RE.match(text):
+    if not valid_label_value(text):
         raise _fail(where, f"{text!r} is not a valid label value")
     return text
 
@@ -220,10 +174,10 @@ def parse_selector(where: str, value: Any) -> Selector:
         _check_fields(at, expression, EXPRESSION_FIELDS)
         key = _label_key(f"{at}.key", expression.get("key"))
         operator = expression.get("operator")
-        if operator not in SELECTOR_OPERATORS:
+        if operator not in OPERATORS:
             raise _fail(
                 f"{at}.operator",
-                f"{operator!r} is not a selector operator; use {', '.join(SELECTOR_OPERATORS)}",
+                f"{operator!r} is not a selector operator; use {', '.join(OPERATORS)}",
             )
         values = expression.get("values")
         if values is None:
@@ -256,7 +210,7 @@ def parse_toleration(where: str, value: Any) -> Toleration:
     _check_fields(where, value, TOLERATION_FIELDS)
     key = value.get("key")
     key = "" if key is None else _string(f"{where}.key", key)
-    if key and not _LABEL_KEY_RE.match(key):
+    if key and not valid_label_key(key):
         raise _fail(f"{where}.key", f"{key!r} is not a valid taint key")
     operator = value.get("operator")
     operator = "Equal" if operator is None or operator == "" else operator
@@ -299,7 +253,7 @@ def _parse_rule(index: int, value: Any) -> DefaultsRule:
         if not isinstance(raw, list) or not raw:
             raise _fail(f"{where}.namespaces", "must be a non-empty list (or left out: any)")
         for i, name in enumerate(raw):
-            if not isinstance(name, str) or not _DNS_LABEL_RE.match(name):
+            if not isinstance(name, str) or not valid_dns_label(name):
                 raise _fail(f"{where}.namespaces[{i}]", f"{name!r} is not a namespace name")
         namespaces = tuple(raw)
     selector = (
@@ -319,7 +273,7 @@ def _parse_rule(index: int, value: Any) -> DefaultsRule:
     scheduler_name: str | None = None
     if value.get("schedulerName") is not None:
         scheduler_name = _string(f"{where}.schedulerName", value["schedulerName"])
-        if not _DNS_SUBDOMAIN_RE.match(scheduler_name):
+        if not valid_dns_subdomain(scheduler_name):
             raise _fail(f"{where}.schedulerName", f"{scheduler_name!r} is not a valid name")
     if not node_selector and not tolerations and scheduler_name is None:
         raise _fail(where, "sets none of nodeSelector, tolerations, schedulerName")

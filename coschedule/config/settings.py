@@ -25,6 +25,9 @@ from coschedule.config.policy import (
     parse_policy,
 )
 from coschedule.config.scheduling_defaults import DefaultsRule, parse_scheduling_defaults
+from coschedule.k8s.constants import HOSTNAME
+from coschedule.k8s.names import valid_dns_subdomain, valid_label_key
+from coschedule.k8s.quantity import quantity
 from coschedule.marks import LABEL_GROUP, Mode
 
 DEFAULT_GROUP_LABELS: tuple[str, ...] = (
@@ -33,7 +36,7 @@ DEFAULT_GROUP_LABELS: tuple[str, ...] = (
     "workflows.argoproj.io/workflow",
     "buildrun.shipwright.io/name",
 )
-DEFAULT_TOPOLOGY_KEY = "kubernetes.io/hostname"
+DEFAULT_TOPOLOGY_KEY = HOSTNAME
 DEFAULT_PLACEHOLDER_IMAGE = "registry.k8s.io/pause:3.10"
 DEFAULT_PLACEHOLDER_RESOURCES: Mapping[str, Mapping[str, str]] = {
     "requests": {"cpu": "1m", "memory": "8Mi"},
@@ -69,11 +72,6 @@ _UNKNOWN_ENV = "/unknown-variables"
 
 _T = TypeVar("_T")
 
-# A label key: optional DNS-subdomain prefix, then a name of at most 63 characters.
-_LABEL_NAME = r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
-_LABEL_KEY_RE = re.compile(rf"^([a-z0-9]([-a-z0-9.]{{0,251}}[a-z0-9])?/)?{_LABEL_NAME}$")
-_QUANTITY_RE = re.compile(r"^[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+|[numkMGTPE]|[KMGTPE]i)?$")
-_DNS_SUBDOMAIN_RE = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 # An image reference as the container runtime parses it (distribution's reference grammar):
 # [registry[:port]/]path[:tag][@digest], the path in lower case.
 _IMAGE_PATH = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
@@ -87,6 +85,7 @@ _IMAGE_RE = re.compile(
 # Resource names a pod may request: the standard ones, hugepages-<size>, and extended
 # resources (a domain-qualified name such as example.com/device).
 _STANDARD_RESOURCES = ("cpu", "memory", "ephemeral-storage")
+_LABEL_NAME = r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
 _EXTENDED_RESOURCE_RE = re.compile(rf"^[a-z0-9]([-a-z0-9.]{{0,251}}[a-z0-9])?/{_LABEL_NAME}$")
 # COSCHEDULE_* variables that are not config keys and never a typo: the links Kubernetes
 # injects for the Services of the namespace (coschedule-webhook: COSCHEDULE_WEBHOOK_SERVICE_HOST,
@@ -185,7 +184,7 @@ def _parse_group_labels(text: str) -> tuple[str, ...]:
     if not labels:
         raise ConfigError('config key "group-labels": empty; list at least one label key')
     for label in labels:
-        if not _LABEL_KEY_RE.match(label):
+        if not valid_label_key(label):
             raise ConfigError(f'config key "group-labels": {label!r} is not a valid label key')
     if len(set(labels)) != len(labels):
         raise ConfigError('config key "group-labels": a label key is listed twice')
@@ -214,10 +213,10 @@ def _parse_resources(text: str) -> Mapping[str, Mapping[str, str]]:
         if not isinstance(values, dict):
             raise ConfigError(f'config key "placeholder-resources": {section} must be a mapping')
         parsed: dict[str, str] = {}
-        for name, quantity in values.items():
+        for name, amount in values.items():
             _check_resource_name(section, str(name))
-            quantity_text = str(quantity).strip()
-            if not _QUANTITY_RE.match(quantity_text):
+            quantity_text = str(amount).strip()
+            if quantity(quantity_text) is None:
                 raise ConfigError(
                     f'config key "placeholder-resources": {section}.{name}: '
                     f"{quantity_text!r} is not a Kubernetes quantity"
@@ -240,7 +239,7 @@ def _parse_image(text: str) -> str:
 def _check_resource_name(section: str, name: str) -> None:
     if (
         name in _STANDARD_RESOURCES
-        or (name.startswith("hugepages-") and _QUANTITY_RE.match(name.removeprefix("hugepages-")))
+        or (name.startswith("hugepages-") and quantity(name.removeprefix("hugepages-")) is not None)
         or (_EXTENDED_RESOURCE_RE.match(name) and not name.startswith("kubernetes.io/"))
     ):
         return
@@ -253,7 +252,7 @@ def _check_resource_name(section: str, name: str) -> None:
 
 def _parse_topology_key(text: str) -> str:
     key = text.strip()
-    if not _LABEL_KEY_RE.match(key):
+    if not valid_label_key(key):
         raise ConfigError(f'config key "topology-key": {key!r} is not a valid label key')
     return key
 
@@ -342,7 +341,7 @@ def _numbered(errors: list[str]) -> str:
 
 def _parse_priority_class(text: str) -> str:
     name = text.strip()
-    if name and not _DNS_SUBDOMAIN_RE.match(name):
+    if name and not valid_dns_subdomain(name):
         raise ConfigError(f'config key "placeholder-priority-class": {name!r} is not a valid name')
     return name
 

@@ -26,6 +26,7 @@ import httpx
 import orjson
 import yaml
 
+from coschedule.k8s.timefmt import parse_time
 from coschedule.kube.reachability import ApiReachability, is_unreachable
 
 SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
@@ -152,14 +153,11 @@ def parse_exec_credential(output: bytes, command: str) -> ExecCredential:
     expires_at = None
     stamp = status.get("expirationTimestamp")
     if isinstance(stamp, str) and stamp:
-        from datetime import datetime
-
-        try:
-            expires_at = datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
-        except ValueError:
+        expires_at = parse_time(stamp)
+        if expires_at is None:
             raise KubeConfigError(
                 f"kubeconfig exec plugin {command}: bad expirationTimestamp {stamp!r}"
-            ) from None
+            )
     return ExecCredential(
         token if isinstance(token, str) else None,
         cert.encode() if isinstance(cert, str) and isinstance(key, str) else None,

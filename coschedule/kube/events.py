@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
+from coschedule.k8s.timefmt import rfc3339
 from coschedule.kube.client import KubeClient, object_path
 
 log = logging.getLogger("coschedule.events")
@@ -28,7 +29,7 @@ def event_body(
     now: datetime | None = None,
 ) -> dict[str, Any]:
     """The Event about ``involved`` (apiVersion, kind, name and, when known, uid)."""
-    stamp = (now or datetime.now(UTC)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    stamp = rfc3339(now or datetime.now(UTC))
     return {
         "apiVersion": "v1",
         "kind": "Event",

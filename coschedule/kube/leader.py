@@ -17,9 +17,9 @@ import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
+from coschedule.k8s.timefmt import micro_time
 from coschedule.kube.client import ApiError, KubeClient, object_path
 from coschedule.kube.reachability import is_unreachable
 
@@ -32,11 +32,6 @@ RETRY_PERIOD = 2.0
 
 def default_identity() -> str:
     return f"{os.environ.get('HOSTNAME') or socket.gethostname()}_{secrets.token_hex(4)}"
-
-
-def _micro_time(now: float | None = None) -> str:
-    moment = datetime.fromtimestamp(time.time() if now is None else now, UTC)
-    return moment.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,7 +113,7 @@ class LeaderElector:
             "holderIdentity": self.identity,
             "leaseDurationSeconds": max(1, round(self.config.lease_duration)),
             "acquireTime": acquire_time,
-            "renewTime": _micro_time(),
+            "renewTime": micro_time(),
             "leaseTransitions": transitions,
         }
 
@@ -144,7 +139,7 @@ class LeaderElector:
                     "apiVersion": "coordination.k8s.io/v1",
                     "kind": "Lease",
                     "metadata": {"name": self.config.name, "namespace": self.config.namespace},
-                    "spec": self._spec(_micro_time(), 0),
+                    "spec": self._spec(micro_time(), 0),
                 }
                 await self.client.create(self.path, body)
                 self._last_renew = now
@@ -164,7 +159,7 @@ class LeaderElector:
                     return False
             transitions = int(spec.get("leaseTransitions") or 0)
             mine = holder == self.identity
-            acquire_time = str(spec.get("acquireTime")) if mine else _micro_time()
+            acquire_time = str(spec.get("acquireTime")) if mine else micro_time()
             meta = lease.get("metadata") if isinstance(lease.get("metadata"), dict) else {}
             assert isinstance(meta, dict)
             body = {
@@ -201,7 +196,7 @@ class LeaderElector:
                 spec = (lease or {}).get("spec") or {}
                 if lease is None or spec.get("holderIdentity") != self.identity:
                     return
-                spec.update(holderIdentity="", leaseDurationSeconds=1, renewTime=_micro_time())
+                spec.update(holderIdentity="", leaseDurationSeconds=1, renewTime=micro_time())
                 await self.client.replace(self.lease_path, lease)
                 log.info("released the Lease", extra={"identity": self.identity})
                 return

@@ -6,9 +6,9 @@ cache keeps each PV's name and node-affinity terms only.
 
 from __future__ import annotations
 
+from coschedule.k8s.volumes import VolumeTopology, volume_topology
 from coschedule.kube.client import KubeClient
 from coschedule.kube.informer import Informer, Obj
-from coschedule.mutate.volume_topology import VolumeTopology, volume_topology
 
 
 def _transform(obj: Obj) -> Obj:

@@ -20,6 +20,9 @@ from coschedule.config.policy import (
     delays_eviction,
 )
 from coschedule.config.settings import Settings
+from coschedule.k8s.constants import REQUIRED
+from coschedule.k8s.nodeaffinity import required_terms
+from coschedule.k8s.volumes import VolumeTopology
 from coschedule.marks import (
     ALL_MARK_ANNOTATIONS,
     COMPONENT_AFFINITY_ASSISTANT,
@@ -37,13 +40,10 @@ from coschedule.mutate import volume_conflict
 from coschedule.mutate.claim_rewrite import ClaimView
 from coschedule.mutate.defaults import MergedScheduling, merge_defaults
 from coschedule.mutate.mode_choice import InvalidMode, ModeChoice, choose_mode, cluster_choice
-from coschedule.mutate.nodeaffinity import required_terms
-from coschedule.mutate.volume_topology import VolumeTopology
 from coschedule.wire import jsonpatch
 from coschedule.wire import pod_fields as podview
 from coschedule.wire.jsonpatch import Op
 
-REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"
 # Our keys are constants: escape their paths once, not on every admission.
 _PLACEHOLDER_LABEL_PATH = jsonpatch.pointer("metadata", "labels", LABEL_PLACEHOLDER)
 _DISABLED = Mode.DISABLED.value

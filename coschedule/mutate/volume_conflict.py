@@ -24,8 +24,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from coschedule.mutate.nodeaffinity import expression_matches
-from coschedule.mutate.volume_topology import HOSTNAME, ZONE_KEYS, VolumeTopology, common
+from coschedule.k8s.constants import HOSTNAME, ZONE, ZONE_KEYS
+from coschedule.k8s.nodeaffinity import expression_matches
+from coschedule.k8s.volumes import VolumeTopology, common
 
 RULE = "claims-conflict"
 
@@ -119,7 +120,7 @@ def check(
                 "be scheduled. Fix: bind the run's claims to volumes in one place (or copy "
                 "the data), use volumeClaimTemplates so the run's volumes are provisioned "
                 "together, or, for zonal volumes in one zone, set topology-key to "
-                "topology.kubernetes.io/zone."
+                f"{ZONE}."
             )
     for key in (*_keys(topology_key), HOSTNAME):
         excluded = _excluded_by_pod(everything, key, node_selector, terms)

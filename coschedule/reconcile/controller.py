@@ -15,6 +15,9 @@ from collections.abc import Callable, Coroutine, Mapping
 from typing import Any
 
 from coschedule.config.settings import Settings
+from coschedule.k8s.nodes import Node, parse_node
+from coschedule.k8s.taints import eviction_reason
+from coschedule.k8s.volumes import VolumeTopology
 from coschedule.kube.client import ApiError, KubeClient
 from coschedule.kube.informer import IndexFunc, Informer, Obj, caches_readiness, object_key
 from coschedule.marks import (
@@ -30,7 +33,6 @@ from coschedule.marks import (
     ClaimTemplate,
     placeholder_claim,
 )
-from coschedule.mutate.volume_topology import VolumeTopology
 from coschedule.reconcile import event_keys, shapes, stuck
 from coschedule.reconcile import plan as planning
 from coschedule.reconcile.event_keys import BY_NODE, BY_PLACEHOLDER
@@ -38,7 +40,6 @@ from coschedule.reconcile.executor import Executor, NotLeader
 from coschedule.reconcile.leading import LeaderWorkers
 from coschedule.reconcile.observed import (
     MarkedPod,
-    NodeInfo,
     Observed,
     ObservedSet,
     OwnerState,
@@ -50,7 +51,6 @@ from coschedule.reconcile.placeholder import group_spec
 from coschedule.reconcile.reconciler_metrics import ReconcileMetrics
 from coschedule.reconcile.resolver import OwnerLookupFailed, OwnerResolver
 from coschedule.reconcile.stuck_runs import StuckRuns
-from coschedule.reconcile.tolerations import eviction_reason
 from coschedule.reconcile.topology import TopologyLabels
 from coschedule.reconcile.workqueue import WorkQueue
 
@@ -314,7 +314,7 @@ class Controller(LeaderWorkers):
             for obj in self.placeholder_pods.by_index(BY_PLACEHOLDER, key)
         ]
         nodes = {
-            p.node_name: shapes.parse_node(obj)
+            p.node_name: parse_node(obj)
             for p in ppods
             if p.node_name and (obj := self.nodes.get(p.node_name)) is not None
         }
@@ -367,7 +367,7 @@ class Controller(LeaderWorkers):
         sts: ObservedSet | None,
         pods: list[MarkedPod],
         ppods: list[PlaceholderPod],
-        nodes: Mapping[str, NodeInfo],
+        nodes: Mapping[str, Node],
     ) -> tuple[tuple[str, VolumeTopology], ...]:
         """The placeholder's bound claims and their volumes' topology, read (claim and PV
         GETs) only while one of its pods is on a node it would otherwise leave."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from coschedule.k8s.nodes import Taint, parse_taints
 from coschedule.kube.informer import IndexFunc, Obj
 from coschedule.reconcile import shapes
 
@@ -61,10 +62,16 @@ def placeholder_pod_keys(event: str, obj: Obj, old: Obj | None) -> list[str]:
     return placeholder_pod_key(obj) or (placeholder_pod_key(old) if old is not None else [])
 
 
+def _repels(node: Obj) -> tuple[bool, tuple[Taint, ...]]:
+    """What of a node can move a placeholder off it: cordon and taints."""
+    spec = node.get("spec") or {}
+    return bool(spec.get("unschedulable")), parse_taints(spec)
+
+
 def node_keys(event: str, obj: Obj, old: Obj | None, pods_on_node: Sequence[Obj]) -> list[str]:
     """The placeholders with a pod on the node, when what could move them changed."""
     if event == "DELETED":
         return []  # a vanished node is the node lifecycle controller's to handle
-    if old is not None and shapes.parse_node(old) == shapes.parse_node(obj):
+    if old is not None and _repels(old) == _repels(obj):
         return []  # labels or status only: nothing that moves a placeholder
     return sorted({key for pod in pods_on_node for key in placeholder_pod_key(pod)})

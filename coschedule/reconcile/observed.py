@@ -10,8 +10,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from coschedule.k8s.nodes import Node
+from coschedule.k8s.volumes import VolumeTopology
 from coschedule.marks import ClaimTemplate, Mode
-from coschedule.mutate.volume_topology import VolumeTopology
 
 Obj = dict[str, Any]
 
@@ -60,20 +61,6 @@ class MarkedPod:
     # co-location); None when the webhook followed an existing StatefulSet or did not rewrite.
     claim_templates: tuple[ClaimTemplate, ...] | None = None
     scheduler_name: str = ""  # spec.schedulerName; the placeholder follows it
-
-
-@dataclass(frozen=True, slots=True)
-class Taint:
-    key: str
-    value: str
-    effect: str
-
-
-@dataclass(frozen=True, slots=True)
-class NodeInfo:
-    name: str
-    unschedulable: bool
-    taints: tuple[Taint, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,7 +116,7 @@ class Observed:
     pods: tuple[MarkedPod, ...] = ()
     statefulset: ObservedSet | None = None
     placeholder_pods: tuple[PlaceholderPod, ...] = ()
-    nodes: Mapping[str, NodeInfo] = field(default_factory=dict)
+    nodes: Mapping[str, Node] = field(default_factory=dict)
     owner: OwnerState | None = None  # None: not resolved (yet) or not applicable
     idle_since: float | None = None  # first time seen with no live pod (controller memory)
     claim_templates: tuple[ClaimTemplate, ...] = ()

@@ -16,6 +16,7 @@ import orjson
 
 from coschedule import marks
 from coschedule.config.settings import Settings
+from coschedule.k8s.constants import PREFERRED, REQUIRED
 from coschedule.marks import (
     ANNOTATION_CLAIMS,
     ANNOTATION_MODE,
@@ -83,12 +84,8 @@ def _anti_affinity(mode: Mode, topology_key: str) -> dict[str, Any]:
         "topologyKey": topology_key,
     }
     if mode is Mode.ISOLATE_PIPELINERUN:
-        return {"requiredDuringSchedulingIgnoredDuringExecution": [term]}
-    return {
-        "preferredDuringSchedulingIgnoredDuringExecution": [
-            {"weight": 100, "podAffinityTerm": term}
-        ]
-    }
+        return {REQUIRED: [term]}
+    return {PREFERRED: [{"weight": 100, "podAffinityTerm": term}]}
 
 
 def pod_template(

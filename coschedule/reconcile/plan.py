@@ -15,8 +15,9 @@ from collections.abc import Sequence
 
 from coschedule import marks
 from coschedule.config.settings import Settings
+from coschedule.k8s.constants import HOSTNAME
+from coschedule.k8s.taints import eviction_reason
 from coschedule.marks import ANNOTATION_MODE, ClaimTemplate, Mode
-from coschedule.mutate.volume_topology import HOSTNAME
 from coschedule.reconcile import owners, relocation
 from coschedule.reconcile.observed import (
     Action,
@@ -47,7 +48,6 @@ from coschedule.reconcile.placeholder import (
     set_annotations,
     template_hash,
 )
-from coschedule.reconcile.tolerations import eviction_reason
 
 OWNER_RECHECK_SECONDS = 30.0  # how often a quiet run's owner is asked whether it is done
 # A run's last pod usually ends a moment before its owner reports completion: ask again

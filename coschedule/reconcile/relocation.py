@@ -21,12 +21,10 @@ from dataclasses import dataclass
 
 import orjson
 
+from coschedule.k8s.constants import HOSTNAME, PREFERRED, REQUIRED
 from coschedule.reconcile.observed import Obj
 
 ANNOTATION_RELOCATIONS = "coschedule.dev/relocations"
-REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"
-PREFERRED = "preferredDuringSchedulingIgnoredDuringExecution"
-HOSTNAME = "kubernetes.io/hostname"
 
 
 @dataclass(frozen=True, slots=True)

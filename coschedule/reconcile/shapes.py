@@ -8,10 +8,11 @@ a pod with malformed marks parses to ``BadMark`` instead of raising.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from datetime import datetime
 from typing import Any
 
 from coschedule import marks
+from coschedule.k8s.constants import TERMINAL_PHASES
+from coschedule.k8s.timefmt import parse_time
 from coschedule.marks import (
     ALL_MARK_ANNOTATIONS,
     LABEL_COMPONENT,
@@ -23,15 +24,12 @@ from coschedule.marks import (
 )
 from coschedule.reconcile.observed import (
     MarkedPod,
-    NodeInfo,
     Obj,
     ObservedSet,
     OwnerRef,
     PlaceholderPod,
-    Taint,
 )
 
-_DONE_PHASES = frozenset({"Succeeded", "Failed"})
 _PLACEHOLDER_LABELS = frozenset({LABEL_COMPONENT, LABEL_INSTANCE, LABEL_MANAGED_BY})
 
 
@@ -153,15 +151,6 @@ def slim_statefulset(obj: Obj) -> Obj:
     return {"metadata": slim_meta, "spec": slim_spec}
 
 
-def parse_time(text: Any) -> float | None:
-    if not isinstance(text, str) or not text:
-        return None
-    try:
-        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
-
-
 def parse_marked(obj: Mapping[str, Any]) -> MarkedPod | BadMark:
     """A slim marked pod -> ``MarkedPod``; malformed marks -> ``BadMark`` with the reason."""
     meta = _dict(obj.get("metadata"))
@@ -191,7 +180,7 @@ def parse_marked(obj: Mapping[str, Any]) -> MarkedPod | BadMark:
         node_selector={str(k): str(v) for k, v in selector.items()},
         tolerations=tuple(t for t in _list(spec.get("tolerations")) if isinstance(t, dict)),
         owner=owner,
-        live=status.get("phase") not in _DONE_PHASES and not meta.get("deletionTimestamp"),
+        live=status.get("phase") not in TERMINAL_PHASES and not meta.get("deletionTimestamp"),
         finished_at=parse_time(status.get("finishedAt")),
         claim_templates=found.claim_templates,
         scheduler_name=str(spec.get("schedulerName") or ""),
@@ -218,17 +207,6 @@ def placeholder_instance(obj: Mapping[str, Any]) -> str:
 def marked_placeholder(obj: Mapping[str, Any]) -> str:
     """The placeholder label of a marked pod ("" if absent)."""
     return marks.placeholder_of(_dict(obj.get("metadata")))
-
-
-def parse_node(obj: Mapping[str, Any]) -> NodeInfo:
-    meta = _dict(obj.get("metadata"))
-    spec = _dict(obj.get("spec"))
-    taints = tuple(
-        Taint(str(t.get("key") or ""), str(t.get("value") or ""), str(t.get("effect") or ""))
-        for t in _list(spec.get("taints"))
-        if isinstance(t, dict)
-    )
-    return NodeInfo(str(meta.get("name") or ""), bool(spec.get("unschedulable")), taints)
 
 
 def parse_statefulset(obj: Mapping[str, Any]) -> ObservedSet:

@@ -19,13 +19,16 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
-from coschedule.mutate.nodeaffinity import pod_allows, required_terms
-from coschedule.mutate.volume_topology import VolumeTopology
-from coschedule.reconcile import fit
-from coschedule.reconcile.observed import NodeInfo, Obj, Taint
-from coschedule.reconcile.scheduler_message import Cause, SchedulerMessage, parse
-from coschedule.reconcile.shapes import parse_time
-from coschedule.reconcile.tolerations import untolerated
+from coschedule.k8s import fit
+from coschedule.k8s.constants import TERMINAL_PHASES
+from coschedule.k8s.nodeaffinity import pod_allows, required_terms
+from coschedule.k8s.nodes import Node
+from coschedule.k8s.quantity import resources, show
+from coschedule.k8s.scheduler_messages import Cause, SchedulerMessage, parse
+from coschedule.k8s.taints import untolerated
+from coschedule.k8s.timefmt import parse_time
+from coschedule.k8s.volumes import VolumeTopology
+from coschedule.reconcile.observed import Obj
 
 FACTS = "scheduling"  # where the pod transform keeps a pending pod's scheduling facts
 
@@ -134,7 +137,7 @@ def pending_pod(obj: Obj, claims: tuple[str, ...] = ()) -> PendingPod | None:
     facts = obj.get(FACTS)
     if spec.get("nodeName") or not isinstance(facts, dict) or meta.get("deletionTimestamp"):
         return None
-    if (obj.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+    if (obj.get("status") or {}).get("phase") in TERMINAL_PHASES:
         return None
     condition = facts.get("condition") or {}
     unschedulable = condition.get("status") == "False" and condition.get("reason") == (
@@ -150,42 +153,10 @@ def pending_pod(obj: Obj, claims: tuple[str, ...] = ()) -> PendingPod | None:
         since=parse_time(condition.get("lastTransitionTime")) if unschedulable else None,
         message=parse(message),
         raw_message=message,
-        requests=fit.resources(facts.get("requests")),
+        requests=resources(facts.get("requests")),
         node_selector={str(k): str(v) for k, v in (spec.get("nodeSelector") or {}).items()},
         tolerations=tuple(t for t in spec.get("tolerations") or () if isinstance(t, dict)),
         terms=tuple(terms) if isinstance(terms, list) else None,
-    )
-
-
-@dataclass(frozen=True, slots=True)
-class NodeView:
-    name: str
-    labels: Mapping[str, str]
-    unschedulable: bool
-    taints: tuple[Taint, ...]
-    allocatable: Mapping[str, Decimal]
-
-    def domain(self, topology_key: str) -> str | None:
-        return self.labels.get(topology_key)
-
-    @property
-    def info(self) -> NodeInfo:
-        return NodeInfo(self.name, self.unschedulable, self.taints)
-
-
-def node_view(obj: Obj) -> NodeView:
-    meta = obj.get("metadata") or {}
-    spec = obj.get("spec") or {}
-    return NodeView(
-        name=str(meta.get("name") or ""),
-        labels={str(k): str(v) for k, v in (meta.get("labels") or {}).items()},
-        unschedulable=bool(spec.get("unschedulable")),
-        taints=tuple(
-            Taint(str(t.get("key") or ""), str(t.get("value") or ""), str(t.get("effect") or ""))
-            for t in spec.get("taints") or ()
-            if isinstance(t, dict)
-        ),
-        allocatable=fit.resources((obj.get("status") or {}).get("allocatable")),
     )
 
 
@@ -235,7 +206,7 @@ def find_stuck(
 
 def diagnose(
     pod: PendingPod,
-    node: NodeView,
+    node: Node,
     in_use: Mapping[str, Decimal],
     claims: Sequence[ClaimState] = (),
 ) -> list[Finding]:
@@ -250,7 +221,7 @@ def diagnose(
                 f"uncordon {where} (the placeholder moves off it on its own)",
             )
         )
-    for taint in untolerated(node.info, pod.tolerations):
+    for taint in untolerated(node, pod.tolerations):
         shown = f"{{{taint.key}: {taint.value}}}:{taint.effect}"
         found.append(
             Finding(
@@ -274,7 +245,7 @@ def diagnose(
             found.append(
                 Finding(
                     Cause.PODS,
-                    f"{where} has reached its pod cap ({fit.show(name, cap)} pods)",
+                    f"{where} has reached its pod cap ({show(name, cap)} pods)",
                     f"raise the pod cap of {where} (kubelet maxPods) or wait for pods there "
                     "to finish",
                 )
@@ -283,8 +254,8 @@ def diagnose(
         found.append(
             Finding(
                 Cause.RESOURCES,
-                f"the pod requests {fit.show(name, wanted)} {name} and {where} has "
-                f"{fit.show(name, free)} of {fit.show(name, cap)} free",
+                f"the pod requests {show(name, wanted)} {name} and {where} has "
+                f"{show(name, free)} of {show(name, cap)} free",
                 f"free {name} on {where}, or lower the pod's {name} request",
             )
         )
@@ -334,17 +305,17 @@ def unsafe(running: Sequence[Running]) -> list[str]:
 
 @dataclass
 class Candidates:
-    nodes: list[NodeView] = field(default_factory=list)
+    nodes: list[Node] = field(default_factory=list)
     rejected: dict[str, str] = field(default_factory=dict)  # node -> why not
     volume_blocked: list[str] = field(default_factory=list)  # claims that pin the run
 
 
 def static_candidates(
     pod: PendingPod,
-    nodes: Sequence[NodeView],
+    nodes: Sequence[Node],
     *,
     topology_key: str,
-    current: NodeView,
+    current: Node,
     left: Collection[str],
     claims: Sequence[ClaimState],
     excluded: Collection[str] = (),
@@ -367,9 +338,7 @@ def static_candidates(
             why = "another run's placeholder is there (mode isolate-pipelinerun)"
         elif node.unschedulable:
             why = "cordoned"
-        elif untolerated(node.info, pod.tolerations) or untolerated(
-            node.info, placeholder_tolerations
-        ):
+        elif untolerated(node, pod.tolerations) or untolerated(node, placeholder_tolerations):
             why = "a taint the run does not tolerate"
         elif not pod_allows(pod.node_selector, pod.terms, node.labels, node.name):
             why = "the pod's nodeSelector / node affinity excludes it"
@@ -395,23 +364,23 @@ def static_candidates(
 
 def choose_target(
     pod: PendingPod,
-    candidates: Sequence[NodeView],
+    candidates: Sequence[Node],
     usage: Mapping[str, Mapping[str, Decimal]],
     placeholder_requests: Mapping[str, Decimal],
     busy: Collection[str] = (),
-) -> tuple[NodeView | None, dict[str, str]]:
+) -> tuple[Node | None, dict[str, str]]:
     """The node where the pod and a new placeholder pod both fit; prefer nodes without
     another placeholder (they repel each other), then the most free CPU. Also why the
     others do not fit."""
     need = fit.used([pod.requests, placeholder_requests])
-    fitting: list[tuple[bool, Decimal, str, NodeView]] = []
+    fitting: list[tuple[bool, Decimal, str, Node]] = []
     rejected: dict[str, str] = {}
     for node in candidates:
         in_use = usage.get(node.name, {})
         short = fit.shortfalls(need, node.allocatable, in_use)
         if short:
             rejected[node.name] = "not enough " + ", ".join(
-                f"{name} ({fit.show(name, free)} free, {fit.show(name, wanted)} needed)"
+                f"{name} ({show(name, free)} free, {show(name, wanted)} needed)"
                 for name, wanted, free in short
             )
             continue

@@ -19,11 +19,16 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from coschedule import marks
 from coschedule.config.settings import Settings
+from coschedule.k8s import fit
+from coschedule.k8s.constants import HOSTNAME, TERMINAL_PHASES
+from coschedule.k8s.nodes import Node, parse_node
+from coschedule.k8s.quantity import resources
+from coschedule.k8s.scheduler_messages import Cause, parse
+from coschedule.k8s.volumes import volume_topology
 from coschedule.kube.client import KubeClient, object_path
 from coschedule.kube.events import record_event
 from coschedule.marks import Mode
-from coschedule.mutate.volume_topology import volume_topology
-from coschedule.reconcile import fit, relocation, stuck
+from coschedule.reconcile import relocation, stuck
 from coschedule.reconcile.executor import NotLeader
 from coschedule.reconcile.observed import Obj, Observed, ObservedSet, OwnerRef
 from coschedule.reconcile.placeholder import (
@@ -33,7 +38,6 @@ from coschedule.reconcile.placeholder import (
     pod_template,
     template_hash,
 )
-from coschedule.reconcile.scheduler_message import Cause, parse
 from coschedule.reconcile.workqueue import WorkQueue
 
 log = logging.getLogger("coschedule.reconcile")
@@ -42,7 +46,6 @@ RECHECK_MARGIN = 0.05  # look just after a grace period ends, not just before
 # A stuck group is looked at again this often: what blocked a move (a running task, no
 # room elsewhere) may change without an event on the group's own pods.
 MIN_STUCK_RECHECK_SECONDS = 5.0
-_TERMINATED = ("Succeeded", "Failed")
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,7 +63,7 @@ class _Case:
     settings: Settings
     now: float
     pod: stuck.PendingPod  # the stuck pod
-    node: stuck.NodeView  # the group's node
+    node: Node  # the group's node
     state: relocation.Relocations | None  # the domains the run has left
 
     @property
@@ -148,7 +151,7 @@ class StuckRuns:
             # scheduler cannot place it either (never a silent hang).
             await self._placeholder_pending(observed, placeholder_pods, state, grace, now)
             return
-        node = stuck.node_view(nodes[here[0].node_name])
+        node = parse_node(nodes[here[0].node_name])
         if state is not None and now < state.at + grace:
             # Just moved: give the scheduler a grace period to place the run's pods there.
             self.queue.add_after(key, state.at + grace - now + RECHECK_MARGIN)
@@ -198,7 +201,7 @@ class StuckRuns:
             stuck.Running(name, str((obj.get("spec") or {}).get("nodeName")))
             for name, obj in sorted(case.raw_pods.items())
             if (obj.get("spec") or {}).get("nodeName")
-            and (obj.get("status") or {}).get("phase") not in _TERMINATED
+            and (obj.get("status") or {}).get("phase") not in TERMINAL_PHASES
             and not (obj.get("metadata") or {}).get("deletionTimestamp")
         ]
         blockers = stuck.unsafe(running)
@@ -213,7 +216,7 @@ class StuckRuns:
                 "the scheduler's reasons are not ones coschedule can check, so it cannot tell "
                 "where the pod would fit"
             )
-        target: stuck.NodeView | None = None
+        target: Node | None = None
         if not blockers:
             target = await self._target(case, claims, blockers, options)
         if target is not None:
@@ -230,7 +233,7 @@ class StuckRuns:
         claims: Sequence[stuck.ClaimState],
         blockers: list[str],
         options: list[str],
-    ) -> stuck.NodeView | None:
+    ) -> Node | None:
         pod = case.pod
         others = {
             str((obj.get("spec") or {}).get("nodeName"))
@@ -241,7 +244,7 @@ class StuckRuns:
         left = set(case.state.left) if case.state is not None else set()
         candidates = stuck.static_candidates(
             pod,
-            [stuck.node_view(obj) for obj in case.nodes.values()],
+            [parse_node(obj) for obj in case.nodes.values()],
             topology_key=case.topology_key,
             current=case.node,
             left=left,
@@ -257,7 +260,7 @@ class StuckRuns:
             options.extend(stuck.volume_options(candidates.volume_blocked))
             return None
         usage = {n.name: await self._usage(n.name) for n in candidates.nodes}
-        requests = fit.resources(case.settings.placeholder_resources.get("requests"))
+        requests = resources(case.settings.placeholder_resources.get("requests"))
         requests[fit.PODS] = Decimal(1)
         target, rejected = stuck.choose_target(pod, candidates.nodes, usage, requests, others)
         if target is None:
@@ -269,13 +272,11 @@ class StuckRuns:
 
     # ---- acting -----------------------------------------------------------------------
 
-    async def _relocate(
-        self, case: _Case, target: stuck.NodeView, findings: Sequence[stuck.Finding]
-    ) -> None:
+    async def _relocate(self, case: _Case, target: Node, findings: Sequence[stuck.Finding]) -> None:
         observed, sts, group, pod, node = case.observed, case.sts, case.group, case.pod, case.node
         state, topology_key, now = case.state, case.topology_key, case.now
         domain = node.domain(topology_key) or node.name
-        hostname = target.labels.get(relocation.HOSTNAME, target.name)
+        hostname = target.labels.get(HOSTNAME, target.name)
         moved = (
             state.moved(topology_key, domain, hostname, now)
             if state is not None
@@ -334,7 +335,7 @@ class StuckRuns:
         self,
         observed: Observed,
         pod: stuck.PendingPod,
-        node: stuck.NodeView,
+        node: Node,
         findings: Sequence[stuck.Finding],
         blockers: Sequence[str],
         options: Sequence[str],
@@ -455,7 +456,7 @@ class StuckRuns:
         return fit.used(
             fit.pod_requests(item.get("spec") or {})
             for item in listed.get("items") or ()
-            if (item.get("status") or {}).get("phase") not in _TERMINATED
+            if (item.get("status") or {}).get("phase") not in TERMINAL_PHASES
             and (item.get("spec") or {}).get("nodeName") == node
         )
 

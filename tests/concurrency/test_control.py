@@ -9,7 +9,8 @@ import pytest
 
 from coschedule.concurrency.control import DEFAULT_KINDS, BadControl, parse_control
 from coschedule.concurrency.runs import Kind, Strategy
-from coschedule.concurrency.selector import Requirement, Selector, parse_selector
+from coschedule.concurrency.selector import parse_selector
+from coschedule.k8s.selectors import Requirement, Selector
 from tests.concurrency.runs import control
 
 

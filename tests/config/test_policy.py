@@ -20,8 +20,9 @@ from coschedule.config.policy import (
     parse_policy,
 )
 from coschedule.config.settings import ConfigError, Settings, parse_settings, read_raw_config
+from coschedule.k8s.constants import REQUIRED
 from coschedule.marks import Mode
-from coschedule.mutate.decision import REQUIRED, AdmissionContext, Decision, decide
+from coschedule.mutate.decision import AdmissionContext, Decision, decide
 from coschedule.wire.pod_fields import MalformedPod
 from tests.fixtures import DEFAULT_TOLERATIONS, FIXTURE_NAMES, load_pod
 

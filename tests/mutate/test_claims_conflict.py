@@ -13,12 +13,12 @@ from typing import Any
 import pytest
 
 from coschedule.config.settings import Settings
+from coschedule.k8s.volumes import volume_topology
 from coschedule.kube.client import Credentials, KubeClient
 from coschedule.kube.volumes import VolumeCache
 from coschedule.marks import Mode
 from coschedule.mutate import volume_conflict
 from coschedule.mutate.decision import AdmissionContext, Decision, decide
-from coschedule.mutate.volume_topology import volume_topology
 from tests.fixtures import load_pod
 from tests.mutate.test_claim_rewrite import CLAIM_A, CLAIM_B, NS, cache, deliver, pvc
 

@@ -14,9 +14,9 @@ import jsonpatch as reference_jsonpatch
 import pytest
 
 from coschedule.config.settings import Settings, parse_settings
+from coschedule.k8s.constants import REQUIRED
 from coschedule.marks import Mode, affinity_term, claim_placeholder, run_placeholder
 from coschedule.mutate.decision import (
-    REQUIRED,
     AdmissionContext,
     Decision,
     NamespaceInfo,

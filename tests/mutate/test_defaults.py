@@ -15,13 +15,12 @@ import pytest
 
 from coschedule.config.scheduling_defaults import (
     DefaultsRule,
-    Requirement,
-    Selector,
     Toleration,
     parse_scheduling_defaults,
 )
 from coschedule.config.settings import ConfigError, Settings, parse_settings, read_raw_config
 from coschedule.config.store import SettingsStore
+from coschedule.k8s.selectors import Requirement, Selector
 from coschedule.marks import Mode
 from coschedule.mutate.decision import AdmissionContext, Decision, NamespaceInfo, decide
 from coschedule.mutate.defaults import merge_defaults

@@ -8,8 +8,10 @@ from typing import Any
 import pytest
 
 from coschedule.config.settings import Settings
+from coschedule.k8s.nodes import Node, Taint
+from coschedule.k8s.timefmt import parse_time
+from coschedule.k8s.volumes import VolumeTopology
 from coschedule.marks import BadMark, ClaimTemplate, Mode, claim_placeholder, run_placeholder
-from coschedule.mutate.volume_topology import VolumeTopology
 from coschedule.reconcile import owners, shapes
 from coschedule.reconcile.observed import (
     CreateStatefulSet,
@@ -17,7 +19,6 @@ from coschedule.reconcile.observed import (
     DeletePlaceholderPod,
     DeleteStatefulSet,
     HoldPinnedPlaceholder,
-    NodeInfo,
     Observed,
     ObservedSet,
     OwnerRef,
@@ -27,7 +28,6 @@ from coschedule.reconcile.observed import (
     PlaceholderPod,
     Plan,
     RecordEvent,
-    Taint,
 )
 from coschedule.reconcile.placeholder import (
     ANNOTATION_TEMPLATE_HASH,
@@ -42,7 +42,6 @@ from coschedule.reconcile.plan import (
     owner_check_due,
     plan,
 )
-from coschedule.reconcile.tolerations import eviction_reason, tolerates
 from tests.fixtures import DEFAULT_TOLERATIONS
 from tests.reconcile.pods import marked_pod, parsed, placeholder_of
 
@@ -330,7 +329,7 @@ def test_workspaces_marks_need_exactly_one_claim() -> None:
 
 
 def _with_placeholder_pod(
-    node: NodeInfo, tolerations: tuple[dict[str, Any], ...] = ()
+    node: Node, tolerations: tuple[dict[str, Any], ...] = ()
 ) -> tuple[Observed, PlaceholderPod]:
     observed = observed_for(marked_pod("tekton-taskrun", node="worker-1"), owner=RUNNING)
     ppod = PlaceholderPod("ci", f"{observed.name}-0", node.name, tolerations, False)
@@ -344,7 +343,7 @@ def _with_placeholder_pod(
 
 
 def test_cordoned_node_deletes_the_placeholder_pod_only() -> None:
-    observed, ppod = _with_placeholder_pod(NodeInfo("worker-1", True, ()))
+    observed, ppod = _with_placeholder_pod(Node("worker-1", True, ()))
     actions = plan(observed, SETTINGS, NOW)
     [delete] = only(actions, DeletePlaceholderPod)
     assert (delete.name, delete.node, delete.reason) == (ppod.name, "worker-1", "cordoned")
@@ -358,7 +357,7 @@ def test_cordoned_node_deletes_the_placeholder_pod_only() -> None:
 
 
 def test_schedulable_node_leaves_the_placeholder_alone() -> None:
-    observed, _ = _with_placeholder_pod(NodeInfo("worker-1", False, ()))
+    observed, _ = _with_placeholder_pod(Node("worker-1", False, ()))
     assert plan(observed, SETTINGS, NOW) == Plan()
 
 
@@ -374,7 +373,7 @@ def test_schedulable_node_leaves_the_placeholder_alone() -> None:
 def test_untolerated_taints_move_the_placeholder(taint: Taint) -> None:
     # The DefaultTolerationSeconds tolerations (300 s) only delay an eviction: they do not count.
     default = DEFAULT_TOLERATIONS
-    observed, _ = _with_placeholder_pod(NodeInfo("worker-1", False, (taint,)), default)
+    observed, _ = _with_placeholder_pod(Node("worker-1", False, (taint,)), default)
     [delete] = only(plan(observed, SETTINGS, NOW), DeletePlaceholderPod)
     assert delete.reason == "tainted"
     assert taint.key in delete.message
@@ -389,11 +388,11 @@ def _pinned(name: str, key: str, *values: str) -> VolumeTopology:
 @pytest.mark.parametrize(
     "node",
     [
-        NodeInfo("worker-1", True, ()),
-        NodeInfo("worker-1", False, (Taint("dedicated", "gpu", "NoSchedule"),)),
+        Node("worker-1", True, ()),
+        Node("worker-1", False, (Taint("dedicated", "gpu", "NoSchedule"),)),
     ],
 )
-def test_a_placeholder_pinned_by_its_node_local_volume_stays_explained(node: NodeInfo) -> None:
+def test_a_placeholder_pinned_by_its_node_local_volume_stays_explained(node: Node) -> None:
     """Its volume can be used on this node only: moved, it would sit Pending and the run's
     data would stay here. It stays, and a Warning says why and what can be done."""
     observed, ppod = _with_placeholder_pod(node)
@@ -426,7 +425,7 @@ def test_a_placeholder_pinned_by_its_node_local_volume_stays_explained(node: Nod
     ],
 )
 def test_a_volume_usable_elsewhere_does_not_pin_the_placeholder(volume: VolumeTopology) -> None:
-    observed, _ = _with_placeholder_pod(NodeInfo("worker-1", True, ()))
+    observed, _ = _with_placeholder_pod(Node("worker-1", True, ()))
     observed = replace(observed, placeholder_volumes=(("source", volume),))
     actions = plan(observed, SETTINGS, NOW)
     assert only(actions, DeletePlaceholderPod)
@@ -434,7 +433,7 @@ def test_a_volume_usable_elsewhere_does_not_pin_the_placeholder(volume: VolumeTo
 
 
 def test_tolerated_and_soft_taints_do_not_move_it() -> None:
-    node = NodeInfo(
+    node = Node(
         "worker-1",
         False,
         (
@@ -451,27 +450,8 @@ def test_tolerated_and_soft_taints_do_not_move_it() -> None:
     assert not only(plan(observed, SETTINGS, NOW), DeletePlaceholderPod)
 
 
-def test_toleration_matching_rules() -> None:
-    taint = Taint("dedicated", "ci", "NoSchedule")
-    assert tolerates({"operator": "Exists"}, taint)  # empty key + Exists tolerates all
-    assert tolerates({"key": "dedicated", "operator": "Exists"}, taint)
-    assert tolerates({"key": "dedicated", "value": "ci"}, taint)  # operator defaults to Equal
-    assert not tolerates({"key": "dedicated", "operator": "Equal", "value": "gpu"}, taint)
-    assert not tolerates({"key": "dedicated", "operator": "Exists", "effect": "NoExecute"}, taint)
-    assert not tolerates({"key": "other", "operator": "Exists"}, taint)
-    assert not tolerates({"operator": "Equal", "value": "ci"}, taint)  # Equal needs a key
-    evicting = Taint("node.kubernetes.io/unreachable", "", "NoExecute")
-    assert tolerates({"operator": "Exists", "effect": "NoExecute"}, evicting)
-    assert not tolerates({"operator": "Exists", "tolerationSeconds": 30}, evicting)
-
-
-def test_cordon_wins_over_taint_as_the_reason() -> None:
-    node = NodeInfo("n", True, (Taint("node.kubernetes.io/unschedulable", "", "NoSchedule"),))
-    assert eviction_reason(node, ())[0] == "cordoned"
-
-
 def test_pods_already_terminating_or_unscheduled_are_not_deleted_again() -> None:
-    observed, ppod = _with_placeholder_pod(NodeInfo("worker-1", True, ()))
+    observed, ppod = _with_placeholder_pod(Node("worker-1", True, ()))
     for other in (replace(ppod, deleting=True), replace(ppod, node_name="")):
         assert not only(
             plan(replace(observed, placeholder_pods=(other,)), SETTINGS, NOW), DeletePlaceholderPod
@@ -539,7 +519,7 @@ def test_idle_grace_counts_from_the_last_pod_end_after_a_restart() -> None:
     observed = observed_for(pod)
     live = observed_for(marked_pod("job-pod"))
     observed = replace(observed, statefulset=existing_set(live), idle_since=None)
-    ended = shapes.parse_time("2026-11-21T06:10:00Z")
+    ended = parse_time("2026-11-21T06:10:00Z")
     assert ended is not None
     assert not only(plan(observed, SETTINGS, ended + 299), DeleteStatefulSet)
     assert only(plan(observed, SETTINGS, ended + 301), DeleteStatefulSet)

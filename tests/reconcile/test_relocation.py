@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from coschedule.config.settings import Settings
+from coschedule.k8s.constants import PREFERRED, REQUIRED
 from coschedule.marks import Mode
 from coschedule.reconcile import relocation
 from coschedule.reconcile.placeholder import (
@@ -41,11 +42,11 @@ def test_steer_adds_required_not_in_and_preferred_target() -> None:
     state = relocation.first(HOST, "n1", "n2", 100.0).moved(HOST, "n2", "n3", 150.0)
     steered = relocation.steer(template, {relocation.ANNOTATION_RELOCATIONS: state.encode()})
     affinity = steered["spec"]["affinity"]
-    required = affinity["nodeAffinity"][relocation.REQUIRED]["nodeSelectorTerms"]
+    required = affinity["nodeAffinity"][REQUIRED]["nodeSelectorTerms"]
     assert required == [
         {"matchExpressions": [{"key": HOST, "operator": "NotIn", "values": ["n1", "n2"]}]}
     ]
-    preferred = affinity["nodeAffinity"][relocation.PREFERRED]
+    preferred = affinity["nodeAffinity"][PREFERRED]
     assert preferred[0]["weight"] == 100
     assert preferred[0]["preference"]["matchExpressions"][0]["values"] == ["n3"]
     # The placeholders' anti-affinity stays, and the input is not modified.

@@ -15,9 +15,11 @@ from typing import Any
 
 import pytest
 
-from coschedule.mutate.volume_topology import volume_topology
-from coschedule.reconcile import fit, shapes, stuck
-from coschedule.reconcile.scheduler_message import Cause
+from coschedule.k8s.nodes import Node, parse_node
+from coschedule.k8s.quantity import resources
+from coschedule.k8s.scheduler_messages import Cause
+from coschedule.k8s.volumes import volume_topology
+from coschedule.reconcile import shapes, stuck
 from tests.reconcile.pods import marked_pod, unschedulable
 
 MESSAGES = {
@@ -66,8 +68,8 @@ def node(
     taints: list[dict[str, str]] | None = None,
     unschedulable: bool = False,
     arch: str = "amd64",
-) -> stuck.NodeView:
-    return stuck.node_view(
+) -> Node:
+    return parse_node(
         {
             "metadata": {
                 "name": name,
@@ -84,7 +86,7 @@ def node(
 
 
 def usage(**values: str) -> dict[str, Decimal]:
-    return fit.resources(values)
+    return resources(values)
 
 
 def pinned_pv(name: str, key: str, value: str) -> Any:
@@ -203,7 +205,7 @@ def test_a_running_pod_of_the_run_forbids_a_move() -> None:
 
 def _candidates(
     pod: stuck.PendingPod,
-    nodes: list[stuck.NodeView],
+    nodes: list[Node],
     claims: list[stuck.ClaimState] | None = None,
     *,
     key: str = "kubernetes.io/hostname",
@@ -271,7 +273,7 @@ def test_zone_topology_moves_to_another_zone_never_within_the_same() -> None:
 
 def test_target_is_where_the_pod_and_the_placeholder_fit() -> None:
     pod = pending(MESSAGES["cpu on the group's node"], cpu="1")
-    placeholder = fit.resources({"cpu": "1m", "pods": "1"})
+    placeholder = resources({"cpu": "1m", "pods": "1"})
     full, roomy, roomier = node("full"), node("roomy"), node("roomier", cpu="4")
     use = {
         "full": usage(cpu="1500m", pods="1"),
@@ -290,7 +292,7 @@ def test_no_target_when_nothing_fits() -> None:
     pod = pending(MESSAGES["pod cap"], cpu="100m")
     capped = node("capped", pods="4")
     target, rejected = stuck.choose_target(
-        pod, [capped], {"capped": usage(pods="4")}, fit.resources({"pods": "1"})
+        pod, [capped], {"capped": usage(pods="4")}, resources({"pods": "1"})
     )
     assert target is None
     assert "pods" in rejected["capped"]

@@ -16,6 +16,7 @@ import orjson
 import pytest
 
 from coschedule.config.settings import Settings
+from coschedule.k8s.constants import REQUIRED
 from coschedule.kube.client import KubeClient
 from coschedule.marks import Mode
 from coschedule.reconcile import relocation, stuck_runs
@@ -136,7 +137,7 @@ async def test_nothing_runs_so_the_placeholder_moves_where_the_pod_fits(
     assert state["left"] == ["worker-1"]
     assert state["target"] == "worker-2"
     affinity = sts["spec"]["template"]["spec"]["affinity"]["nodeAffinity"]
-    [term] = affinity[relocation.REQUIRED]["nodeSelectorTerms"]
+    [term] = affinity[REQUIRED]["nodeSelectorTerms"]
     assert term["matchExpressions"] == [
         {"key": "kubernetes.io/hostname", "operator": "NotIn", "values": ["worker-1"]}
     ]

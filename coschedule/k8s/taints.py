@@ -1,4 +1,4 @@
-"""Does a placeholder pod still belong on its node? Kubernetes' toleration rules, pure.
+"""Kubernetes' toleration rules, pure: does a pod (a placeholder) still belong on its node?
 
 A NoExecute toleration with ``tolerationSeconds`` only delays the eviction (the
 DefaultTolerationSeconds plugin gives every pod 300 s for not-ready/unreachable); the
@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from coschedule.reconcile.observed import NodeInfo, Taint
+from coschedule.k8s.nodes import Node, Taint
 
 REPELLING_EFFECTS = frozenset({"NoSchedule", "NoExecute"})
 
@@ -34,7 +34,7 @@ def tolerates(toleration: Mapping[str, Any], taint: Taint) -> bool:
     return matched
 
 
-def untolerated(node: NodeInfo, tolerations: Iterable[Mapping[str, Any]]) -> list[Taint]:
+def untolerated(node: Node, tolerations: Iterable[Mapping[str, Any]]) -> list[Taint]:
     """The node's NoSchedule/NoExecute taints that none of the tolerations tolerates."""
     tols = list(tolerations)
     return [
@@ -44,7 +44,7 @@ def untolerated(node: NodeInfo, tolerations: Iterable[Mapping[str, Any]]) -> lis
     ]
 
 
-def eviction_reason(node: NodeInfo, tolerations: Iterable[Mapping[str, Any]]) -> tuple[str, str]:
+def eviction_reason(node: Node, tolerations: Iterable[Mapping[str, Any]]) -> tuple[str, str]:
     """("cordoned" | "tainted", why) when the pod must leave the node, else ("", "")."""
     if node.unschedulable:
         return "cordoned", f"node {node.name} is cordoned (spec.unschedulable)"

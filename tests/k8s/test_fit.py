@@ -6,7 +6,8 @@ from decimal import Decimal
 
 import pytest
 
-from coschedule.reconcile import fit
+from coschedule.k8s import fit
+from coschedule.k8s.quantity import quantity, resources, show
 from tests.fixtures import load_pod
 
 
@@ -22,22 +23,24 @@ from tests.fixtures import load_pod
         ("1e3", Decimal(1000)),
         (4, Decimal(4)),
         ("110", Decimal(110)),
+        ("1.5E2", Decimal(150)),
+        ("1E", Decimal(10**18)),
     ],
 )
 def test_quantities(text: object, value: Decimal) -> None:
-    assert fit.quantity(text) == value
+    assert quantity(text) == value
 
 
-@pytest.mark.parametrize("text", ["", "abc", "1Qi", "--1", True, None])
+@pytest.mark.parametrize("text", ["", "abc", "1Qi", "--1", True, None, "1e3Ki", "2mi", "1e"])
 def test_bad_quantities_are_none(text: object) -> None:
-    assert fit.quantity(text) is None
+    assert quantity(text) is None
 
 
 def test_a_tekton_pods_request_sums_its_steps_and_takes_a_pod_slot() -> None:
     spec = load_pod("tekton-taskrun")["spec"]
     requests = fit.pod_requests(spec)
     expected_cpu = sum(
-        fit.quantity(((c.get("resources") or {}).get("requests") or {}).get("cpu", "0")) or 0
+        quantity(((c.get("resources") or {}).get("requests") or {}).get("cpu", "0")) or 0
         for c in spec["containers"]
     )
     assert requests["cpu"] == expected_cpu
@@ -61,17 +64,20 @@ def test_init_containers_count_as_their_peak_and_sidecars_add_up() -> None:
 
 
 def test_shortfalls_name_the_resource_the_request_and_what_is_free() -> None:
-    allocatable = fit.resources({"cpu": "2", "memory": "4Gi", "pods": "4"})
+    allocatable = resources({"cpu": "2", "memory": "4Gi", "pods": "4"})
     in_use = fit.used(
-        [fit.resources({"cpu": "1500m", "pods": "1"}), fit.resources({"cpu": "1m", "pods": "1"})]
+        [
+            resources({"cpu": "1500m", "pods": "1"}),
+            resources({"cpu": "1m", "pods": "1"}),
+        ]
     )
-    requests = fit.resources({"cpu": "1", "memory": "1Gi", "pods": "1"})
+    requests = resources({"cpu": "1", "memory": "1Gi", "pods": "1"})
     assert fit.shortfalls(requests, allocatable, in_use) == [("cpu", Decimal(1), Decimal("0.499"))]
-    full = fit.used([in_use, fit.resources({"pods": "2"})])
+    full = fit.used([in_use, resources({"pods": "2"})])
     assert ("pods", Decimal(1), Decimal(0)) in fit.shortfalls(requests, allocatable, full)
 
 
 def test_show_reads_like_kubectl() -> None:
-    assert fit.show("cpu", Decimal("0.499")) == "0.499"
-    assert fit.show("memory", Decimal(3 * 2**29)) == "1.5Gi"
-    assert fit.show("pods", Decimal(4)) == "4"
+    assert show("cpu", Decimal("0.499")) == "0.499"
+    assert show("memory", Decimal(3 * 2**29)) == "1.5Gi"
+    assert show("pods", Decimal(4)) == "4"

@@ -11,12 +11,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from coschedule.mutate.nodeaffinity import NAME_FIELD, terms_match
-
-HOSTNAME = "kubernetes.io/hostname"
-ZONE = "topology.kubernetes.io/zone"
-ZONE_KEYS = (ZONE, "failure-domain.beta.kubernetes.io/zone")
-REGION_KEYS = ("topology.kubernetes.io/region", "failure-domain.beta.kubernetes.io/region")
+from coschedule.k8s.constants import HOSTNAME, REGION_KEYS, ZONE_KEYS
+from coschedule.k8s.nodeaffinity import NAME_FIELD, terms_match
 
 
 @dataclass(frozen=True, slots=True)

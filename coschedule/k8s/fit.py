@@ -8,59 +8,13 @@ non-terminated pods bound to it request.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Mapping
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 from typing import Any
 
+from coschedule.k8s.quantity import resources
+
 PODS = "pods"
-_SUFFIXES = {
-    "n": Decimal("1e-9"),
-    "u": Decimal("1e-6"),
-    "m": Decimal("1e-3"),
-    "": Decimal(1),
-    "k": Decimal(10**3),
-    "M": Decimal(10**6),
-    "G": Decimal(10**9),
-    "T": Decimal(10**12),
-    "P": Decimal(10**15),
-    "E": Decimal(10**18),
-    "Ki": Decimal(2**10),
-    "Mi": Decimal(2**20),
-    "Gi": Decimal(2**30),
-    "Ti": Decimal(2**40),
-    "Pi": Decimal(2**50),
-    "Ei": Decimal(2**60),
-}
-_QUANTITY = re.compile(r"^([+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)([a-zA-Z]*)$")
-
-Resources = Mapping[str, Decimal]
-
-
-def quantity(text: Any) -> Decimal | None:
-    """A Kubernetes quantity ("500m", "2Gi", "1e3", 4) as a number; None if malformed."""
-    if isinstance(text, bool):
-        return None
-    if isinstance(text, int | float):
-        return Decimal(str(text))
-    match = _QUANTITY.match(str(text).strip())
-    if match is None or match.group(2) not in _SUFFIXES:
-        return None
-    try:
-        return Decimal(match.group(1)) * _SUFFIXES[match.group(2)]
-    except InvalidOperation:
-        return None
-
-
-def resources(values: Any) -> dict[str, Decimal]:
-    """A ``{name: quantity}`` map (requests, allocatable) as numbers; bad entries dropped."""
-    result: dict[str, Decimal] = {}
-    if isinstance(values, dict):
-        for name, text in values.items():
-            amount = quantity(text)
-            if amount is not None:
-                result[str(name)] = amount
-    return result
 
 
 def _add(into: dict[str, Decimal], more: Mapping[str, Decimal]) -> None:
@@ -117,13 +71,3 @@ def shortfalls(
         if amount > free:
             short.append((name, amount, max(free, Decimal(0))))
     return short
-
-
-def show(name: str, amount: Decimal) -> str:
-    """A quantity as a person reads it: cpu in cores, memory in Mi/Gi, counts as counts."""
-    if name in ("memory", "ephemeral-storage") or name.startswith("hugepages-"):
-        for unit, size in (("Gi", 2**30), ("Mi", 2**20), ("Ki", 2**10)):
-            if amount >= size:
-                return f"{round(amount / size, 2).normalize():f}{unit}"
-        return f"{amount.normalize():f}"
-    return f"{round(amount, 3).normalize():f}"

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from coschedule.reconcile.scheduler_message import Cause, classify, parse
+from coschedule.k8s.scheduler_messages import Cause, classify, parse
 
 FIXTURE = (
     Path(__file__).resolve().parents[1] / "fixtures" / "scheduler" / ("unschedulable-messages.json")

@@ -12,7 +12,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"
+from coschedule.k8s.constants import REQUIRED
+
 NAME_FIELD = "metadata.name"
 
 
