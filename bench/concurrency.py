@@ -32,7 +32,7 @@ import orjson
 from prometheus_client import CollectorRegistry
 
 from coschedule.concurrency.plan import GroupKey, plan
-from coschedule.concurrency.runs import Kind
+from coschedule.engines import Kind
 from coschedule.kube.client import Credentials, KubeClient
 from coschedule.reconcile.concurrency import ConcurrencyController, slim_run
 

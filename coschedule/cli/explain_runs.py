@@ -12,9 +12,12 @@ import yaml
 from coschedule.concurrency.admission import admit_run
 from coschedule.concurrency.control import BadControl, Control, parse_control
 from coschedule.concurrency.names import KIND as CONTROL_KIND
-from coschedule.concurrency.runs import Kind, Strategy, engine_labels, kind_of
+from coschedule.concurrency.runs import engine_labels
+from coschedule.engines import RUN_ENGINES, Kind, Strategy, run_kind_of
 
 RUN_KINDS = tuple(k.value for k in Kind)
+# What a run file may be: "tekton.dev/v1, argoproj.io/v1alpha1".
+RUN_API_VERSIONS = ", ".join(engine.api_version for engine in RUN_ENGINES.values())
 
 
 class UnreadableInput(ValueError):
@@ -24,7 +27,7 @@ class UnreadableInput(ValueError):
 def run_kind(doc: Mapping[str, Any]) -> Kind | None:
     api_version = str(doc.get("apiVersion") or "")
     group = api_version.rpartition("/")[0]
-    return kind_of(group, str(doc.get("kind") or ""))
+    return run_kind_of(group, str(doc.get("kind") or ""))
 
 
 def read_controls(text: str, namespace: str) -> list[Control]:
@@ -160,4 +163,11 @@ def render_run_text(report: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["RUN_KINDS", "UnreadableInput", "explain_run", "read_controls", "render_run_text"]
+__all__ = [
+    "RUN_API_VERSIONS",
+    "RUN_KINDS",
+    "UnreadableInput",
+    "explain_run",
+    "read_controls",
+    "render_run_text",
+]

@@ -197,6 +197,7 @@ def _explain_run(args: argparse.Namespace, text: str, run: dict[str, Any] | None
     import orjson
 
     from coschedule.cli.explain_runs import (
+        RUN_API_VERSIONS,
         RUN_KINDS,
         UnreadableInput,
         explain_run,
@@ -209,7 +210,7 @@ def _explain_run(args: argparse.Namespace, text: str, run: dict[str, Any] | None
     if run is None or kind is None:
         print(
             f"coschedule explain: with --controls, {args.file} must be a {' or a '.join(RUN_KINDS)}"
-            " (tekton.dev/v1, argoproj.io/v1alpha1)",
+            f" ({RUN_API_VERSIONS})",
             file=sys.stderr,
         )
         return EXIT_USAGE

@@ -15,15 +15,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from coschedule.concurrency.control import Control
-from coschedule.concurrency.runs import (
-    TEKTON_PENDING,
-    Kind,
-    is_pending,
-    params,
-    run_labels,
-    start_state_set,
-)
+from coschedule.concurrency.runs import is_pending, params, run_labels, start_state_set
 from coschedule.concurrency.template import label_value
+from coschedule.engines import Kind, run_control
 from coschedule.marks import (
     ANNOTATION_PENDING_BY,
     CONCURRENCY_GROUPED,
@@ -119,7 +113,7 @@ def admit_run(
         notes[ANNOTATION_PENDING_BY] = PENDING_BY_CONCURRENCY
     _merge_map(ops, "annotations", annotations, notes)
     if outcome is Outcome.MADE_PENDING:
-        ops.append(_pending_op(kind, run))
+        ops += _pending_ops(kind, run)
     return RunAdmission(outcome, matches, ops)
 
 
@@ -146,12 +140,10 @@ def _merge_map(
                 ops.append(remove(pointer("metadata", name, str(key))))
 
 
-def _pending_op(kind: Kind, run: Mapping[str, Any]) -> Op:
-    has_spec = isinstance(run.get("spec"), Mapping)
-    if kind is Kind.PIPELINE_RUN:
-        if not has_spec:
-            return add("/spec", {"status": TEKTON_PENDING})
-        return add("/spec/status", TEKTON_PENDING)
-    if not has_spec:
-        return add("/spec", {"suspend": True})
-    return add("/spec/suspend", True)
+def _pending_ops(kind: Kind, run: Mapping[str, Any]) -> list[Op]:
+    """Hold the run: the engine's pending fields of ``spec`` (Tekton ``status:
+    PipelineRunPending``, Argo ``suspend: true``)."""
+    pending = run_control(kind).pending
+    if not isinstance(run.get("spec"), Mapping):
+        return [add("/spec", dict(pending))]
+    return [add(pointer("spec", name), value) for name, value in pending.items()]

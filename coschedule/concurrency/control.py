@@ -12,12 +12,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from coschedule.concurrency.names import API_VERSION, KIND, MAX_CONTROL_NAME
-from coschedule.concurrency.runs import Kind, Strategy
 from coschedule.concurrency.selector import BadSelector, parse_selector
 from coschedule.concurrency.template import BadTemplate, Template, parse_template
+from coschedule.engines import RUN_ENGINES, Kind, Strategy
 from coschedule.k8s.selectors import Selector
 
-DEFAULT_KINDS = frozenset({Kind.PIPELINE_RUN, Kind.WORKFLOW})
+DEFAULT_KINDS = frozenset(RUN_ENGINES)  # every run engine
 SPEC_FIELDS = frozenset({"selector", "kinds", "key", "strategy", "maxRunning"})
 
 

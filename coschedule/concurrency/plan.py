@@ -19,7 +19,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from coschedule.concurrency.control import Control
-from coschedule.concurrency.runs import CANCEL_VALUES, Run, State, Strategy
+from coschedule.concurrency.runs import Run, State
+from coschedule.engines import Strategy, run_control
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -97,7 +98,7 @@ def verdict(group: Group) -> Verdict:
         return Verdict(names, frozenset(), {})
     newest = max(contenders, key=lambda r: r.order)
     cancels = {
-        r.ident: (CANCEL_VALUES[r.kind][control.strategy], newest.name)
+        r.ident: (run_control(r.kind).cancel_values[control.strategy], newest.name)
         for r in contenders
         if r is not newest and r.state in (State.RUNNING, State.PENDING_BY_US)
     }

@@ -1,7 +1,9 @@
-"""What a run is to concurrency control, per engine: Tekton PipelineRuns and Argo Workflows.
+"""What a run is to concurrency control: its identity, labels and state, and the patches
+that start or cancel it.
 
 Pending, started, stopping and done are read from the fields each engine's own controller
-reads and writes; the patches that start or cancel a run write those same fields.
+reads and writes (``coschedule.engines`` says which, per engine); the patches that start
+or cancel a run write those same fields.
 """
 
 from __future__ import annotations
@@ -11,60 +13,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from coschedule.engines import RUN_ENGINES, Kind, run_control
 from coschedule.k8s.timefmt import parse_time
 from coschedule.marks import ANNOTATION_PENDING_BY, LABEL_CONCURRENCY_PREFIX, PENDING_BY_CONCURRENCY
-
-
-class Kind(enum.StrEnum):
-    PIPELINE_RUN = "PipelineRun"
-    WORKFLOW = "Workflow"
-
-
-@dataclass(frozen=True, slots=True)
-class Engine:
-    kind: Kind
-    group: str
-    version: str
-    plural: str
-
-    @property
-    def api_version(self) -> str:
-        return f"{self.group}/{self.version}"
-
-
-ENGINES: dict[Kind, Engine] = {
-    Kind.PIPELINE_RUN: Engine(Kind.PIPELINE_RUN, "tekton.dev", "v1", "pipelineruns"),
-    Kind.WORKFLOW: Engine(Kind.WORKFLOW, "argoproj.io", "v1alpha1", "workflows"),
-}
-
-TEKTON_PENDING = "PipelineRunPending"
-# Tekton's spec.status values that stop a run (the last one is the pre-v1 spelling).
-TEKTON_STOPPING = frozenset(
-    {"Cancelled", "CancelledRunFinally", "StoppedRunFinally", "PipelineRunCancelled"}
-)
-ARGO_DONE = frozenset({"Succeeded", "Failed", "Error"})
-
-
-class Strategy(enum.StrEnum):
-    CANCEL = "Cancel"
-    GRACEFULLY_CANCEL = "GracefullyCancel"
-    GRACEFULLY_STOP = "GracefullyStop"
-    QUEUE = "Queue"
-
-
-# The value each engine's controller understands, per cancelling strategy.
-CANCEL_VALUES: dict[Kind, dict[Strategy, str]] = {
-    Kind.PIPELINE_RUN: {
-        Strategy.CANCEL: "Cancelled",
-        Strategy.GRACEFULLY_CANCEL: "CancelledRunFinally",
-        Strategy.GRACEFULLY_STOP: "StoppedRunFinally",
-    },
-    Kind.WORKFLOW: {
-        Strategy.CANCEL: "Terminate",
-        Strategy.GRACEFULLY_CANCEL: "Stop",
-        Strategy.GRACEFULLY_STOP: "Stop",
-    },
-}
 
 
 class State(enum.Enum):
@@ -75,21 +26,9 @@ class State(enum.Enum):
     DONE = "done"
 
 
-def kind_of(group: str, kind: str) -> Kind | None:
-    for engine in ENGINES.values():
-        if engine.group == group and engine.kind.value == kind:
-            return engine.kind
-    return None
-
-
 def _spec(obj: Mapping[str, Any]) -> Mapping[str, Any]:
     spec = obj.get("spec")
     return spec if isinstance(spec, Mapping) else {}
-
-
-def _status(obj: Mapping[str, Any]) -> Mapping[str, Any]:
-    status = obj.get("status")
-    return status if isinstance(status, Mapping) else {}
 
 
 def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -98,100 +37,31 @@ def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
 
 
 def is_pending(kind: Kind, obj: Mapping[str, Any]) -> bool:
-    spec = _spec(obj)
-    if kind is Kind.PIPELINE_RUN:
-        return spec.get("status") == TEKTON_PENDING
-    return spec.get("suspend") is True
+    return run_control(kind).is_pending(_spec(obj))
 
 
 def start_state_set(kind: Kind, obj: Mapping[str, Any]) -> bool:
     """The author set the run's start state at all (pending, cancelled, stopped)."""
-    spec = _spec(obj)
-    if kind is Kind.PIPELINE_RUN:
-        return bool(spec.get("status"))
-    return spec.get("suspend") is True or bool(spec.get("shutdown"))
+    return run_control(kind).start_state_set(_spec(obj))
 
 
 def is_stopping(kind: Kind, obj: Mapping[str, Any]) -> bool:
-    spec = _spec(obj)
-    if kind is Kind.PIPELINE_RUN:
-        return spec.get("status") in TEKTON_STOPPING
-    return bool(spec.get("shutdown"))
+    return run_control(kind).is_stopping(_spec(obj))
 
 
 def is_done(kind: Kind, obj: Mapping[str, Any]) -> bool:
-    """Tekton: the Succeeded condition is True or False; Argo: a final phase."""
-    status = _status(obj)
-    if kind is Kind.PIPELINE_RUN:
-        for condition in status.get("conditions") or ():
-            if isinstance(condition, Mapping) and condition.get("type") == "Succeeded":
-                return condition.get("status") in ("True", "False")
-        return False
-    return status.get("phase") in ARGO_DONE
+    return RUN_ENGINES[kind].done(obj) is not None
 
 
 def params(kind: Kind, obj: Mapping[str, Any]) -> dict[str, Any]:
-    """Tekton ``spec.params``, Argo ``spec.arguments.parameters``: name -> value."""
-    spec = _spec(obj)
-    if kind is Kind.PIPELINE_RUN:
-        items = spec.get("params")
-    else:
-        arguments = spec.get("arguments")
-        items = arguments.get("parameters") if isinstance(arguments, Mapping) else None
-    found: dict[str, Any] = {}
-    if isinstance(items, list):
-        for item in items:
-            if isinstance(item, Mapping) and isinstance(item.get("name"), str):
-                found.setdefault(item["name"], item.get("value"))
-    return found
-
-
-# Labels an engine's controller adds to a run after admission, from the run's spec.
-TEKTON_PIPELINE_LABEL = "tekton.dev/pipeline"
-ARGO_TEMPLATE_LABEL = "workflows.argoproj.io/workflow-template"
-ARGO_CLUSTER_TEMPLATE_LABEL = "workflows.argoproj.io/cluster-workflow-template"
+    """The run's params (Tekton ``spec.params``, Argo ``spec.arguments.parameters``)."""
+    return run_control(kind).params(_spec(obj))
 
 
 def engine_labels(kind: Kind, obj: Mapping[str, Any]) -> dict[str, str]:
-    """The labels the engine's controller will add to this run from its spec, as it does.
-
-    Tekton (v1.x ``propagatePipelineNameLabelToPipelineRun``) sets ``tekton.dev/pipeline``
-    on its first reconcile, after admission: ``spec.pipelineRef.name``; for an embedded
-    ``pipelineSpec`` the run's own name; for a resolver ref the ``name`` parameter when the
-    ``kind`` parameter is ``pipeline`` (the cluster resolver), else the run's name. Argo's
-    submit paths set ``workflows.argoproj.io/workflow-template`` (or
-    ``cluster-workflow-template`` with ``clusterScope``) to ``spec.workflowTemplateRef.name``.
-    A name the API server has not generated yet (``generateName``) is unknown: no label.
-    Labels the engine copies from the Pipeline or template object are not known here.
-    """
-    spec = _spec(obj)
-    own_name = str(_meta(obj).get("name") or "")
-    found = ""
-    key = TEKTON_PIPELINE_LABEL
-    if kind is Kind.PIPELINE_RUN:
-        ref = spec.get("pipelineRef")
-        ref = ref if isinstance(ref, Mapping) else None
-        if ref is not None and isinstance(ref.get("name"), str) and ref["name"]:
-            found = ref["name"]
-        elif isinstance(spec.get("pipelineSpec"), Mapping):
-            found = own_name
-        elif ref is not None and ref.get("resolver"):
-            ref_params = {
-                p.get("name"): p.get("value")
-                for p in ref.get("params") or ()
-                if isinstance(p, Mapping)
-            }
-            named = ref_params.get("name")
-            if ref_params.get("kind") == "pipeline" and isinstance(named, str):
-                found = named
-            else:
-                found = own_name
-    else:
-        ref = spec.get("workflowTemplateRef")
-        if isinstance(ref, Mapping) and isinstance(ref.get("name"), str):
-            found = ref["name"]
-            key = ARGO_CLUSTER_TEMPLATE_LABEL if ref.get("clusterScope") else ARGO_TEMPLATE_LABEL
-    return {key: found} if found else {}
+    """The labels the engine's controller will add to this run from its spec, as it does
+    (``coschedule.engines`` says which, per engine)."""
+    return run_control(kind).added_labels(_spec(obj), str(_meta(obj).get("name") or ""))
 
 
 def run_labels(kind: Kind, obj: Mapping[str, Any]) -> dict[str, str]:
@@ -286,7 +156,7 @@ def parse_run(kind: Kind, obj: Mapping[str, Any]) -> Run:
 
 def start_patch(run: Run) -> dict[str, Any]:
     """JSON merge patch: pending mark and our annotation off, only if the run is unchanged."""
-    spec: dict[str, Any] = {"status": None} if run.kind is Kind.PIPELINE_RUN else {"suspend": False}
+    spec: dict[str, Any] = dict(run_control(run.kind).start)
     return {
         "metadata": {
             "resourceVersion": run.resource_version,
@@ -299,12 +169,10 @@ def start_patch(run: Run) -> dict[str, Any]:
 def cancel_patch(run: Run, value: str) -> dict[str, Any]:
     """JSON merge patch: the engine's cancel value; a run we held loses our annotation (it is
     no longer ours to start) and, on Argo, its suspension (so the shutdown is acted on)."""
-    spec: dict[str, Any] = (
-        {"status": value} if run.kind is Kind.PIPELINE_RUN else {"shutdown": value}
-    )
+    control = run_control(run.kind)
+    spec: dict[str, Any] = {control.cancel_field: value}
     metadata: dict[str, Any] = {"resourceVersion": run.resource_version}
     if run.state is State.PENDING_BY_US:
         metadata["annotations"] = {ANNOTATION_PENDING_BY: None}
-        if run.kind is Kind.WORKFLOW:
-            spec["suspend"] = False
+        spec.update(control.held_cancel)
     return {"metadata": metadata, "spec": spec}

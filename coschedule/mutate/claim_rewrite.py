@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from coschedule import marks
+from coschedule.engines import CLAIM_OWNER_KINDS
 from coschedule.marks import (
     ANNOTATION_CLAIM_TEMPLATES,
     LABEL_GROUP,
@@ -33,7 +34,7 @@ from coschedule.marks import (
 )
 
 # Owner kinds whose name is a run's name: the objects engines make claims for.
-RUN_OWNER_KINDS = frozenset({"PipelineRun", "Workflow", "BuildRun", "TaskRun", "Job"})
+RUN_OWNER_KINDS = CLAIM_OWNER_KINDS
 SHARED_ACCESS_MODES = frozenset({"ReadWriteMany", "ReadOnlyMany"})
 TEMPLATE_NAME_MAX = 63
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")

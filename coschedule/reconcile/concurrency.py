@@ -33,16 +33,14 @@ from coschedule.concurrency.plan import (
     plan,
 )
 from coschedule.concurrency.runs import (
-    ENGINES,
-    Kind,
     Run,
     State,
-    Strategy,
     cancel_patch,
     parse_run,
     run_labels,
     start_patch,
 )
+from coschedule.engines import RUN_ENGINES, RUN_SPEC_FIELDS, Kind, Strategy
 from coschedule.kube.client import ApiError, KubeClient, object_path
 from coschedule.kube.controls import ControlCache
 from coschedule.kube.discovery import RETRY_SECONDS, wait_served
@@ -125,7 +123,7 @@ def slim_run(obj: Obj, kind: Kind) -> Obj:
                 if k == ANNOTATION_PENDING_BY or k.startswith(LABEL_CONCURRENCY_PREFIX)
             },
         },
-        "spec": {k: spec[k] for k in ("status", "suspend", "shutdown") if k in spec},
+        "spec": {k: spec[k] for k in RUN_SPEC_FIELDS if k in spec},
         "status": slim_status,
     }
 
@@ -156,7 +154,7 @@ class ConcurrencyController(LeaderWorkers):
         self.runs: dict[Kind, Informer] = {}
         self.absent: dict[Kind, bool | None] = {}  # None: not asked yet
         self.discovered: dict[Kind, asyncio.Event] = {}
-        for kind, engine in ENGINES.items():
+        for kind, engine in RUN_ENGINES.items():
             informer = Informer(
                 client,
                 f"/apis/{engine.api_version}/{engine.plural}",
@@ -202,7 +200,7 @@ class ConcurrencyController(LeaderWorkers):
         return [self.controls.run(), *(self._run_kind(kind) for kind in self.runs)]
 
     async def _run_kind(self, kind: Kind) -> None:
-        engine = ENGINES[kind]
+        engine = RUN_ENGINES[kind]
 
         def absent() -> None:
             self.absent[kind] = True
@@ -369,7 +367,7 @@ class ConcurrencyController(LeaderWorkers):
 
     async def execute(self, action: Action) -> None:
         run = action.run
-        engine = ENGINES[run.kind]
+        engine = RUN_ENGINES[run.kind]
         path = object_path(engine.api_version, engine.plural, run.namespace, run.name)
         if isinstance(action, CancelRun):
             await self.client.patch(path, cancel_patch(run, action.value))
@@ -406,7 +404,7 @@ class ConcurrencyController(LeaderWorkers):
 
     async def _event(self, run: Run, reason: str, message: str, kind: str) -> None:
         involved = {
-            "apiVersion": ENGINES[run.kind].api_version,
+            "apiVersion": RUN_ENGINES[run.kind].api_version,
             "kind": run.kind.value,
             "name": run.name,
             "uid": run.uid,

@@ -1,8 +1,8 @@
 """Run owners: which kinds are a run's root, how to walk to it, when it is done. Pure.
 
 Pod -> TaskRun -> PipelineRun (Tekton), Pod -> TaskRun -> BuildRun (Shipwright),
-Pod -> Workflow (Argo), Pod -> Job. A Job's own owner (a CronJob) never completes, so the
-walk stops at the Job; it continues above a TaskRun only to a PipelineRun or a BuildRun.
+Pod -> Workflow (Argo), Pod -> Job. The kinds, where the walk goes on up (``WALK_UP``) and
+when each is done are ``coschedule.engines``' entries.
 """
 
 from __future__ import annotations
@@ -10,20 +10,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from coschedule.engines import BY_KIND, ENGINES, WALK_UP, succeeded_condition
 from coschedule.reconcile.observed import ObservedSet, OwnerRef
 
 # kind -> resource plural, for the kinds whose objects we GET.
-PLURALS: Mapping[str, str] = {
-    "TaskRun": "taskruns",
-    "PipelineRun": "pipelineruns",
-    "BuildRun": "buildruns",
-    "Workflow": "workflows",
-    "Job": "jobs",
-}
-# kinds above which the walk continues, and to which parents.
-WALK_UP: Mapping[str, frozenset[str]] = {"TaskRun": frozenset({"PipelineRun", "BuildRun"})}
-
-ARGO_DONE_PHASES = frozenset({"Succeeded", "Failed", "Error"})
+PLURALS: Mapping[str, str] = {engine.kind: engine.plural for engine in ENGINES}
 
 
 def known(ref: OwnerRef) -> bool:
@@ -57,12 +48,6 @@ def parent_to_follow(ref: OwnerRef, obj: Mapping[str, Any]) -> OwnerRef | None:
     return parent if parent is not None and parent.kind in parents else None
 
 
-def _conditions(obj: Mapping[str, Any]) -> list[Mapping[str, Any]]:
-    status = obj.get("status")
-    conds = status.get("conditions") if isinstance(status, dict) else None
-    return [c for c in conds if isinstance(c, dict)] if isinstance(conds, list) else []
-
-
 def completion(ref: OwnerRef, obj: Mapping[str, Any] | None) -> str | None:
     """Why the run whose root is ``ref`` is done (``obj`` is its current state, None when
     404), or None while it still runs."""
@@ -74,20 +59,9 @@ def completion(ref: OwnerRef, obj: Mapping[str, Any] | None) -> str | None:
         return f"{ref.kind} {ref.name} was deleted (a new object now has its name)"
     if meta.get("deletionTimestamp"):
         return f"{ref.kind} {ref.name} is being deleted"
-    if ref.kind == "Workflow":
-        status = obj.get("status")
-        phase = status.get("phase") if isinstance(status, dict) else None
-        return f"Workflow {ref.name} phase {phase}" if phase in ARGO_DONE_PHASES else None
-    if ref.kind == "Job":
-        for cond in _conditions(obj):
-            if cond.get("type") in ("Complete", "Failed") and cond.get("status") == "True":
-                return f"Job {ref.name} condition {cond.get('type')}"
-        return None
-    # Tekton PipelineRun/TaskRun and Shipwright BuildRun: condition Succeeded not Unknown.
-    for cond in _conditions(obj):
-        if cond.get("type") == "Succeeded" and cond.get("status") in ("True", "False"):
-            return f"{ref.kind} {ref.name} Succeeded={cond.get('status')} ({cond.get('reason')})"
-    return None
+    engine = BY_KIND.get(ref.kind)
+    why = (engine.done if engine is not None else succeeded_condition)(obj)
+    return f"{ref.kind} {ref.name} {why}" if why is not None else None
 
 
 def root_from_statefulset(sts: ObservedSet) -> OwnerRef | None:

@@ -14,7 +14,7 @@ from typing import Protocol
 
 from coschedule.concurrency.admission import Outcome, admit_run
 from coschedule.concurrency.control import Control
-from coschedule.concurrency.runs import kind_of
+from coschedule.engines import run_kind_of
 from coschedule.server.mutate_endpoint import (
     MAX_BODY_BYTES,
     NamespaceLookup,
@@ -86,7 +86,7 @@ class RunAdmissionHandler:
         except BadReview as exc:
             self.metrics.count_request(METRIC_MODE, False, 400)
             return 400, error_body(str(exc))
-        kind = kind_of(review.group, review.kind)
+        kind = run_kind_of(review.group, review.kind)
         if review.operation != "CREATE" or kind is None:
             # Only run CREATE is ours; anything else passes untouched.
             self.metrics.count_request(METRIC_MODE, True, 200)

@@ -11,7 +11,8 @@ import pytest
 
 from coschedule.concurrency.admission import Outcome, admit_run
 from coschedule.concurrency.control import Control, parse_control
-from coschedule.concurrency.runs import Kind, State, state_of
+from coschedule.concurrency.runs import State, state_of
+from coschedule.engines import Kind
 from tests.concurrency.runs import control, pipeline_run, workflow
 
 Obj = dict[str, Any]

@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from coschedule.concurrency.control import DEFAULT_KINDS, BadControl, parse_control
-from coschedule.concurrency.runs import Kind, Strategy
 from coschedule.concurrency.selector import parse_selector
+from coschedule.engines import Kind, Strategy
 from coschedule.k8s.selectors import Requirement, Selector
 from tests.concurrency.runs import control
 

@@ -10,7 +10,8 @@ import pytest
 
 from coschedule.concurrency.admission import Outcome, admit_run
 from coschedule.concurrency.control import parse_control
-from coschedule.concurrency.runs import Kind, engine_labels, parse_run, run_labels
+from coschedule.concurrency.runs import engine_labels, parse_run, run_labels
+from coschedule.engines import Kind
 from coschedule.reconcile.concurrency import slim_run
 from tests.concurrency.runs import control, pipeline_run, workflow
 

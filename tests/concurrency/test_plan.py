@@ -17,13 +17,13 @@ from coschedule.concurrency.plan import (
     plan,
 )
 from coschedule.concurrency.runs import (
-    Kind,
     Run,
     State,
     cancel_patch,
     parse_run,
     start_patch,
 )
+from coschedule.engines import Kind
 from tests.concurrency.runs import control, pipeline_run, workflow
 
 Obj = dict[str, Any]

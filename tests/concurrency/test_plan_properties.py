@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 
 from coschedule.concurrency.control import parse_control
 from coschedule.concurrency.plan import CancelRun, Group, GroupKey, StartRun, plan
-from coschedule.concurrency.runs import Kind, Run, State, Strategy
+from coschedule.concurrency.runs import Run, State
+from coschedule.engines import Kind, Strategy
 from tests.concurrency.runs import control
 
 KEY = GroupKey("ci", "ci", "k")

@@ -13,7 +13,7 @@ import kmock
 import pytest
 from prometheus_client import CollectorRegistry
 
-from coschedule.concurrency.runs import Kind
+from coschedule.engines import Kind
 from coschedule.kube.client import Credentials, KubeClient
 from coschedule.kube.controls import ControlCache
 from coschedule.reconcile.concurrency import ConcurrencyController
