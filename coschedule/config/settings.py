@@ -25,14 +25,19 @@ from coschedule.config.policy import (
     parse_policy,
 )
 from coschedule.config.scheduling_defaults import DefaultsRule, parse_scheduling_defaults
-from coschedule.engines import RUN_LABELS
 from coschedule.k8s.constants import HOSTNAME
 from coschedule.k8s.names import valid_dns_subdomain, valid_label_key
 from coschedule.k8s.quantity import quantity
 from coschedule.marks import LABEL_GROUP, Mode
 
-# Ours first, then each engine's run label (tekton.dev/pipelineRun, ...).
-DEFAULT_GROUP_LABELS: tuple[str, ...] = (LABEL_GROUP, *RUN_LABELS)
+# Ours first, then each engine's run label: config shares a floor with coschedule.engines
+# and does not import it; tests/test_engines.py holds these equal to its run_label entries.
+DEFAULT_GROUP_LABELS: tuple[str, ...] = (
+    LABEL_GROUP,
+    "tekton.dev/pipelineRun",
+    "workflows.argoproj.io/workflow",
+    "buildrun.shipwright.io/name",
+)
 DEFAULT_TOPOLOGY_KEY = HOSTNAME
 DEFAULT_PLACEHOLDER_IMAGE = "registry.k8s.io/pause:3.10"
 DEFAULT_PLACEHOLDER_RESOURCES: Mapping[str, Mapping[str, str]] = {
