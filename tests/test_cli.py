@@ -440,3 +440,23 @@ def test_a_file_given_for_a_folder_is_named_as_such(tmp_path: Path) -> None:
         ),
         f"--cert-dir {a_file} is a file, not a folder",
     )
+
+
+def test_help_states_every_flags_default() -> None:
+    """A flag with a default value says it in --help ((default: ...) or in words)."""
+    import argparse
+
+    from coschedule.cli.main import build_parser
+
+    parser = build_parser()
+    (commands,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    checked = 0
+    for name, command in commands.choices.items():
+        for action in command._actions:
+            if action.default in (None, False, argparse.SUPPRESS) or not action.option_strings:
+                continue
+            shown = command._get_formatter()._format_action(action)  # as --help prints it
+            flag = action.option_strings[-1]
+            assert "default" in shown, f"coschedule {name} {flag}: no default in --help"
+            checked += 1
+    assert checked >= 12

@@ -251,6 +251,24 @@ def _log_format_flag(parser: argparse.ArgumentParser) -> None:
     )
 
 
+class _DefaultsHelp(argparse.HelpFormatter):
+    """Every flag's help says its default (unless it already says it in words)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        default = action.default
+        if (
+            "default" in text
+            or default is None
+            or default is argparse.SUPPRESS
+            or (isinstance(default, bool) and action.nargs == 0 and not default)
+        ):
+            return text
+        shown = ("--" if default else "--no-") + action.dest.replace("_", "-")
+        value = shown if isinstance(default, bool) else "%(default)s"
+        return f"{text} (default: {value})"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="coschedule",
@@ -266,8 +284,12 @@ def build_parser() -> argparse.ArgumentParser:
     kubeconfig_help = "kubeconfig file (default: $KUBECONFIG, ~/.kube/config, or in-cluster)"
     log_help = f"log level: {', '.join(options.LOG_LEVELS)}"
 
-    serve = sub.add_parser("serve", help="serve the admission webhook over HTTPS")
-    serve.add_argument("--host", default="0.0.0.0", help="address to listen on")
+    serve = sub.add_parser(
+        "serve", formatter_class=_DefaultsHelp, help="serve the admission webhook over HTTPS"
+    )
+    serve.add_argument(
+        "--host", default="0.0.0.0", help="address to listen on (make run: 127.0.0.1)"
+    )
     serve.add_argument(
         "--port", type=options.port, default=8443, help="HTTPS port: /mutate and probes"
     )
@@ -293,7 +315,9 @@ def build_parser() -> argparse.ArgumentParser:
     _log_format_flag(serve)
     serve.set_defaults(func=cmd_serve)
 
-    rec = sub.add_parser("reconcile", help="run the placeholder reconciler")
+    rec = sub.add_parser(
+        "reconcile", formatter_class=_DefaultsHelp, help="run the placeholder reconciler"
+    )
     rec.add_argument("--kubeconfig", default=None, help=kubeconfig_help)
     rec.add_argument("--config-dir", default=None, help=config_help)
     rec.add_argument(
@@ -315,7 +339,9 @@ def build_parser() -> argparse.ArgumentParser:
     _log_format_flag(rec)
     rec.set_defaults(func=cmd_reconcile)
 
-    certs = sub.add_parser("certs", help="make a CA and a serving certificate")
+    certs = sub.add_parser(
+        "certs", formatter_class=_DefaultsHelp, help="make a CA and a serving certificate"
+    )
     certs.add_argument("--dns-name", action="append", help="a SAN (repeatable)")
     certs.add_argument("--service", help="add the DNS names of this Service")
     certs.add_argument(
@@ -351,7 +377,9 @@ def build_parser() -> argparse.ArgumentParser:
     certs.set_defaults(func=cmd_certs)
 
     exp = sub.add_parser(
-        "explain", help="show what the webhook would do to a pod or a run, and why"
+        "explain",
+        formatter_class=_DefaultsHelp,
+        help="show what the webhook would do to a pod or a run, and why",
     )
     exp.add_argument(
         "-f",
@@ -359,7 +387,9 @@ def build_parser() -> argparse.ArgumentParser:
         required=True,
         help="pod, PipelineRun or Workflow manifest (YAML or JSON), - for stdin",
     )
-    exp.add_argument("--mode", help="the cluster mode to assume")
+    exp.add_argument(
+        "--mode", help="the cluster mode to assume (default: the config's coschedule key)"
+    )
     exp.add_argument("--namespace-mode", help="the namespace's coschedule.dev/mode label")
     exp.add_argument("--namespace", help="the namespace (default: the pod's)")
     exp.add_argument(

@@ -87,7 +87,9 @@ class AdmissionMetrics(Collector):
     def collect(self) -> Iterator[Metric]:
         requests = CounterMetricFamily(
             "coschedule_admission_requests",
-            "Admission requests answered, by effective mode, allowed and HTTP code.",
+            "Admission requests answered, by effective mode, allowed and code: the review's "
+            "code for an answered review (200 allowed, 403 denied, both over HTTP 200), else "
+            "the HTTP status of the refused request.",
             labels=["mode", "allowed", "code"],
         )
         for key, count in list(self.requests.items()):

@@ -265,7 +265,9 @@ def test_metrics_expose_what_prometheus_client_would() -> None:
     theirs = CollectorRegistry()
     requests = Counter(
         "coschedule_admission_requests",
-        "Admission requests answered, by effective mode, allowed and HTTP code.",
+        "Admission requests answered, by effective mode, allowed and code: the review's "
+        "code for an answered review (200 allowed, 403 denied, both over HTTP 200), else "
+        "the HTTP status of the refused request.",
         ["mode", "allowed", "code"],
         registry=theirs,
     )
