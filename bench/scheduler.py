@@ -65,7 +65,6 @@ from coschedule.marks import (
     LABEL_COMPONENT,
     BadMark,
     Mode,
-    placeholder_claim,
 )
 from coschedule.mutate.decision import AdmissionContext, Decision, decide
 from coschedule.reconcile.placeholder import build_statefulset, group_spec
@@ -294,16 +293,18 @@ def plain_claims(plan: Plan) -> list[str]:
 def decided_runs(name: str, plan: Plan) -> Iterator[tuple[Obj, list[Obj], list[str]]]:
     """Per run: its placeholder pod, its pods as ``decide`` mutates them (the webhook in a
     cluster: the first pod decides the claim templates, the later ones follow the
-    placeholder's) and the claims the placeholder's templates make."""
+    placeholder's; with ``rewrite-claims`` off the placeholder mounts the engine's claim)
+    and the claims they mount."""
     for group in range(plan.groups):
         run = f"pr-{name}-{group:02d}"
         pods = run_pods(CO_NS, run, plan.per_group, name)
         cache = run_claims_cache(pods[0], CO_NS)
         ctx = AdmissionContext(plan.settings, CO_NS, None, cache, explain=False)
         first = decide(pods[0], ctx)
-        if first.placeholder is None or first.templates is None:
-            raise RuntimeError("the first pod of a run must decide its claim templates")
-        add_placeholder(cache, CO_NS, first.placeholder, first.templates)
+        if first.placeholder is None:
+            raise RuntimeError("the first pod of a run must join its run's placeholder")
+        templates = first.templates or ()
+        add_placeholder(cache, CO_NS, first.placeholder, templates)
         done = [mutated(pods[0], first)] + [mutated(pod, decide(pod, ctx)) for pod in pods[1:]]
         # The reconciler reads the first pod as stored and makes the run's StatefulSet.
         marked = parse_marked(done[0])
@@ -311,9 +312,19 @@ def decided_runs(name: str, plan: Plan) -> Iterator[tuple[Obj, list[Obj], list[s
             raise RuntimeError(f"the mutated pod's marks do not parse: {marked}")
         spec = group_spec(CO_NS, first.placeholder, [marked])
         assert spec is not None
-        sts = build_statefulset(spec, plan.settings, None, first.templates)
-        claims = [placeholder_claim(t.name, first.placeholder) for t in first.templates]
-        yield placeholder_pod(sts, name), done, claims
+        sts = build_statefulset(spec, plan.settings, None, templates)
+        holder = placeholder_pod(sts, name)
+        # Whatever the claim settings decide (the placeholder's templates' claims, or the
+        # engine's claim mounted as it is), every claim mounted must exist, bound.
+        claims = sorted(
+            {
+                volume["persistentVolumeClaim"]["claimName"]
+                for pod in (holder, *done)
+                for volume in pod["spec"].get("volumes") or []
+                if "persistentVolumeClaim" in volume
+            }
+        )
+        yield holder, done, claims
 
 
 def placeholder_selector_all() -> dict[str, str]:
@@ -561,12 +572,6 @@ class Client:
         self.concurrency = concurrency
         self.pool: asyncio.Queue[_Conn] | None = None
         self.conns: list[_Conn] = []
-        self.http = httpx.AsyncClient(
-            base_url=server,
-            verify=self.context,
-            headers={"Authorization": f"Bearer {token}", "Accept": "application/json"},
-            timeout=120,
-        )
 
     async def _pool(self) -> asyncio.Queue[_Conn]:
         if self.pool is None:
@@ -586,7 +591,6 @@ class Client:
         for conn in self.conns:
             if conn.transport is not None:
                 conn.transport.close()
-        await self.http.aclose()
 
     async def request(
         self,
@@ -734,9 +738,16 @@ async def watch_bound(
         "resourceVersion": resource_version,
         "allowWatchBookmarks": "false",
     }
-    async with client.http.stream(
-        "GET", pods_path(batch.namespace), params=params, timeout=httpx.Timeout(None)
-    ) as response:
+    # A client of its own: cancelling a stream can leave a shared pool's connection stuck.
+    async with (
+        httpx.AsyncClient(
+            base_url=client.server,
+            verify=client.context,
+            headers={"Authorization": f"Bearer {client.token}"},
+            timeout=httpx.Timeout(None),
+        ) as http,
+        http.stream("GET", pods_path(batch.namespace), params=params) as response,
+    ):
         async for line in response.aiter_lines():
             if not line:
                 continue
@@ -773,8 +784,7 @@ async def run_batch(client: Client, scheduler: Proc, batch: Batch, plan: Plan) -
             wall += took
     finally:
         watcher.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await watcher
+        await asyncio.wait([watcher], timeout=5)
     result = BatchResult(batch.kind, batch.counted, cpu, wall, groups=len(batch.groups))
     if batch.groups:
         result.colocated = sum(
