@@ -14,12 +14,13 @@ HOST ?= 127.0.0.1
 PORT ?= 8443
 HEALTH_PORT ?= 8080
 
-.PHONY: help venv run test lint typecheck unit e2e bench certs clean FORCE
+.PHONY: help venv run test lint typecheck unit e2e e2e-real realstack-deps bench certs clean FORCE
 
 help:
 	@echo "make run    serve the webhook on https://$(HOST):$(PORT) (probes on http://$(HOST):$(HEALTH_PORT)); runtime dependencies only"
 	@echo "make test   lint, type-check and run the tests (e2e too when KUBEBUILDER_ASSETS is set); adds the dev tools"
 	@echo "make e2e    the end-to-end suite against a real control plane"
+	@echo "make e2e-real  real PipelineRuns on real kubelets and Tekton (../shared/realstack, root)"
 	@echo "make bench  the benchmarks (not part of make test)"
 
 # The venv belongs to $(PYTHON). One made by another interpreter, by another Python version
@@ -79,6 +80,19 @@ e2e: $(STAMP)
 	@assets="$$KUBEBUILDER_ASSETS"; \
 	if [ -z "$$assets" ] && [ -x "$(SHARED_K8S)" ]; then assets=$$($(SHARED_K8S) | tail -n 1); fi; \
 	KUBEBUILDER_ASSETS="$$assets" COSCHEDULE_E2E_REQUIRED=1 $(BIN)/pytest tests/e2e -m e2e -p no:randomly
+
+# The real-stack tier (tests/real, marker `real`): real kubelets and a real Tekton controller
+# from ../shared/realstack. Asked for, it fails (not skips) when the stack cannot start; its
+# system packages come from `realstack deps` (apt-get, root), never by hand.
+REALSTACK ?= ../shared/realstack/realstack
+realstack-deps:
+	@if [ -x "$(REALSTACK)" ] && [ "$$(id -u)" = 0 ]; then $(REALSTACK) deps; \
+	else echo "realstack-deps: no $(REALSTACK) or not root: nothing to install"; fi
+
+e2e-real: $(STAMP) realstack-deps
+	@assets="$$KUBEBUILDER_ASSETS"; \
+	if [ -z "$$assets" ] && [ -x "$(SHARED_K8S)" ]; then assets=$$($(SHARED_K8S) | tail -n 1); fi; \
+	KUBEBUILDER_ASSETS="$$assets" COSCHEDULE_REAL_REQUIRED=1 $(BIN)/pytest tests/real -m real -p no:randomly
 
 bench: $(STAMP)
 	$(BIN)/python -m bench

@@ -35,6 +35,12 @@ ENVTEST_HOME = Path("~/.local/share/kubebuilder-envtest/k8s").expanduser()
 KCM_CONTROLLERS = (
     "*,-node-lifecycle-controller,-taint-eviction-controller,-device-taint-eviction-controller"
 )
+# Real kubelets heartbeat (tests/real): every controller a cluster runs, node lifecycle and
+# taint eviction included; the cloud ones and node IPAM have nothing to do on loopback.
+KCM_CONTROLLERS_WITH_KUBELETS = (
+    "*,-node-ipam-controller,-service-lb-controller,-cloud-node-lifecycle-controller,"
+    "-node-route-controller"
+)
 
 
 def _version_key(folder: Path) -> tuple[int, ...]:
@@ -182,6 +188,7 @@ class ControlPlane:
     admin_kubeconfig: Path | None = None
     procs: dict[str, Proc] = field(default_factory=dict)
     api: Api | None = None
+    kcm_controllers: str = KCM_CONTROLLERS
 
     @property
     def has_scheduler(self) -> bool:
@@ -269,7 +276,7 @@ class ControlPlane:
                     f"--service-account-private-key-file={self.pki.sa_key}",
                     f"--root-ca-file={self.pki.ca_crt}",
                     "--use-service-account-credentials=true",
-                    f"--controllers={KCM_CONTROLLERS}",
+                    f"--controllers={self.kcm_controllers}",
                     "--v=1",
                 ],
             )

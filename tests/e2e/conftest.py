@@ -32,6 +32,7 @@ from tests.e2e.world import (
     make_wffc_class,
     reset_node,
     unique,
+    wait_webhook_sees,
 )
 
 E2E_DIR = Path(__file__).resolve().parent
@@ -41,8 +42,6 @@ RECONCILER_REPLICAS = ("reconciler-a", "reconciler-b")
 # A short stuck grace so that the stuck-run scenarios (test_stuck.py) finish quickly.
 STUCK_GRACE = 3
 CLUSTER_CONFIG = {"coschedule": "workspaces", "stuck-grace-seconds": str(STUCK_GRACE)}
-# The probe label keeps the namespace-sync probe pods recognisable in webhook logs.
-PROBE_GROUP = "e2e-namespace-probe"
 
 
 @dataclass
@@ -197,13 +196,7 @@ def e2e(tmp_path_factory: pytest.TempPathFactory) -> Iterator[E2E]:
         make_nodes(api)
         make_wffc_class(api)
         plane.start_controllers()
-        product.install_rbac(kubectl)
-        product.write_config(CLUSTER_CONFIG)
-        product.start_webhook()
-        product.register_webhook()
-        for name in RECONCILER_REPLICAS:
-            if product.start_reconciler(name) is None:
-                break
+        product.deploy(kubectl, CLUSTER_CONFIG, RECONCILER_REPLICAS)
         agents = FakeNodeAgents(api)
         agents.start()
         session = E2E(
@@ -244,7 +237,7 @@ def namespace(e2e: E2E, request: pytest.FixtureRequest) -> Iterator[Callable[...
         # A namespace the webhook has not seen yet gets the cluster mode: the same, unless
         # the label says otherwise.
         if mode not in (None, CLUSTER_CONFIG["coschedule"]):
-            wait_webhook_sees(e2e, name, mode)
+            wait_webhook_sees(e2e.api, name, mode)
         return name
 
     yield make
@@ -253,38 +246,6 @@ def namespace(e2e: E2E, request: pytest.FixtureRequest) -> Iterator[Callable[...
     for name in made:
         with contextlib.suppress(ApiError):
             e2e.api.delete("Namespace", name)
-
-
-def wait_webhook_sees(e2e: E2E, namespace: str, mode: str) -> None:
-    """A new namespace reaches the webhook through its watch; until then a pod there gets
-    the cluster mode. Probe with dry-run pods (no claims: in per-run modes every pod of a run
-    is marked) until the namespace's mode shows."""
-    probe = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {
-            "name": "probe",
-            "namespace": namespace,
-            "labels": {"coschedule.dev/group": PROBE_GROUP},
-        },
-        "spec": {
-            "serviceAccountName": "ci-builder",
-            "automountServiceAccountToken": False,
-            "containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10"}],
-        },
-    }
-    deadline = time.monotonic() + 15
-    seen: Any = None
-    while time.monotonic() < deadline:
-        stored = e2e.api.create(probe, dry_run=True)
-        seen = (stored["metadata"].get("annotations") or {}).get("coschedule.dev/mode")
-        if seen == mode or (mode == "disabled" and seen is None):
-            return
-        time.sleep(0.2)
-    raise AssertionError(
-        f"the webhook did not apply namespace {namespace}'s mode {mode!r} within 15s "
-        f"(a dry-run pod got mode {seen!r})"
-    )
 
 
 @pytest.fixture

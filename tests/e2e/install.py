@@ -122,6 +122,19 @@ class Coschedule:
         assert self.plane.api is not None
         return self.plane.api
 
+    def deploy(
+        self, kubectl: Path | None, config: dict[str, str], replicas: tuple[str, ...]
+    ) -> None:
+        """Everything the manifests install, in their order: identities and CRDs, the config
+        folder, the webhook (serving, then registered), the reconciler replicas."""
+        self.install_rbac(kubectl)
+        self.write_config(config)
+        self.start_webhook()
+        self.register_webhook()
+        for name in replicas:
+            if self.start_reconciler(name) is None:
+                break
+
     # Identities --------------------------------------------------------------------------
 
     def install_rbac(self, kubectl: Path | None) -> None:

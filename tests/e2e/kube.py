@@ -45,6 +45,7 @@ KINDS: dict[str, tuple[str, str, bool]] = {
     "StorageClass": ("storage.k8s.io/v1", "storageclasses", False),
     "Lease": ("coordination.k8s.io/v1", "leases", True),
     "Event": ("v1", "events", True),
+    "Pipeline": ("tekton.dev/v1", "pipelines", True),
     "PipelineRun": ("tekton.dev/v1", "pipelineruns", True),
     "TaskRun": ("tekton.dev/v1", "taskruns", True),
     "Workflow": ("argoproj.io/v1alpha1", "workflows", True),

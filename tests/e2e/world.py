@@ -27,6 +27,8 @@ NODES: dict[str, tuple[str, str]] = {
 ARM_NODE = "e2e-node-b2"
 
 NOOP_PROVISIONER = "e2e.coschedule.dev/noop"
+# The probe label keeps the namespace-sync probe pods recognisable in webhook logs.
+PROBE_GROUP = "e2e-namespace-probe"
 WFFC_CLASS = "e2e-wait-for-consumer"
 
 
@@ -207,6 +209,38 @@ def make_namespace(api: Api, name: str, mode: str | None, *, enabled: bool = Tru
             "kind": "ServiceAccount",
             "metadata": {"name": "ci-builder", "namespace": name},
         }
+    )
+
+
+def wait_webhook_sees(api: Api, namespace: str, mode: str) -> None:
+    """A new namespace reaches the webhook through its watch; until then a pod there gets
+    the cluster mode. Probe with dry-run pods (no claims: in per-run modes every pod of a run
+    is marked) until the namespace's mode shows."""
+    probe = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": "probe",
+            "namespace": namespace,
+            "labels": {"coschedule.dev/group": PROBE_GROUP},
+        },
+        "spec": {
+            "serviceAccountName": "ci-builder",
+            "automountServiceAccountToken": False,
+            "containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10"}],
+        },
+    }
+    deadline = time.monotonic() + 15
+    seen: Any = None
+    while time.monotonic() < deadline:
+        stored = api.create(probe, dry_run=True)
+        seen = (stored["metadata"].get("annotations") or {}).get("coschedule.dev/mode")
+        if seen == mode or (mode == "disabled" and seen is None):
+            return
+        time.sleep(0.2)
+    raise AssertionError(
+        f"the webhook did not apply namespace {namespace}'s mode {mode!r} within 15s "
+        f"(a dry-run pod got mode {seen!r})"
     )
 
 

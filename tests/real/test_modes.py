@@ -1,0 +1,253 @@
+"""Each mode with real PipelineRuns, started together (independent namespaces) and judged by
+Tekton's own verdict and by what ran where."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import pytest
+
+from tests.e2e.kube import ApiError, Obj
+from tests.e2e.world import make_namespace, unique, wait_webhook_sees
+from tests.real.runs import (
+    Recorder,
+    Seen,
+    assert_succeeded,
+    claim_placeholder_name,
+    claim_template,
+    describe,
+    pipeline_run,
+    placeholder_name,
+    task,
+    task_pods,
+    wait_runs,
+    write_read_pipeline,
+)
+from tests.real.stack import CONFIG, RealCluster
+from tests.real.volumes import LOCAL_CLASS, volume_node
+
+
+@dataclass
+class Scenario:
+    namespace: str
+    runs: list[str]
+    seen: Seen
+    result: dict[str, Obj] = field(default_factory=dict)
+
+
+def _namespace(real: RealCluster, prefix: str, mode: str) -> str:
+    name = unique(f"real-{prefix}")
+    make_namespace(real.api, name, mode)
+    if mode != CONFIG["coschedule"]:  # until the webhook has seen it, it gets the cluster's
+        wait_webhook_sees(real.api, name, mode)
+    return name
+
+
+def _two_templates(namespace: str, name: str) -> Obj:
+    tasks, finally_ = write_read_pipeline()
+    return pipeline_run(
+        namespace,
+        name,
+        tasks,
+        {
+            "src": {"volumeClaimTemplate": claim_template(LOCAL_CLASS)},
+            "cache": {"volumeClaimTemplate": claim_template(LOCAL_CLASS)},
+        },
+        finally_=finally_,
+    )
+
+
+def _shared_claim_run(namespace: str, name: str) -> Obj:
+    tasks = [
+        task(
+            "write",
+            "echo $(context.pipelineRun.name) >"
+            " $(workspaces.ws.path)/$(context.pipelineRun.name)\n",
+            ["ws"],
+        ),
+        task(
+            "read",
+            "grep -qx $(context.pipelineRun.name) "
+            "$(workspaces.ws.path)/$(context.pipelineRun.name)\n",
+            ["ws"],
+            run_after=["write"],
+        ),
+    ]
+    return pipeline_run(
+        namespace, name, tasks, {"ws": {"persistentVolumeClaim": {"claimName": "shared"}}}
+    )
+
+
+def _isolated_run(namespace: str, name: str) -> Obj:
+    tasks = [
+        task("write", "echo x > $(workspaces.ws.path)/x\nsleep 3\n", ["ws"]),
+        task("read", "test -s $(workspaces.ws.path)/x\n", ["ws"], run_after=["write"]),
+    ]
+    return pipeline_run(
+        namespace, name, tasks, {"ws": {"volumeClaimTemplate": claim_template(LOCAL_CLASS)}}
+    )
+
+
+@pytest.fixture(scope="module")
+def started(real: RealCluster) -> Iterator[dict[str, Scenario]]:
+    """Every mode's runs, created at once in their own namespaces."""
+    api = real.api
+    out: dict[str, Scenario] = {}
+    recorder = Recorder(api).start()
+    ns = _namespace(real, "pipelineruns", "pipelineruns")
+    out["pipelineruns"] = Scenario(ns, ["two-templates"], recorder.watch(ns))
+    api.create(_two_templates(ns, "two-templates"))
+
+    ns = _namespace(real, "workspaces", "workspaces")
+    api.create(
+        {
+            "apiVersion": "v1",
+            "kind": "PersistentVolumeClaim",
+            "metadata": {"name": "shared", "namespace": ns},
+            "spec": claim_template(LOCAL_CLASS)["spec"],
+        }
+    )
+    out["workspaces"] = Scenario(ns, ["shared-a", "shared-b"], recorder.watch(ns))
+    for name in ("shared-a", "shared-b"):
+        api.create(_shared_claim_run(ns, name))
+
+    ns = _namespace(real, "isolate", "isolate-pipelinerun")
+    out["isolate"] = Scenario(ns, ["isolated-a", "isolated-b"], recorder.watch(ns))
+    for name in ("isolated-a", "isolated-b"):
+        api.create(_isolated_run(ns, name))
+    yield out
+    recorder.stop()
+    if os.environ.get("REAL_KEEP"):
+        return
+    for scenario in out.values():
+        with contextlib.suppress(ApiError):
+            api.delete("Namespace", scenario.namespace)
+
+
+def _finish(real: RealCluster, scenario: Scenario) -> Scenario:
+    scenario.result = wait_runs(real.api, scenario.namespace, scenario.runs)
+    return scenario
+
+
+def test_pipelineruns_two_claim_templates_on_one_node(
+    real: RealCluster, started: dict[str, Scenario]
+) -> None:
+    api = real.api
+    s = _finish(real, started["pipelineruns"])
+    ns, run = s.namespace, "two-templates"
+    assert_succeeded(s.result, api, ns, run)
+    pods = task_pods(api, ns, run)
+    assert set(pods) == {"write", "build", "lint", "check", "report"}, describe(api, ns)
+    nodes = {p["spec"]["nodeName"] for p in pods.values()}
+    placeholder = placeholder_name(ns, run)
+    assert len(nodes) == 1, f"the run's pods ran on {nodes}\n{describe(api, ns)}"
+    assert s.seen.placeholder_nodes(placeholder) == nodes, (
+        f"placeholder {placeholder} ran on {s.seen.placeholder_nodes(placeholder)}, "
+        f"the run on {nodes}\n{describe(api, ns)}"
+    )
+    # Data flowed: the finally task printed what write and build wrote.
+    report = real.pod_log(ns, pods["report"]["metadata"]["name"], "step-report")
+    assert f"data of {run}" in report, report
+    assert "built" in report, report
+    # Exactly one volume per workspace, both provisioned on the run's node.
+    volumes = [
+        v
+        for v in api.list("PersistentVolume")
+        if ((v.get("spec") or {}).get("claimRef") or {}).get("namespace") == ns
+    ]
+    assert len(volumes) == 2, describe(api, ns)
+    assert {volume_node(v) for v in volumes} == nodes, describe(api, ns)
+    # Every pod mounted the placeholder's claims (the StatefulSet's), not Tekton's.
+    for pod in pods.values():
+        claims = {
+            v["persistentVolumeClaim"]["claimName"]
+            for v in pod["spec"].get("volumes") or []
+            if v.get("persistentVolumeClaim")
+        }
+        assert claims, pod["metadata"]["name"]
+        assert all(c.endswith(f"-{placeholder}-0") for c in claims), (
+            pod["metadata"]["name"],
+            claims,
+        )
+
+
+def test_pipelineruns_teardown_leaves_nothing(
+    real: RealCluster, started: dict[str, Scenario]
+) -> None:
+    """After the run: no StatefulSet of ours, no claim of ours (not even Terminating), and no
+    claim of Tekton's left Pending; after the PipelineRun is deleted, no claim and no volume."""
+    api = real.api
+    s = _finish(real, started["pipelineruns"])
+    ns, run = s.namespace, "two-templates"
+    placeholder = placeholder_name(ns, run)
+    deadline = time.monotonic() + 90
+    while True:
+        statefulsets = [x["metadata"]["name"] for x in api.list("StatefulSet", ns)]
+        claims = api.list("PersistentVolumeClaim", ns)
+        ours = [c["metadata"]["name"] for c in claims if placeholder in c["metadata"]["name"]]
+        pending = [
+            c["metadata"]["name"]
+            for c in claims
+            if (c.get("status") or {}).get("phase") == "Pending"
+        ]
+        if not statefulsets and not ours and not pending:
+            break
+        assert time.monotonic() < deadline, (
+            f"90s after the run: StatefulSets {statefulsets}, our claims {ours}, "
+            f"pending claims {pending}\n{describe(api, ns)}"
+        )
+        time.sleep(1)
+    api.delete("PipelineRun", run, ns, propagation="Background")
+    deadline = time.monotonic() + 90
+    while True:
+        claims = [c["metadata"]["name"] for c in api.list("PersistentVolumeClaim", ns)]
+        volumes = [
+            v["metadata"]["name"]
+            for v in api.list("PersistentVolume")
+            if ((v.get("spec") or {}).get("claimRef") or {}).get("namespace") == ns
+        ]
+        if not claims and not volumes:
+            break
+        assert time.monotonic() < deadline, (
+            f"90s after deleting the run: claims {claims}, volumes {volumes}\n{describe(api, ns)}"
+        )
+        time.sleep(1)
+
+
+def test_workspaces_claim_shared_by_two_runs(
+    real: RealCluster, started: dict[str, Scenario]
+) -> None:
+    api = real.api
+    s = _finish(real, started["workspaces"])
+    ns = s.namespace
+    assert_succeeded(s.result, api, ns, "shared-a", "shared-b")
+    claim = api.must_get("PersistentVolumeClaim", "shared", ns)
+    volume = api.must_get("PersistentVolume", claim["spec"]["volumeName"])
+    node = volume_node(volume)
+    placements = {
+        name: {p["spec"]["nodeName"] for p in task_pods(api, ns, name).values()} for name in s.runs
+    }
+    assert placements == {"shared-a": {node}, "shared-b": {node}}, describe(api, ns)
+    placeholder = claim_placeholder_name(ns, "shared")
+    assert s.seen.placeholder_nodes(placeholder) == {node}, describe(api, ns)
+    written = {p.name for p in real.provisioner.root.joinpath(volume["metadata"]["name"]).iterdir()}
+    assert written == {"shared-a", "shared-b"}, written
+
+
+def test_isolate_two_runs_on_two_nodes(real: RealCluster, started: dict[str, Scenario]) -> None:
+    api = real.api
+    s = _finish(real, started["isolate"])
+    ns = s.namespace
+    assert_succeeded(s.result, api, ns, "isolated-a", "isolated-b")
+    placements: dict[str, str] = {}
+    for run in s.runs:
+        nodes = {p["spec"]["nodeName"] for p in task_pods(api, ns, run).values()}
+        assert len(nodes) == 1, f"{run} ran on {nodes}\n{describe(api, ns)}"
+        placeholder = placeholder_name(ns, run)
+        assert s.seen.placeholder_nodes(placeholder) == nodes, describe(api, ns)
+        placements[run] = nodes.pop()
+    assert placements["isolated-a"] != placements["isolated-b"], describe(api, ns)

@@ -1,0 +1,192 @@
+"""Stuck runs on the small pool nodes (0.5 CPU each): the run's next task cannot fit on the
+placeholder's node because another workload's pod (a filler) takes the CPU there.
+
+- Nothing of the run runs yet and its volume can be mounted anywhere: the placeholder is
+  moved to the node where the task fits, and the run Succeeds there.
+- A task of the run runs: nothing is moved; the stuck pod and the PipelineRun get a Warning
+  Event that says why; once room appears (the filler goes) the run Succeeds where it is.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from tests.e2e.kube import Api, ApiError, Obj, wait_for
+from tests.real.nodes import cordon
+from tests.real.runs import (
+    Recorder,
+    assert_succeeded,
+    claim_template,
+    describe,
+    pipeline_run,
+    placeholder_name,
+    task,
+    task_pods,
+    wait_runs,
+)
+from tests.real.stack import POOL, POOL_LABEL, POOL_NODES, STEP_IMAGE, RealCluster
+from tests.real.volumes import NETWORK_CLASS
+
+RUN = "stuck"
+TOLERATION = {"key": POOL_LABEL, "operator": "Equal", "value": POOL, "effect": "NoSchedule"}
+IN_POOL = {"nodeSelector": {POOL_LABEL: POOL}, "tolerations": [TOLERATION]}
+BIG = "300m"  # does not fit beside the filler on a 500m node
+FILLER_CPU = "400m"
+
+
+def _filler(api: Api, namespace: str, node: str) -> Obj:
+    """Another workload's pod, bound to ``node`` without the scheduler."""
+    return api.create(
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "filler", "namespace": namespace},
+            "spec": {
+                "nodeName": node,
+                "tolerations": [TOLERATION],
+                "terminationGracePeriodSeconds": 0,
+                "automountServiceAccountToken": False,
+                "containers": [
+                    {
+                        "name": "c",
+                        "image": STEP_IMAGE,
+                        "command": ["sleep", "3600"],
+                        "resources": {"requests": {"cpu": FILLER_CPU, "memory": "16Mi"}},
+                    }
+                ],
+            },
+        }
+    )
+
+
+def _placeholder_node(api: Api, namespace: str) -> str | None:
+    pod = api.get("Pod", f"{placeholder_name(namespace, RUN)}-0", namespace) or {}
+    node: str | None = (pod.get("spec") or {}).get("nodeName")
+    return node
+
+
+def _events(api: Api, namespace: str, reason: str) -> dict[str, str]:
+    """involved object kind/name -> message of the Events with ``reason``."""
+    out: dict[str, str] = {}
+    for event in api.list("Event", namespace):
+        involved = event.get("involvedObject") or {}
+        if event.get("reason") == reason:
+            out[f"{involved.get('kind')}/{involved.get('name')}"] = str(event.get("message"))
+    return out
+
+
+@pytest.fixture
+def pool(real: RealCluster) -> Iterator[tuple[str, str]]:
+    """(busy, free): the first pool node takes the run's placeholder; the second is cordoned
+    until the scenario lets it take pods. Both schedulable again afterwards."""
+    busy, free = POOL_NODES
+    cordon(real.api, free)
+    try:
+        yield busy, free
+    finally:
+        for node in POOL_NODES:
+            with contextlib.suppress(ApiError):
+                cordon(real.api, node, False)
+
+
+def test_relocated_before_any_task_runs(
+    real: RealCluster, namespace: Callable[..., str], pool: tuple[str, str]
+) -> None:
+    api = real.api
+    busy, free = pool
+    ns = namespace("pipelineruns", prefix="relocate")
+    _filler(api, ns, busy)
+    tasks = [
+        task("first", "echo moved > $(workspaces.ws.path)/f\n", ["ws"], cpu=BIG),
+        task("second", "grep -qx moved $(workspaces.ws.path)/f\n", ["ws"], run_after=["first"]),
+    ]
+    recorder = Recorder(api)
+    seen = recorder.watch(ns)
+    recorder.start()
+    try:
+        api.create(
+            pipeline_run(
+                ns,
+                RUN,
+                tasks,
+                {"ws": {"volumeClaimTemplate": claim_template(NETWORK_CLASS)}},
+                pod_template=IN_POOL,
+            )
+        )
+        wait_for(
+            f"the placeholder on {busy}",
+            lambda: _placeholder_node(api, ns) == busy,
+            timeout=90,
+            describe=lambda: describe(api, ns),
+        )
+        cordon(api, free, False)  # the room the first task needs appears on the other node
+        runs = wait_runs(api, ns, [RUN])
+    finally:
+        recorder.stop()
+    assert_succeeded(runs, api, ns, RUN)
+    placed = {name: pod["spec"]["nodeName"] for name, pod in task_pods(api, ns, RUN).items()}
+    assert placed == {"first": free, "second": free}, f"{placed}\n{describe(api, ns)}"
+    assert seen.placeholder_nodes(placeholder_name(ns, RUN)) == {busy, free}
+    relocated = _events(api, ns, "RunRelocated")
+    assert f"PipelineRun/{RUN}" in relocated, describe(api, ns)
+    assert busy in relocated[f"PipelineRun/{RUN}"]
+
+
+def test_explained_while_a_task_runs_then_succeeds(
+    real: RealCluster, namespace: Callable[..., str], pool: tuple[str, str]
+) -> None:
+    api = real.api
+    busy, _free = pool
+    ns = namespace("pipelineruns", prefix="explain")
+    _filler(api, ns, busy)
+    tasks = [
+        task("long", "echo x > $(workspaces.ws.path)/long\nsleep 20\n", ["ws"]),
+        task("big", "echo y > $(workspaces.ws.path)/big\n", ["ws"], cpu=BIG),
+    ]
+    recorder = Recorder(api)
+    seen = recorder.watch(ns)
+    recorder.start()
+    try:
+        api.create(
+            pipeline_run(
+                ns,
+                RUN,
+                tasks,
+                {"ws": {"volumeClaimTemplate": claim_template(NETWORK_CLASS)}},
+                pod_template=IN_POOL,
+            )
+        )
+        wait_for(
+            "the task that fits to run",
+            lambda: (
+                (task_pods(api, ns, RUN).get("long") or {}).get("status", {}).get("phase")
+                == "Running"
+            ),
+            timeout=120,
+            describe=lambda: describe(api, ns),
+        )
+        big_pod = f"{RUN}-big-pod"
+        events = wait_for(
+            "RunStuck Events on the stuck pod and the PipelineRun",
+            lambda: (
+                e
+                if {f"Pod/{big_pod}", f"PipelineRun/{RUN}"}
+                <= set(e := _events(api, ns, "RunStuck"))
+                else None
+            ),
+            timeout=90,
+            describe=lambda: describe(api, ns),
+        )
+        assert busy in events[f"PipelineRun/{RUN}"], events
+        assert not task_pods(api, ns, RUN)["big"]["spec"].get("nodeName"), describe(api, ns)
+        api.delete("Pod", "filler", ns, grace_period=0)  # room appears where the run is
+        runs = wait_runs(api, ns, [RUN])
+    finally:
+        recorder.stop()
+    assert_succeeded(runs, api, ns, RUN)
+    placed = {name: pod["spec"]["nodeName"] for name, pod in task_pods(api, ns, RUN).items()}
+    assert placed == {"long": busy, "big": busy}, f"{placed}\n{describe(api, ns)}"
+    assert seen.placeholder_nodes(placeholder_name(ns, RUN)) == {busy}
