@@ -72,14 +72,24 @@ def path_for(kind: str, namespace: str | None = None, name: str | None = None) -
 class Api:
     """Admin access to the test apiserver."""
 
-    def __init__(self, server: str, ca_file: Path, token: str) -> None:
+    def __init__(
+        self,
+        server: str,
+        ca_file: Path | None,
+        token: str | None,
+        *,
+        client_cert: tuple[Path, Path] | None = None,
+    ) -> None:
+        """Bearer ``token``, or a client certificate (cert file, key file); ``ca_file`` None
+        trusts the system's CAs."""
         self.server = server
-        self.http = httpx.Client(
-            base_url=server,
-            verify=ssl.create_default_context(cafile=str(ca_file)),
-            headers={"Authorization": f"Bearer {token}", "Accept": "application/json"},
-            timeout=30,
-        )
+        verify = ssl.create_default_context(cafile=str(ca_file) if ca_file else None)
+        if client_cert is not None:
+            verify.load_cert_chain(str(client_cert[0]), str(client_cert[1]))
+        headers = {"Accept": "application/json"}
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        self.http = httpx.Client(base_url=server, verify=verify, headers=headers, timeout=30)
 
     def close(self) -> None:
         self.http.close()

@@ -60,13 +60,11 @@ def task(
 
 
 def claim_template(storage_class: str) -> Obj:
-    return {
-        "spec": {
-            "accessModes": ["ReadWriteOnce"],
-            "storageClassName": storage_class,
-            "resources": {"requests": {"storage": "16Mi"}},
-        }
-    }
+    """A small claim of ``storage_class`` ("": the cluster's default class)."""
+    spec: Obj = {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "16Mi"}}}
+    if storage_class:
+        spec["storageClassName"] = storage_class
+    return {"spec": spec}
 
 
 def pipeline_run(

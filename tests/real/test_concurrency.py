@@ -4,6 +4,7 @@ for every run. Each strategy has its own namespace; the three start together."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import os
 from collections.abc import Iterator
@@ -25,7 +26,6 @@ from tests.real.runs import (
     wait_runs,
 )
 from tests.real.stack import RealCluster
-from tests.real.volumes import LOCAL_CLASS
 
 PENDING = "PipelineRunPending"
 
@@ -42,7 +42,9 @@ def _control(namespace: str, strategy: str) -> Obj:
     }
 
 
-def _run(namespace: str, name: str, seconds: int, *, status: str | None = None) -> Obj:
+def _run(
+    namespace: str, name: str, seconds: int, storage_class: str, *, status: str | None = None
+) -> Obj:
     """``work`` writes and sleeps; the finally task ``cleanup`` reads what work wrote."""
     tasks = [task("work", f"echo {name} > $(workspaces.ws.path)/w\nsleep {seconds}\n", ["ws"])]
     finally_ = [task("cleanup", "cat $(workspaces.ws.path)/w\n", ["ws"])]
@@ -50,7 +52,7 @@ def _run(namespace: str, name: str, seconds: int, *, status: str | None = None) 
         namespace,
         name,
         tasks,
-        {"ws": {"volumeClaimTemplate": claim_template(LOCAL_CLASS)}},
+        {"ws": {"volumeClaimTemplate": claim_template(storage_class)}},
         finally_=finally_,
         status=status,
     )
@@ -78,20 +80,20 @@ def groups(real: RealCluster) -> Iterator[Groups]:
         api.create(_control(ns, strategy))
         namespaces[strategy] = ns
     for strategy in ("Cancel", "GracefullyCancel"):
-        api.create(_run(namespaces[strategy], "old", 120))
+        api.create(_run(namespaces[strategy], "old", 120, real.local_class))
     queue = namespaces["Queue"]
     for index in range(3):
-        api.create(_run(queue, f"q{index}", 2))
-    api.create(_run(queue, "held", 1, status=PENDING))
+        api.create(_run(queue, f"q{index}", 2, real.local_class))
+    api.create(_run(queue, "held", 1, real.local_class, status=PENDING))
     for strategy in ("Cancel", "GracefullyCancel"):
         ns = namespaces[strategy]
         wait_for(
             f"{strategy}: the old run's task to run",
-            lambda ns=ns: _work_running(api, ns, "old"),
+            functools.partial(_work_running, api, ns, "old"),
             timeout=120,
-            describe=lambda ns=ns: describe(api, ns),
+            describe=functools.partial(describe, api, ns),
         )
-        api.create(_run(ns, "new", 1))
+        api.create(_run(ns, "new", 1, real.local_class))
     yield Groups(namespaces)
     if os.environ.get("REAL_KEEP"):
         return

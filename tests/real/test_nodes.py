@@ -22,8 +22,7 @@ from tests.real.runs import (
     task_pods,
     wait_runs,
 )
-from tests.real.stack import GENERAL_NODES, RealCluster
-from tests.real.volumes import NETWORK_CLASS
+from tests.real.stack import RealCluster
 
 RUN = "moved"
 
@@ -38,6 +37,8 @@ def _running_on(api: Api, namespace: str, task_name: str) -> str | None:
 
 @pytest.mark.parametrize("change", ["cordon", "taint"])
 def test_node_change_mid_run(real: RealCluster, namespace: Callable[..., str], change: str) -> None:
+    real.require("network-class", "two-nodes")
+    assert real.network_class is not None
     api = real.api
     ns = namespace("pipelineruns", prefix=change)
     tasks = [
@@ -55,7 +56,7 @@ def test_node_change_mid_run(real: RealCluster, namespace: Callable[..., str], c
                 ns,
                 RUN,
                 tasks,
-                {"ws": {"volumeClaimTemplate": claim_template(NETWORK_CLASS)}},
+                {"ws": {"volumeClaimTemplate": claim_template(real.network_class)}},
                 finally_=finally_,
             )
         )
@@ -80,7 +81,7 @@ def test_node_change_mid_run(real: RealCluster, namespace: Callable[..., str], c
     placed = {name: pod["spec"]["nodeName"] for name, pod in pods.items()}
     assert placed["first"] == node, describe(api, ns)
     assert placed["second"] == placed["last"] != node, f"{placed}\n{describe(api, ns)}"
-    assert placed["second"] in GENERAL_NODES
+    assert placed["second"] in real.nodes
     placeholder = placeholder_name(ns, RUN)
     assert seen.placeholder_nodes(placeholder) == {node, placed["second"]}, (
         f"placeholder on {seen.placeholder_nodes(placeholder)}\n{describe(api, ns)}"

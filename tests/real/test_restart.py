@@ -20,7 +20,6 @@ from tests.real.runs import (
     write_read_pipeline,
 )
 from tests.real.stack import RealCluster
-from tests.real.volumes import LOCAL_CLASS
 
 RUNS = ("restart-a", "restart-b")
 
@@ -41,6 +40,8 @@ def _first_tasks_running(api: Api, namespace: str) -> bool:
 
 
 def test_restarts_mid_run_lose_nothing(real: RealCluster, namespace: Callable[..., str]) -> None:
+    real.require("own-stack")
+    assert real.product is not None
     api = real.api
     ns = namespace("pipelineruns", prefix="restart")
     tasks, finally_ = write_read_pipeline()
@@ -57,8 +58,8 @@ def test_restarts_mid_run_lose_nothing(real: RealCluster, namespace: Callable[..
                     run,
                     [slow, *tasks],
                     {
-                        "src": {"volumeClaimTemplate": claim_template(LOCAL_CLASS)},
-                        "cache": {"volumeClaimTemplate": claim_template(LOCAL_CLASS)},
+                        "src": {"volumeClaimTemplate": claim_template(real.local_class)},
+                        "cache": {"volumeClaimTemplate": claim_template(real.local_class)},
                     },
                     finally_=finally_,
                 )

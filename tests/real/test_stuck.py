@@ -4,7 +4,7 @@ placeholder's node because another workload's pod (a filler) takes the CPU there
 - Nothing of the run runs yet and its volume can be mounted anywhere: the placeholder is
   moved to the node where the task fits, and the run Succeeds there.
 - A task of the run runs: nothing is moved; the stuck pod and the PipelineRun get a Warning
-  Event that says why; once room appears (the filler goes) the run Succeeds where it is.
+  Event that says why; once room appears (the other pod ends) the run Succeeds where it is.
 """
 
 from __future__ import annotations
@@ -37,8 +37,9 @@ BIG = "300m"  # does not fit beside the filler on a 500m node
 FILLER_CPU = "400m"
 
 
-def _filler(api: Api, namespace: str, node: str) -> Obj:
-    """Another workload's pod, bound to ``node`` without the scheduler."""
+def _filler(api: Api, namespace: str, node: str, seconds: int = 3600) -> Obj:
+    """Another workload's pod, bound to ``node`` without the scheduler, that ends by itself
+    after ``seconds``."""
     return api.create(
         {
             "apiVersion": "v1",
@@ -47,13 +48,14 @@ def _filler(api: Api, namespace: str, node: str) -> Obj:
             "spec": {
                 "nodeName": node,
                 "tolerations": [TOLERATION],
+                "restartPolicy": "Never",
                 "terminationGracePeriodSeconds": 0,
                 "automountServiceAccountToken": False,
                 "containers": [
                     {
                         "name": "c",
                         "image": STEP_IMAGE,
-                        "command": ["sleep", "3600"],
+                        "command": ["sleep", str(seconds)],
                         "resources": {"requests": {"cpu": FILLER_CPU, "memory": "16Mi"}},
                     }
                 ],
@@ -82,6 +84,7 @@ def _events(api: Api, namespace: str, reason: str) -> dict[str, str]:
 def pool(real: RealCluster) -> Iterator[tuple[str, str]]:
     """(busy, free): the first pool node takes the run's placeholder; the second is cordoned
     until the scenario lets it take pods. Both schedulable again afterwards."""
+    real.require("own-stack")
     busy, free = POOL_NODES
     cordon(real.api, free)
     try:
@@ -141,9 +144,11 @@ def test_explained_while_a_task_runs_then_succeeds(
     api = real.api
     busy, _free = pool
     ns = namespace("pipelineruns", prefix="explain")
-    _filler(api, ns, busy)
+    # Room appears when the other workload ends (its pod Succeeded), after the run's first
+    # task has run for a while.
+    _filler(api, ns, busy, seconds=45)
     tasks = [
-        task("long", "echo x > $(workspaces.ws.path)/long\nsleep 20\n", ["ws"]),
+        task("long", "echo x > $(workspaces.ws.path)/long\nsleep 25\n", ["ws"]),
         task("big", "echo y > $(workspaces.ws.path)/big\n", ["ws"], cpu=BIG),
     ]
     recorder = Recorder(api)
@@ -182,7 +187,6 @@ def test_explained_while_a_task_runs_then_succeeds(
         )
         assert busy in events[f"PipelineRun/{RUN}"], events
         assert not task_pods(api, ns, RUN)["big"]["spec"].get("nodeName"), describe(api, ns)
-        api.delete("Pod", "filler", ns, grace_period=0)  # room appears where the run is
         runs = wait_runs(api, ns, [RUN])
     finally:
         recorder.stop()
