@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -174,49 +173,6 @@ def test_pipelineruns_two_claim_templates_on_one_node(
             pod["metadata"]["name"],
             claims,
         )
-
-
-def test_pipelineruns_teardown_leaves_nothing(
-    real: RealCluster, started: dict[str, Scenario]
-) -> None:
-    """After the run: no StatefulSet of ours, no claim of ours (not even Terminating), and no
-    claim of Tekton's left Pending; after the PipelineRun is deleted, no claim and no volume."""
-    api = real.api
-    s = _finish(real, started["pipelineruns"])
-    ns, run = s.namespace, "two-templates"
-    placeholder = placeholder_name(ns, run)
-    deadline = time.monotonic() + 90
-    while True:
-        statefulsets = [x["metadata"]["name"] for x in api.list("StatefulSet", ns)]
-        claims = api.list("PersistentVolumeClaim", ns)
-        ours = [c["metadata"]["name"] for c in claims if placeholder in c["metadata"]["name"]]
-        pending = [
-            c["metadata"]["name"]
-            for c in claims
-            if (c.get("status") or {}).get("phase") == "Pending"
-        ]
-        if not statefulsets and not ours and not pending:
-            break
-        assert time.monotonic() < deadline, (
-            f"90s after the run: StatefulSets {statefulsets}, our claims {ours}, "
-            f"pending claims {pending}\n{describe(api, ns)}"
-        )
-        time.sleep(1)
-    api.delete("PipelineRun", run, ns, propagation="Background")
-    deadline = time.monotonic() + 90
-    while True:
-        claims = [c["metadata"]["name"] for c in api.list("PersistentVolumeClaim", ns)]
-        volumes = [
-            v["metadata"]["name"]
-            for v in api.list("PersistentVolume")
-            if ((v.get("spec") or {}).get("claimRef") or {}).get("namespace") == ns
-        ]
-        if not claims and not volumes:
-            break
-        assert time.monotonic() < deadline, (
-            f"90s after deleting the run: claims {claims}, volumes {volumes}\n{describe(api, ns)}"
-        )
-        time.sleep(1)
 
 
 def test_workspaces_claim_shared_by_two_runs(

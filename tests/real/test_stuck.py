@@ -80,19 +80,38 @@ def _events(api: Api, namespace: str, reason: str) -> dict[str, str]:
     return out
 
 
+def _pool_pods(api: Api) -> list[str]:
+    """Pods on the pool nodes that hold resources there (not finished)."""
+    return [
+        f"{p['metadata']['namespace']}/{p['metadata']['name']} on {p['spec']['nodeName']}"
+        for node in POOL_NODES
+        for p in api.list("Pod", field_selector=f"spec.nodeName={node}")
+        if (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
+    ]
+
+
 @pytest.fixture
 def pool(real: RealCluster) -> Iterator[tuple[str, str]]:
     """(busy, free): the first pool node takes the run's placeholder; the second is cordoned
-    until the scenario lets it take pods. Both schedulable again afterwards."""
+    until the scenario lets it take pods. Both empty before (another scenario's pods may still
+    be going away with its namespace: the kubelet would refuse a filler beside them) and
+    schedulable again afterwards."""
     real.require("own-stack")
+    api = real.api
+    wait_for(
+        "the pool nodes to be empty",
+        lambda: not _pool_pods(api),
+        timeout=120,
+        describe=lambda: "\n".join(_pool_pods(api)),
+    )
     busy, free = POOL_NODES
-    cordon(real.api, free)
+    cordon(api, free)
     try:
         yield busy, free
     finally:
         for node in POOL_NODES:
             with contextlib.suppress(ApiError):
-                cordon(real.api, node, False)
+                cordon(api, node, False)
 
 
 def test_relocated_before_any_task_runs(
