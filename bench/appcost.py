@@ -15,7 +15,7 @@ from typing import Any
 
 from bench.payloads import review_bytes, tekton_pod
 from bench.target import floor_app, webhook_app
-from coschedule.server.mutate_endpoint import Message
+from coschedule.server.admission import Message
 
 
 async def _per_call_us(app: Any, body: bytes, rounds: int, budget: float) -> float:

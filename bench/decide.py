@@ -29,7 +29,7 @@ from coschedule.kube.claim_cache import ClaimCache
 from coschedule.kube.client import Credentials, KubeClient
 from coschedule.marks import TEMPLATE_CLAIM, ClaimTemplate, Mode
 from coschedule.mutate.decision import AdmissionContext, decide
-from coschedule.server.mutate_endpoint import AdmissionHandler
+from coschedule.server.pod_endpoint import PodEndpoint
 from coschedule.server.webhook_metrics import WebhookMetrics
 
 GOALS_US = {"tekton": 30.0, "fat": 150.0}
@@ -108,7 +108,7 @@ def run_claims_cache(pod: dict[str, Any], namespace: str = "ci") -> ClaimCache:
 
 
 def _row(
-    name: str, pod: dict[str, Any], ctx: AdmissionContext, handler: AdmissionHandler
+    name: str, pod: dict[str, Any], ctx: AdmissionContext, handler: PodEndpoint
 ) -> dict[str, Any]:
     body = review_bytes(pod)
     status, _ = handler.handle(body)
@@ -149,7 +149,7 @@ def measure(mode: Mode = Mode.PIPELINERUNS) -> list[dict[str, Any]]:
     store = SettingsStore(
         None, {"COSCHEDULE_COSCHEDULE": mode.value, "COSCHEDULE_REWRITE_CLAIMS": "true"}
     )
-    handler = AdmissionHandler(store, WebhookMetrics())
+    handler = PodEndpoint(store, WebhookMetrics())
     rows = [_row(name, make(), ctx, handler) for name, make in PAYLOADS.items()]
     pod = tekton_pod()
     claims = run_claims_cache(pod)
@@ -159,7 +159,7 @@ def measure(mode: Mode = Mode.PIPELINERUNS) -> list[dict[str, Any]]:
     first = decide(pod, in_cluster)
     if first.placeholder is None or not first.templates:
         raise RuntimeError("the Tekton pod must have its template claim rewritten")
-    cluster_handler = AdmissionHandler(store, WebhookMetrics(), claims=claims)
+    cluster_handler = PodEndpoint(store, WebhookMetrics(), claims=claims)
     rows.append(_row(IN_A_CLUSTER, pod, in_cluster, cluster_handler))
     # Once the reconciler has made the placeholder StatefulSet, a run's pods follow its
     # (immutable) templates instead of working them out: most pods of a run.

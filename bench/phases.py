@@ -33,7 +33,7 @@ from coschedule.server.admission_metrics import (
     PATCH_OPS_BUCKETS,
     AdmissionMetrics,
 )
-from coschedule.server.mutate_endpoint import AdmissionHandler
+from coschedule.server.pod_endpoint import PodEndpoint
 from coschedule.server.webhook_metrics import WebhookMetrics
 from coschedule.wire import lean
 from coschedule.wire.review import decode_review, encode_allowed, encode_response
@@ -84,7 +84,7 @@ def measure(budget: float = 0.2, cold_calls: int = 1000) -> dict[str, Any]:
     new_metrics = AdmissionMetrics(CollectorRegistry())
     key = ("pipelineruns", "true", "200")
     log = logging.getLogger("coschedule.admission")
-    handler = AdmissionHandler(store, WebhookMetrics())
+    handler = PodEndpoint(store, WebhookMetrics())
 
     calls: dict[str, tuple[Callable[[], object], Callable[[], object]]] = {
         "parse": (

@@ -85,14 +85,14 @@ def expected_answer(app: str, body: bytes) -> bytes:
         return FLOOR_RESPONSE
     from coschedule.config.store import SettingsStore
     from coschedule.server.cluster import ClusterLink
-    from coschedule.server.mutate_endpoint import AdmissionHandler
+    from coschedule.server.pod_endpoint import PodEndpoint
     from coschedule.server.webhook_metrics import WebhookMetrics
 
     link = ClusterLink()
     store = SettingsStore(
         None, {"COSCHEDULE_COSCHEDULE": WEBHOOK_MODE}, adjust=link.adjust_settings
     )
-    status, answer = AdmissionHandler(store, WebhookMetrics()).handle(body)
+    status, answer = PodEndpoint(store, WebhookMetrics()).handle(body)
     if status != 200:
         raise RuntimeError(f"the webhook refuses the benchmark payload: {status} {answer!r}")
     return answer

@@ -28,7 +28,7 @@ import uvicorn
 
 from bench.payloads import BENCH_UID
 from coschedule import logs
-from coschedule.server.mutate_endpoint import Receive, Scope, Send
+from coschedule.server.admission import Receive, Scope, Send
 
 WEBHOOK_MODE: Final[str] = "pipelineruns"
 RELOAD_INTERVAL_SECONDS: Final[float] = 2.0  # as serve(): the reload loop runs in production
@@ -106,7 +106,7 @@ def webhook_app(cert_dir: Path, mode: str = WEBHOOK_MODE) -> tuple[Any, ssl.SSLC
     store.adjust = link.adjust_settings
     store.current = link.adjust_settings(store.current)
     webhook = build_webhook(store, metrics, cert_dir, link.namespaces, link.claims, link.volumes)
-    app = HttpsApp(webhook.handler, probes_app(webhook.probes, None))
+    app = HttpsApp(webhook.pods, probes_app(webhook.probes, None))
     return app, webhook.certificate.context, webhook.reload_once
 
 

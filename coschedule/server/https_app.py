@@ -11,29 +11,28 @@ from collections.abc import Awaitable, Callable
 
 from fastapi import FastAPI
 
-from coschedule.server.mutate_endpoint import AdmissionHandler, Receive, Scope, Send
+from coschedule.server.admission import Receive, Scope, Send
+from coschedule.server.pod_endpoint import PodEndpoint
 
 AsgiHandler = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 
 class HttpsApp:
-    """Each admission path straight to its handler; everything else to the probes app."""
+    """Each admission path straight to its endpoint; everything else to the probes app."""
 
-    def __init__(
-        self, handler: AdmissionHandler, probes: FastAPI, runs: AsgiHandler | None = None
-    ) -> None:
-        self.handler = handler
+    def __init__(self, pods: PodEndpoint, probes: FastAPI, runs: AsgiHandler | None = None) -> None:
+        self.pods = pods
         self.probes = probes
         self.runs = runs
 
     def __call__(self, scope: Scope, receive: Receive, send: Send) -> Awaitable[None]:
-        # The handler's own coroutine, with none of ours around it (one frame less per
+        # The endpoint's own coroutine, with none of ours around it (one frame less per
         # admission). A plain method hides that this is ASGI 3 from uvicorn's guess, so its
         # configurations say ``interface="asgi3"``.
         if scope["type"] == "http":
             path = scope["path"]
             if path == "/mutate":
-                return self.handler(scope, receive, send)
+                return self.pods(scope, receive, send)
             if path == "/mutate-runs" and self.runs:
                 return self.runs(scope, receive, send)
         return self.probes(scope, receive, send)

@@ -16,9 +16,10 @@ import uvicorn
 from coschedule.config.store import SettingsStore, reload_loop
 from coschedule.mutate.decision import VolumeView
 from coschedule.probes import Probes, probes_app
+from coschedule.server.admission import NamespaceLookup
 from coschedule.server.https_app import HttpsApp
-from coschedule.server.mutate_endpoint import AdmissionHandler, ClaimCacheView, NamespaceLookup
-from coschedule.server.runs import ControlLookup, RunAdmissionHandler
+from coschedule.server.pod_endpoint import ClaimCacheView, PodEndpoint
+from coschedule.server.run_endpoint import ControlLookup, RunEndpoint
 from coschedule.server.tls import ServingCertificate
 from coschedule.server.webhook_metrics import WebhookMetrics
 
@@ -52,8 +53,8 @@ class Webhook:
     metrics: WebhookMetrics
     certificate: ServingCertificate
     probes: Probes
-    handler: AdmissionHandler
-    runs: RunAdmissionHandler
+    pods: PodEndpoint
+    runs: RunEndpoint
 
     def reload_once(self) -> None:
         self.settings.maybe_reload()
@@ -82,14 +83,14 @@ def build_webhook(
 
     probes.checks["certificate"] = cert_check
     probes.checks["config"] = config_check
-    handler = AdmissionHandler(settings, metrics, namespaces, claims, volumes)
-    runs = RunAdmissionHandler(metrics, controls, namespaces)
-    return Webhook(settings, metrics, certificate, probes, handler, runs)
+    pods = PodEndpoint(settings, metrics, namespaces, claims, volumes)
+    runs = RunEndpoint(metrics, controls, namespaces)
+    return Webhook(settings, metrics, certificate, probes, pods, runs)
 
 
 async def serve(webhook: Webhook, options: ServeOptions) -> None:
     https_config = uvicorn.Config(
-        HttpsApp(webhook.handler, probes_app(webhook.probes, None), webhook.runs),
+        HttpsApp(webhook.pods, probes_app(webhook.probes, None), webhook.runs),
         host=options.host,
         port=options.port,
         ssl_context_factory=lambda _config, _default: webhook.certificate.context,
@@ -97,7 +98,7 @@ async def serve(webhook: Webhook, options: ServeOptions) -> None:
         access_log=False,
         server_header=False,
         lifespan="off",
-        interface="asgi3",  # HttpsApp returns its handler's coroutine: not guessable
+        interface="asgi3",  # HttpsApp returns its endpoint's coroutine: not guessable
         timeout_keep_alive=30,  # kube-apiserver keeps connections to webhooks open
     )
     health_config = uvicorn.Config(

@@ -127,7 +127,9 @@ _PREFIX = b'{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","respon
 _PATCHED = b',"allowed":true,"patchType":"JSONPatch","patch":"'
 
 
-def encode_allowed(uid: str, patch: list[dict[str, Any]], warnings: list[str]) -> bytes:
+def encode_allowed(
+    uid: str, patch: list[dict[str, Any]] | None = None, warnings: list[str] | None = None
+) -> bytes:
     """``encode_response(uid, allowed=True, patch=patch, warnings=warnings)``, cheaper."""
     if not patch or warnings:
         return encode_response(uid, allowed=True, patch=patch, warnings=warnings)

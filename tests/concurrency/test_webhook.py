@@ -13,7 +13,7 @@ import pytest
 
 from coschedule.concurrency.control import Control, parse_control
 from coschedule.mutate.decision import NamespaceInfo
-from coschedule.server.runs import RunAdmissionHandler
+from coschedule.server.run_endpoint import RunEndpoint
 from coschedule.server.webhook_metrics import WebhookMetrics
 from tests.concurrency.runs import control, pipeline_run, workflow
 from tests.conftest import RunningServer
@@ -44,13 +44,11 @@ class Namespaces:
 CI = parse_control(control("ci", {"selector": {}, "strategy": "Cancel", "key": "$(params.branch)"}))
 
 
-def handler(
-    controls: Controls | None = None, namespaces: Namespaces | None = None
-) -> RunAdmissionHandler:
-    return RunAdmissionHandler(WebhookMetrics(), controls or Controls({"ci": [CI]}), namespaces)
+def handler(controls: Controls | None = None, namespaces: Namespaces | None = None) -> RunEndpoint:
+    return RunEndpoint(WebhookMetrics(), controls or Controls({"ci": [CI]}), namespaces)
 
 
-def answer(h: RunAdmissionHandler, review: Obj) -> Obj:
+def answer(h: RunEndpoint, review: Obj) -> Obj:
     status, body = h.handle(orjson.dumps(review))
     assert status == 200
     doc: Obj = orjson.loads(body)

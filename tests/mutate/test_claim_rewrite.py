@@ -30,7 +30,7 @@ from coschedule.marks import (
 )
 from coschedule.mutate import claim_rewrite as claims_mod
 from coschedule.mutate.decision import AdmissionContext, Decision, decide
-from coschedule.server.mutate_endpoint import AdmissionHandler
+from coschedule.server.pod_endpoint import PodEndpoint
 from coschedule.server.webhook_metrics import WebhookMetrics
 from tests.fixtures import admission_review, load_pod
 
@@ -366,7 +366,7 @@ def test_http_layer_waits_for_a_claim_arriving_from_the_watch() -> None:
     view = cache()
     env = {"COSCHEDULE_COSCHEDULE": "pipelineruns", "COSCHEDULE_REWRITE_CLAIMS": "true"}
     store = SettingsStore(None, env)
-    handler = AdmissionHandler(store, WebhookMetrics(), None, view)
+    handler = PodEndpoint(store, WebhookMetrics(), None, view)
     review = admission_review(load_pod("tekton-taskrun"))
     sent: list[MutableMapping[str, Any]] = []
 

@@ -26,7 +26,7 @@ from coschedule.server.admission_metrics import (
     PATCH_OPS_BUCKETS,
     AdmissionMetrics,
 )
-from coschedule.server.mutate_endpoint import AdmissionHandler
+from coschedule.server.pod_endpoint import PodEndpoint
 from coschedule.server.webhook_metrics import WebhookMetrics
 from coschedule.wire.review import encode_allowed, encode_response
 from tests.fixtures import admission_review
@@ -36,7 +36,7 @@ FIELDS = ("uid", "namespace", "pod", "run", "mode", "placeholder", "rule", "late
 
 def handle(pod: dict[str, Any], env: dict[str, str] | None = None) -> tuple[int, bytes]:
     store = SettingsStore(None, env or {"COSCHEDULE_COSCHEDULE": "pipelineruns"})
-    handler = AdmissionHandler(store, WebhookMetrics())
+    handler = PodEndpoint(store, WebhookMetrics())
     return handler.handle(orjson.dumps(admission_review(pod, uid="uid-1")))
 
 
@@ -115,7 +115,7 @@ def test_a_warning_logs_at_info(caplog: pytest.LogCaptureFixture) -> None:
 
 def test_a_bad_request_logs_at_info(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="coschedule.admission")
-    handler = AdmissionHandler(SettingsStore(None, {}), WebhookMetrics())
+    handler = PodEndpoint(SettingsStore(None, {}), WebhookMetrics())
     status, _ = handler.handle(b"[]")
     assert status == 400
     (record,) = admission_records(caplog)

@@ -9,7 +9,7 @@ from bench.payloads import tekton_pod
 from coschedule.config.settings import parse_settings
 from coschedule.config.store import SettingsStore
 from coschedule.mutate.decision import NamespaceInfo
-from coschedule.server.mutate_endpoint import AdmissionHandler
+from coschedule.server.pod_endpoint import PodEndpoint
 from coschedule.server.webhook_metrics import WebhookMetrics
 from tests.fixtures import admission_review
 
@@ -22,7 +22,7 @@ class Namespaces:
         return NamespaceInfo(dict(self.labels))  # a new object per change, as the cache
 
 
-def answer(handler: AdmissionHandler) -> dict[str, object]:
+def answer(handler: PodEndpoint) -> dict[str, object]:
     status, body = handler.handle(orjson.dumps(admission_review(tekton_pod())))
     assert status == 200
     response: dict[str, object] = orjson.loads(body)["response"]
@@ -32,7 +32,7 @@ def answer(handler: AdmissionHandler) -> dict[str, object]:
 def test_contexts_follow_settings_and_namespace_changes() -> None:
     store = SettingsStore(None, {"COSCHEDULE_COSCHEDULE": "pipelineruns"})
     namespaces = Namespaces()
-    handler = AdmissionHandler(store, WebhookMetrics(), namespaces)
+    handler = PodEndpoint(store, WebhookMetrics(), namespaces)
     assert "patch" in answer(handler)
 
     namespaces.labels = {"coschedule.dev/enabled": "false"}

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from coschedule.config.store import SettingsStore
 from coschedule.probes import Probes, probes_app
 from coschedule.server.https_app import HttpsApp
-from coschedule.server.mutate_endpoint import AdmissionHandler
+from coschedule.server.pod_endpoint import PodEndpoint
 from coschedule.server.webhook_metrics import WebhookMetrics
 from tests.fixtures import FIXTURE_NAMES, admission_review, load_pod
 
@@ -70,7 +70,7 @@ def mutated_reviews(draw: st.DrawFn) -> dict[str, Any]:
 
 def app() -> HttpsApp:
     metrics = WebhookMetrics()
-    handler = AdmissionHandler(SettingsStore(None, {}), metrics)
+    handler = PodEndpoint(SettingsStore(None, {}), metrics)
     return HttpsApp(handler, probes_app(Probes(), None))
 
 
@@ -114,7 +114,7 @@ def test_mutated_reviews_never_break_the_server(review: dict[str, Any]) -> None:
     | st.just(b'{"apiVersion":"admission.k8s.io/v1","kind":' + b"9" * 40 + b"}")
 )
 def test_arbitrary_bodies_get_400(body: bytes) -> None:
-    handler = AdmissionHandler(SettingsStore(None, {}), WebhookMetrics())
+    handler = PodEndpoint(SettingsStore(None, {}), WebhookMetrics())
     status, payload = handler.handle(body)
     assert status == 400
     assert orjson.loads(payload)["error"]

@@ -20,7 +20,7 @@ from bench.payloads import fat_pod, not_selected_pod, small_pod, tekton_pod
 from coschedule.config.settings import parse_settings
 from coschedule.config.store import SettingsStore
 from coschedule.mutate.decision import AdmissionContext, decide
-from coschedule.server.mutate_endpoint import AdmissionHandler
+from coschedule.server.pod_endpoint import PodEndpoint
 from coschedule.server.webhook_metrics import WebhookMetrics
 from coschedule.wire import lean
 from coschedule.wire.review import decode_review
@@ -44,15 +44,15 @@ def pods() -> Iterator[tuple[str, dict[str, Any]]]:
         yield make.__name__, make()
 
 
-def handler(mode: str, defaults: bool) -> AdmissionHandler:
+def handler(mode: str, defaults: bool) -> PodEndpoint:
     env = {"COSCHEDULE_COSCHEDULE": mode}
     if defaults:
         env["COSCHEDULE_SCHEDULING_DEFAULTS"] = DEFAULTS
-    return AdmissionHandler(SettingsStore(None, env), WebhookMetrics())
+    return PodEndpoint(SettingsStore(None, env), WebhookMetrics())
 
 
 def both(
-    body: bytes, monkeypatch: pytest.MonkeyPatch, h: AdmissionHandler
+    body: bytes, monkeypatch: pytest.MonkeyPatch, h: PodEndpoint
 ) -> tuple[tuple[int, bytes], tuple[int, bytes]]:
     """(lean answer, full-parse answer) of one handler to one body."""
     lean_answer = h.handle(body)

@@ -1,0 +1,95 @@
+"""``POST /mutate-runs``: admission of new PipelineRuns and Workflows for run concurrency
+control, answered from the watch-fed ConcurrencyControl and namespace caches. Behind the
+front door (``server.admission``); a run it cannot decide on is refused in a 200 review that
+says why and whether to retry. Runs log only internal errors (no line per bad request)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+from typing import Protocol
+
+from coschedule.concurrency.admission import Outcome, admit_run
+from coschedule.concurrency.control import Control
+from coschedule.concurrency.runs import kind_of
+from coschedule.server.admission import (
+    AdmissionEndpoint,
+    Answer,
+    NamespaceLookup,
+    allowed,
+    errored,
+    unavailable,
+)
+from coschedule.server.webhook_metrics import WebhookMetrics
+from coschedule.wire.review import BadReview, Review, decode_review
+
+log = logging.getLogger("coschedule.admission.runs")
+
+METRIC_MODE = "concurrency"
+
+
+class ControlLookup(Protocol):
+    @property
+    def synced(self) -> bool: ...
+
+    @property
+    def absent(self) -> bool: ...
+
+    def controls(self, namespace: str) -> list[Control]: ...
+
+
+class RunEndpoint(AdmissionEndpoint):
+    def __init__(
+        self,
+        metrics: WebhookMetrics,
+        controls: ControlLookup | None = None,
+        namespaces: NamespaceLookup | None = None,
+    ) -> None:
+        super().__init__(metrics, decode_review, mode=METRIC_MODE, log_bad_requests=False)
+        self.controls = controls
+        self.namespaces = namespaces
+
+    def admit(self, review: Review, start: float, may_wait: bool) -> Answer:
+        count = self.metrics.count_request
+        kind = kind_of(review.group, review.kind)
+        if review.operation != "CREATE" or kind is None:
+            # Only run CREATE is ours; anything else passes untouched.
+            count(METRIC_MODE, True, 200)
+            return allowed(review.uid), None
+        if not isinstance(review.object, Mapping):
+            raise BadReview(f"request.object must be a {kind.value} object")
+        info = self.namespaces.get(review.namespace) if self.namespaces is not None else None
+        if info is not None and not info.enabled:
+            count(METRIC_MODE, True, 200)
+            return allowed(review.uid), None
+        controls = self.controls
+        if controls is not None and not controls.synced and not controls.absent:
+            count(METRIC_MODE, False, 503)
+            return unavailable(
+                review.uid,
+                "coschedule: rule concurrency-cache-not-synced: the webhook has not read the "
+                "ConcurrencyControls yet; retry in a few seconds",
+            ), None
+        try:
+            found = controls.controls(review.namespace) if controls is not None else []
+            decision = admit_run(kind, review.object, review.namespace, found)
+        except Exception:
+            log.exception("internal error deciding a run", extra={"uid": review.uid})
+            count(METRIC_MODE, False, 500)
+            return errored(
+                review.uid,
+                "coschedule: internal error while deciding this run; it was not created. "
+                "Retry; if it persists, see the coschedule webhook logs.",
+            ), None
+        warnings = None
+        if decision.outcome is Outcome.AUTHOR_PENDING:
+            names = ", ".join(m.control.name for m in decision.matches)
+            warnings = [
+                f"coschedule: grouped by ConcurrencyControl {names}; created pending by its "
+                "author, so coschedule will never start it"
+            ]
+        self.metrics.admissions.record(
+            (METRIC_MODE, "true", "200"), time.perf_counter() - start, len(decision.ops)
+        )
+        return allowed(review.uid, decision.ops, warnings), None
