@@ -8,7 +8,13 @@ from typing import Any
 import pytest
 
 from coschedule.config.settings import Settings
-from coschedule.marks import BadMark, ClaimTemplate, Mode, claim_placeholder, run_placeholder
+from coschedule.marks import (
+    BadMark,
+    ClaimTemplate,
+    Mode,
+    claim_placeholder,
+    run_placeholder,
+)
 from coschedule.mutate.volume_topology import VolumeTopology
 from coschedule.reconcile import owners, shapes
 from coschedule.reconcile.observed import (
