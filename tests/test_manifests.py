@@ -691,7 +691,7 @@ EXPECTED_PERMISSIONS: dict[str, set[Permission]] = {
     "ClusterRole coschedule-reconciler": _grant("core", "pods", "get list watch delete")
     | _grant("core", "nodes", "get list watch")
     | _grant("apps", "statefulsets", "get list watch create update patch delete")
-    | _grant("core", "persistentvolumeclaims", "get list watch delete")
+    | _grant("core", "persistentvolumeclaims", "get list watch delete patch")
     | _grant("core", "persistentvolumes", "get")
     | _grant("tekton.dev", "taskruns", "get")
     | _grant("tekton.dev", "pipelineruns", "get list watch patch")

@@ -24,11 +24,13 @@ from coschedule.reconcile.observed import (
     HoldPinnedPlaceholder,
     PatchStatefulSet,
     RecordEvent,
+    ReleaseClaim,
 )
 from coschedule.reconcile.reconciler_metrics import ReconcileMetrics
 
 log = logging.getLogger("coschedule.reconcile")
 
+PVC_PROTECTION = "kubernetes.io/pvc-protection"
 BACKGROUND = {"apiVersion": "v1", "kind": "DeleteOptions", "propagationPolicy": "Background"}
 
 
@@ -119,6 +121,25 @@ class Executor:
                 log.info("deleted claim", extra=self._extra(key, "delete-claim", claim=action.name))
             elif isinstance(action, RecordEvent):
                 await self._event(action, uid)
+            elif isinstance(action, ReleaseClaim):
+                await self._release(key, action)
+
+    async def _release(self, key: str, action: ReleaseClaim) -> None:
+        """Drop pvc-protection from our claim if it is being deleted (else nothing: it is
+        gone, or not deleted by us); conditional on the version read."""
+        path = object_path("v1", "persistentvolumeclaims", action.namespace, action.name)
+        claim = await self.client.get(path)
+        meta = (claim or {}).get("metadata") or {}
+        finalizers = list(meta.get("finalizers") or ())
+        if not meta.get("deletionTimestamp") or PVC_PROTECTION not in finalizers:
+            return
+        kept = [f for f in finalizers if f != PVC_PROTECTION]
+        patch = {"metadata": {"finalizers": kept, "resourceVersion": meta.get("resourceVersion")}}
+        await self.client.patch(path, patch)
+        log.info(
+            "released claim: run done, no pod of it live",
+            extra=self._extra(key, "release-claim", claim=action.name),
+        )
 
     async def _hold(self, key: str, action: HoldPinnedPlaceholder, uid: str) -> None:
         if self.pinned.get(key) == action.message:

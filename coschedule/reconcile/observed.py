@@ -200,6 +200,17 @@ class DeleteStatefulSet:
 
 
 @dataclass(frozen=True, slots=True)
+class ReleaseClaim:
+    """Let a claim the placeholder's volumeClaimTemplates made, deleted at teardown, go: drop
+    its ``kubernetes.io/pvc-protection`` finalizer, which the run's finished pods (kept by the
+    engine until the run is deleted) would otherwise hold, and with it the storage. Planned
+    only once the run is done, its placeholder pod gone and none of its pods live."""
+
+    namespace: str
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
 class DeleteClaim:
     """Delete a claim the placeholder's volumeClaimTemplates created (volume issue's hook)."""
 
@@ -214,6 +225,7 @@ Action = (
     | HoldPinnedPlaceholder
     | DeleteStatefulSet
     | DeleteClaim
+    | ReleaseClaim
     | RecordEvent
 )
 

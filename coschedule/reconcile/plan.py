@@ -36,6 +36,7 @@ from coschedule.reconcile.observed import (
     PatchStatefulSet,
     Plan,
     RecordEvent,
+    ReleaseClaim,
     Requeue,
 )
 from coschedule.reconcile.placeholder import (
@@ -115,6 +116,9 @@ def plan(
         return Plan(tuple(actions))
 
     if sts is None:
+        released = released_claims(observed)
+        if released:
+            return Plan(tuple(actions) + released)
         note = "no live pod and no StatefulSet: nothing to do" if observed.pods else None
         return Plan(tuple(actions), note=note)
     if sts.deleting:
@@ -132,6 +136,20 @@ def plan(
     actions.append(DeleteStatefulSet(observed.namespace, sts.name, why))
     actions.extend(DeleteClaim(observed.namespace, claim) for claim in observed.claims_to_delete)
     return Plan(tuple(actions))
+
+
+def released_claims(observed: Observed) -> tuple[ReleaseClaim, ...]:
+    """After teardown (no StatefulSet, no placeholder pod, no live pod of the run): the
+    claims our volumeClaimTemplates made for the run, whose deletion the run's finished pods
+    would hold up until the engine deletes them. None while anything could still use them."""
+    if observed.statefulset is not None or observed.placeholder_pods:
+        return ()
+    if not observed.pods or any(pod.live for pod in observed.pods):
+        return ()
+    return tuple(
+        ReleaseClaim(observed.namespace, marks.placeholder_claim(t.name, observed.name))
+        for t in observed.claim_templates
+    )
 
 
 def _describe(group: GroupSpec) -> str:

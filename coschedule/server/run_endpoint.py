@@ -12,7 +12,7 @@ from typing import Protocol
 
 from coschedule.concurrency.admission import Outcome, admit_run
 from coschedule.concurrency.control import Control
-from coschedule.concurrency.runs import kind_of
+from coschedule.engines import run_kind_of
 from coschedule.server.admission import (
     AdmissionEndpoint,
     Answer,
@@ -52,7 +52,7 @@ class RunEndpoint(AdmissionEndpoint):
 
     def admit(self, review: Review, start: float, may_wait: bool) -> Answer:
         count = self.metrics.count_request
-        kind = kind_of(review.group, review.kind)
+        kind = run_kind_of(review.group, review.kind)
         if review.operation != "CREATE" or kind is None:
             # Only run CREATE is ours; anything else passes untouched.
             count(METRIC_MODE, True, 200)

@@ -50,6 +50,7 @@ RECONCILER_ALLOWED: list[Check] = [
     ("update", "coordination.k8s.io", "leases", SYSTEM_NAMESPACE),
     ("create", "", "events", "team-a"),
     ("get", "", "persistentvolumes", ""),
+    ("patch", "", "persistentvolumeclaims", "team-a"),  # releases our claims after teardown
     # Run concurrency control: watch grouped runs and controls, start/cancel runs by patch.
     ("list", "tekton.dev", "pipelineruns", ""),
     ("watch", "tekton.dev", "pipelineruns", ""),
