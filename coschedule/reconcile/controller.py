@@ -33,7 +33,7 @@ from coschedule.marks import (
     ClaimTemplate,
     placeholder_claim,
 )
-from coschedule.reconcile import event_keys, shapes, stuck
+from coschedule.reconcile import event_keys, shapes, stuck, stuck_facts
 from coschedule.reconcile import plan as planning
 from coschedule.reconcile.event_keys import BY_NODE, BY_PLACEHOLDER
 from coschedule.reconcile.executor import Executor, NotLeader
@@ -50,7 +50,8 @@ from coschedule.reconcile.observed import (
 from coschedule.reconcile.placeholder import group_spec
 from coschedule.reconcile.reconciler_metrics import ReconcileMetrics
 from coschedule.reconcile.resolver import OwnerLookupFailed, OwnerResolver
-from coschedule.reconcile.stuck_runs import StuckRuns
+from coschedule.reconcile.stuck_facts import StuckMemory, gather
+from coschedule.reconcile.stuck_runs import StuckFacts, plan_stuck
 from coschedule.reconcile.topology import TopologyLabels
 from coschedule.reconcile.workqueue import WorkQueue
 
@@ -113,6 +114,7 @@ class Controller(LeaderWorkers):
         )
         self._idle_since: dict[str, float] = {}
         self._bad_logged: dict[str, str] = {}
+        self.stuck = StuckMemory(metrics.stuck_groups)
         self.executor = Executor(
             client,
             metrics,
@@ -120,8 +122,8 @@ class Controller(LeaderWorkers):
             run_of=self._run_of,
             pod_version=self._pod_version,
             torn_down=self._forget,
+            stuck=self.stuck,
         )
-        self.stuck = StuckRuns(client, metrics.registry, self.queue, leading=lambda: self._leading)
         self.pods.add_handler(self._on_pod)
         self.placeholder_pods.add_handler(self._on_placeholder_pod)
         self.nodes.add_handler(self._on_node)
@@ -182,7 +184,7 @@ class Controller(LeaderWorkers):
         """Drop what we remembered about a group that is gone."""
         self.owners.forget(key)
         self._idle_since.pop(key, None)
-        self.stuck.forget(key)
+        self.stuck.clear(key)
 
     def _pod_version(self, pod_key: str) -> str:
         obj = self.placeholder_pods.get(pod_key) or {}
@@ -259,6 +261,8 @@ class Controller(LeaderWorkers):
                 "owner lookup failed; retrying",
                 extra={**extra, "error": result.retry, "retry_in": round(delay, 3)},
             )
+            if result.requeue is not None:  # a stuck run's look again, all the same
+                self.queue.add_after(key, result.requeue.after)
             return
         self.queue.forget(key)
         if result.warning is not None:
@@ -302,7 +306,8 @@ class Controller(LeaderWorkers):
         )
 
     async def reconcile(self, key: str) -> Plan:
-        """Observe, plan, carry out; the plan (when to look again) goes back to the worker."""
+        """Observe, plan (placeholder and stuck runs: one plan), carry out; the plan (when to
+        look again) goes back to the manager."""
         namespace, _, name = key.partition("/")
         settings = self.settings()
         now = self.clock()
@@ -344,21 +349,20 @@ class Controller(LeaderWorkers):
             placeholder_volumes=volumes,
         )
         result = planning.plan(observed, settings, now, owner_recheck=self.owner_recheck)
-        await self.executor.execute(key, result.actions, sts_obj)
-        raw_pods = {
-            p.name: obj
-            for p in pods
-            if (obj := self.pods.get(f"{p.namespace}/{p.name}")) is not None
-        }
-        await self.stuck.reconcile(
-            observed,
-            raw_pods,
-            sts_obj,
-            self.nodes.view(),
-            self.placeholder_pods.values(),
-            settings,
-            now,
+        facts = StuckFacts(
+            pods={
+                p.name: obj
+                for p in pods
+                if (obj := self.pods.get(f"{p.namespace}/{p.name}")) is not None
+            },
+            nodes=self.nodes.view(),
+            placeholder_pods=self.placeholder_pods.view(),
+            explained=self.stuck.explained(key),
+            was_stuck=self.stuck.is_stuck(key),
         )
+        facts = await gather(self.client, observed, facts, settings, now)
+        result = result.then(plan_stuck(observed, facts, settings, now))
+        await self.executor.execute(key, result.actions, sts_obj)
         return result
 
     async def _pinning_volumes(
@@ -386,7 +390,7 @@ class Controller(LeaderWorkers):
             else tuple(c for c in sts.annotations.get(ANNOTATION_CLAIMS, "").split(",") if c)
         )
         names = [*mounted, *(placeholder_claim(t, sts.name) for t in sorted(sts.templates))]
-        states = await self.stuck.claim_states(namespace, names)
+        states = await stuck_facts.claims(self.client, namespace, names)
         return tuple((s.claim, s.volume) for s in states if s.volume is not None)
 
     def volume_claims(

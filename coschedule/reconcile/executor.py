@@ -1,8 +1,10 @@
-"""Carrying out ``plan``'s actions against the API, one key at a time.
+"""Carrying out the planners' actions (``plan``, ``plan_stuck``) against the API, one key
+at a time.
 
 API errors propagate (the controller retries the key with backoff); Events never do. Before
 each call the leader check runs, so a replica that lost the Lease stops at once. Each action
-stands alone: an action's own Event is recorded when the action took effect.
+stands alone: an action's own Event is recorded when the action took effect. A placeholder
+pod is deleted once per resourceVersion, whichever action deletes it (one memory).
 """
 
 from __future__ import annotations
@@ -17,16 +19,21 @@ from coschedule.kube.informer import Obj
 from coschedule.marks import LABEL_INSTANCE
 from coschedule.reconcile.observed import (
     Action,
+    ClearStuck,
     CreateStatefulSet,
     DeleteClaim,
     DeletePlaceholderPod,
     DeleteStatefulSet,
+    DeleteStrayPod,
     HoldPinnedPlaceholder,
+    MarkStuck,
     PatchStatefulSet,
     RecordEvent,
     ReleaseClaim,
+    RelocatePlaceholder,
 )
 from coschedule.reconcile.reconciler_metrics import ReconcileMetrics
+from coschedule.reconcile.stuck_facts import StuckMemory
 
 log = logging.getLogger("coschedule.reconcile")
 
@@ -48,6 +55,7 @@ class Executor:
         run_of: Callable[[str], str],
         pod_version: Callable[[str], str],
         torn_down: Callable[[str], None],
+        stuck: StuckMemory,
     ) -> None:
         self.client = client
         self.metrics = metrics
@@ -55,15 +63,20 @@ class Executor:
         self.run_of = run_of
         self.pod_version = pod_version
         self.torn_down = torn_down
+        self.stuck = stuck
         # Placeholder pod -> the resourceVersion we deleted: until the watch shows it
         # terminating, a second look must not delete (and count, and announce) it again.
-        self.evicted: dict[str, str] = {}
+        self.deleted: dict[str, str] = {}
         # Placeholder key -> why its pod stays on a node it would otherwise leave: explained
         # once per reason (not on every look), counted while it lasts.
         self.pinned: dict[str, str] = {}
 
     def forget_pod(self, pod_key: str) -> None:
-        self.evicted.pop(pod_key, None)
+        self.deleted.pop(pod_key, None)
+
+    def _check_leader(self) -> None:
+        if not self.leading():
+            raise NotLeader
 
     def _extra(self, key: str, action: str, **more: Any) -> dict[str, Any]:
         """The fields of an action's log line; the admission log uses the same names."""
@@ -83,8 +96,7 @@ class Executor:
             del self.pinned[key]  # the node took it back, or the run is gone
             self.metrics.pinned_placeholders.set(len(self.pinned))
         for action in actions:
-            if not self.leading():
-                raise NotLeader
+            self._check_leader()
             if isinstance(action, CreateStatefulSet):
                 created_uid = await self._create(key, action)
                 if created_uid is not None:  # None: an existing one was relabelled
@@ -123,6 +135,75 @@ class Executor:
                 await self._event(action, uid)
             elif isinstance(action, ReleaseClaim):
                 await self._release(key, action)
+            elif isinstance(action, RelocatePlaceholder):
+                await self._relocate(key, action)
+            elif isinstance(action, DeleteStrayPod):
+                if await self._delete_pod(action.namespace, action.name):
+                    log.info(
+                        "deleted a placeholder pod back on a node it left",
+                        extra=self._extra(
+                            key,
+                            "delete-placeholder-pod",
+                            pod=action.name,
+                            node=action.node,
+                            reason="left-domain",
+                        ),
+                    )
+            elif isinstance(action, MarkStuck):
+                self._mark_stuck(key, action)
+            elif isinstance(action, ClearStuck):
+                was_stuck = self.stuck.clear(key, forget=action.forget)
+                if was_stuck and action.why is not None:
+                    log.info(
+                        "run no longer stuck", extra=self._extra(key, "unstuck", reason=action.why)
+                    )
+
+    def _mark_stuck(self, key: str, action: MarkStuck) -> None:
+        self.stuck.mark(key, action.explained)
+        if action.explained is None:  # said before
+            return
+        log.warning(
+            "run stuck",
+            extra=self._extra(
+                key,
+                "explain-stuck",
+                pod=action.pod,
+                node=action.node,
+                reason=action.reason,
+                explain=action.text,
+            ),
+        )
+
+    async def _delete_pod(self, namespace: str, name: str) -> bool:
+        """Delete a placeholder pod; False when this very version was deleted already."""
+        pod_key = f"{namespace}/{name}"
+        version = self.pod_version(pod_key)
+        if self.deleted.get(pod_key) == version:
+            return False
+        await self.client.delete(object_path("v1", "pods", namespace, name))
+        self.deleted[pod_key] = version
+        return True
+
+    async def _relocate(self, key: str, action: RelocatePlaceholder) -> None:
+        """Patch the StatefulSet to its new place, then delete its pods on the old node."""
+        await self.client.patch(
+            object_path("apps/v1", "statefulsets", action.namespace, action.name), action.patch
+        )
+        for pod in action.pods:
+            self._check_leader()
+            await self._delete_pod(action.namespace, pod)
+        self.metrics.relocations.labels(action.reason).inc()
+        log.info(
+            "relocated placeholder",
+            extra=self._extra(
+                key,
+                "relocate-placeholder",
+                reason=action.reason,
+                pod=action.pod,
+                why=action.why,
+                **{"from": action.from_node, "to": action.to_node},
+            ),
+        )
 
     async def _release(self, key: str, action: ReleaseClaim) -> None:
         """Drop pvc-protection from our claim if it is being deleted (else nothing: it is
@@ -161,12 +242,8 @@ class Executor:
 
     async def _evict(self, key: str, action: DeletePlaceholderPod) -> bool:
         """Delete the placeholder pod; False when this very version was deleted already."""
-        pod_key = f"{action.namespace}/{action.name}"
-        version = self.pod_version(pod_key)
-        if self.evicted.get(pod_key) == version:
+        if not await self._delete_pod(action.namespace, action.name):
             return False
-        await self.client.delete(object_path("v1", "pods", action.namespace, action.name))
-        self.evicted[pod_key] = version
         self.metrics.evictions.labels(action.reason).inc()
         log.info(
             "deleted placeholder pod so that it moves",
@@ -216,12 +293,17 @@ class Executor:
 
     async def _event(self, action: RecordEvent, uid: str) -> None:
         """Record the Event, and log it; an Event the API refuses is a warning only."""
-        involved = {
-            "apiVersion": "apps/v1",
-            "kind": "StatefulSet",
-            "name": action.statefulset,
-            "uid": uid,
-        }
+        about = action.involved
+        involved = (
+            {"apiVersion": "apps/v1", "kind": "StatefulSet", "name": action.statefulset, "uid": uid}
+            if about is None
+            else {
+                "apiVersion": about.api_version,
+                "kind": about.kind,
+                "name": about.name,
+                "uid": about.uid,
+            }
+        )
         if not await record_event(
             self.client, action.namespace, involved, action.reason, action.message, action.type
         ):

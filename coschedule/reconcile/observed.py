@@ -135,11 +135,15 @@ class Observed:
 
 @dataclass(frozen=True, slots=True)
 class RecordEvent:
+    """An Event about one group: on its placeholder StatefulSet, or on ``involved`` (the
+    stuck pod, the run that owns the group)."""
+
     namespace: str
-    statefulset: str
+    statefulset: str  # the group's placeholder (its log line names it)
     reason: str
     message: str
     type: str = "Normal"
+    involved: OwnerRef | None = None  # None: the placeholder StatefulSet itself
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,6 +222,59 @@ class DeleteClaim:
     name: str
 
 
+@dataclass(frozen=True, slots=True)
+class RelocatePlaceholder:
+    """Move the placeholder off ``from_node``: the conditional merge ``patch`` (relocations
+    annotation, steered template), then delete its pods ``pods`` there (once per pod
+    version) so that the StatefulSet controller recreates them from the new template."""
+
+    namespace: str
+    name: str
+    patch: Obj
+    pods: tuple[str, ...]
+    reason: str  # the cause on the old node (the relocations metric label)
+    from_node: str
+    to_node: str
+    pod: str  # the stuck pod, namespace/name
+    why: str
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteStrayPod:
+    """Delete a placeholder pod recreated in a domain the placeholder left (from the
+    template before the move), once per pod version."""
+
+    namespace: str
+    name: str
+    statefulset: str
+    node: str
+
+
+@dataclass(frozen=True, slots=True)
+class MarkStuck:
+    """The group is stuck (counted in ``coschedule_stuck_groups``). With ``explained``, a
+    new explanation: remembered (so that it is given once per change) and logged."""
+
+    namespace: str
+    name: str
+    explained: tuple[Any, ...] | None = None  # None: the one given before still holds
+    text: str = ""
+    pod: str = ""
+    node: str = ""
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ClearStuck:
+    """The group is not stuck; ``forget`` also drops what was explained (a new stuck
+    episode is explained again); ``why`` logs that a stuck group got unstuck."""
+
+    namespace: str
+    name: str
+    forget: bool = True
+    why: str | None = None
+
+
 Action = (
     CreateStatefulSet
     | PatchStatefulSet
@@ -227,6 +284,10 @@ Action = (
     | DeleteClaim
     | ReleaseClaim
     | RecordEvent
+    | RelocatePlaceholder
+    | DeleteStrayPod
+    | MarkStuck
+    | ClearStuck
 )
 
 
@@ -250,3 +311,16 @@ class Plan:
     retry: str | None = None
     warning: str | None = None  # a log line at warning level (acted on incomplete data)
     note: str | None = None  # why nothing was done (a debug line)
+
+    def then(self, later: Plan) -> Plan:
+        """This plan followed by ``later``: both's actions in order, the sooner look."""
+        requeue = self.requeue
+        if later.requeue is not None and (requeue is None or later.requeue.after < requeue.after):
+            requeue = later.requeue
+        return Plan(
+            (*self.actions, *later.actions),
+            requeue,
+            self.retry if self.retry is not None else later.retry,
+            self.warning if self.warning is not None else later.warning,
+            self.note if self.note is not None else later.note,
+        )

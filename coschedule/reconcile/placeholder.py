@@ -26,6 +26,7 @@ from coschedule.marks import (
     ClaimTemplate,
     Mode,
 )
+from coschedule.reconcile import relocation
 from coschedule.reconcile.observed import MarkedPod, Obj, OwnerRef
 
 ANNOTATION_TEMPLATE_HASH = "coschedule.dev/template-hash"
@@ -158,6 +159,19 @@ def set_annotations(group: GroupSpec, digest: str) -> dict[str, str]:
     return result
 
 
+def steered_template(
+    group: GroupSpec,
+    settings: Settings,
+    claim_templates: Sequence[ClaimTemplate],
+    annotations: Mapping[str, str],
+) -> tuple[Obj, dict[str, str]]:
+    """The one rule for a placeholder's pod template and its hash (creation, drift and
+    relocation alike): built from the group, steered by the relocations in ``annotations``;
+    with the StatefulSet annotations that record it."""
+    template = relocation.steer(pod_template(group, settings, claim_templates), annotations)
+    return template, set_annotations(group, template_hash(template))
+
+
 def build_statefulset(
     group: GroupSpec,
     settings: Settings,
@@ -165,12 +179,12 @@ def build_statefulset(
     claim_templates: Sequence[ClaimTemplate] = (),
 ) -> Obj:
     """The whole StatefulSet to create for ``group``."""
-    template = pod_template(group, settings, claim_templates)
+    template, annotations = steered_template(group, settings, claim_templates, {})
     metadata: Obj = {
         "name": group.name,
         "namespace": group.namespace,
         "labels": marks.placeholder_labels(group.name),
-        "annotations": set_annotations(group, template_hash(template)),
+        "annotations": annotations,
     }
     if owner is not None:
         metadata["ownerReferences"] = [owner.as_owner_reference()]

@@ -18,7 +18,7 @@ from coschedule.config.settings import Settings
 from coschedule.k8s.constants import HOSTNAME
 from coschedule.k8s.taints import eviction_reason
 from coschedule.marks import ANNOTATION_MODE, ClaimTemplate, Mode
-from coschedule.reconcile import owners, relocation
+from coschedule.reconcile import owners
 from coschedule.reconcile.observed import (
     Action,
     CreateStatefulSet,
@@ -45,9 +45,7 @@ from coschedule.reconcile.placeholder import (
     GroupSpec,
     build_statefulset,
     group_spec,
-    pod_template,
-    set_annotations,
-    template_hash,
+    steered_template,
 )
 
 OWNER_RECHECK_SECONDS = 30.0  # how often a quiet run's owner is asked whether it is done
@@ -247,11 +245,10 @@ def drift(
         meta["labels"] = wrong
         reasons.append(f"labels {sorted(wrong)}")
     if group is not None:
-        template = relocation.steer(pod_template(group, settings, claim_templates), sts.annotations)
-        digest = template_hash(template)
-        if sts.annotations.get(ANNOTATION_TEMPLATE_HASH) != digest:
+        template, annotations = steered_template(group, settings, claim_templates, sts.annotations)
+        if sts.annotations.get(ANNOTATION_TEMPLATE_HASH) != annotations[ANNOTATION_TEMPLATE_HASH]:
             spec["template"] = template
-            meta["annotations"] = set_annotations(group, digest)
+            meta["annotations"] = annotations
             reasons.append("pod template")
         root = _owner_for(group, owner)
         if root is not None and root.uid not in {r.get("uid") for r in sts.owner_references}:

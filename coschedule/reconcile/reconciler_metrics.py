@@ -5,6 +5,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from coschedule.config.store import last_reload_gauge, reload_errors_counter
+from coschedule.k8s.scheduler_messages import Cause
 
 
 class ReconcileMetrics:
@@ -56,5 +57,20 @@ class ReconcileMetrics:
             "1 while this replica holds the leader Lease and acts, else 0.",
             registry=self.registry,
         )
+        self.relocations = Counter(
+            "coschedule_relocations_total",
+            "Placeholders moved because their node could not take the run's next pod, by "
+            "the cause on that node.",
+            ["reason"],
+            registry=self.registry,
+        )
+        self.stuck_groups = Gauge(
+            "coschedule_stuck_groups",
+            "Groups with a pod stuck because of the group's node that coschedule cannot "
+            "move (explained in Events on the pod and the run).",
+            registry=self.registry,
+        )
         for reason in ("cordoned", "tainted"):
             self.evictions.labels(reason)
+        for cause in (Cause.RESOURCES, Cause.PODS, Cause.TAINT, Cause.VOLUME):
+            self.relocations.labels(cause.value)
