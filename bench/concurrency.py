@@ -128,7 +128,7 @@ def _run(kind: Kind, namespace: str, control: str, key: str, index: int) -> dict
 def build_state(groups: int, runs_per_group: int) -> tuple[ConcurrencyController, list[GroupKey]]:
     """The controller's caches and indexes, filled through its own event handlers."""
     client = KubeClient(Credentials(server="https://127.0.0.1:1"))  # never called
-    controller = ConcurrencyController(client, CollectorRegistry())
+    controller = ConcurrencyController(client, CollectorRegistry(), leading=lambda: False)
     keys: list[GroupKey] = []
     per_namespace = groups // NAMESPACES
     for n in range(NAMESPACES):

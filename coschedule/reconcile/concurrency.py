@@ -5,7 +5,8 @@ Runs are watched with a label selector (only those the webhook grouped); a run t
 CRD is not installed is looked for again later. State lives on the runs (labels and the
 pending-by annotation), so a restart or a new leader rebuilds everything from the watch.
 Every patch carries the resourceVersion the decision was made on: a stale decision (another
-replica, a cache behind the API server) gets 409 and is made again, so nothing starts twice.
+replica, a cache behind the API server) gets 409 and is made again (the ``Manager`` retries
+the key with backoff, as for any error), so nothing starts twice.
 """
 
 from __future__ import annotations
@@ -51,13 +52,12 @@ from coschedule.marks import (
     LABEL_CONCURRENCY_GROUPED,
     LABEL_CONCURRENCY_PREFIX,
 )
-from coschedule.reconcile.leading import LeaderWorkers
+from coschedule.reconcile.executor import NotLeader
 from coschedule.reconcile.workqueue import WorkQueue
 
 log = logging.getLogger("coschedule.concurrency")
 
 DEFAULT_WORKERS = 2
-CONFLICT_RETRY_SECONDS = 0.2
 STATUS_DELAY_SECONDS = 1.0  # a control's status is written at most about once a second
 STATUS_PREFIX = "status:"  # queue keys of control status updates (namespaces hold no ":")
 
@@ -131,19 +131,27 @@ def slim_run(obj: Obj, kind: Kind) -> Obj:
 RunKey = tuple[Kind, str]  # (kind, namespace/name)
 
 
-class ConcurrencyController(LeaderWorkers):
+class ConcurrencyController:
+    """Run concurrency control: one key per group (``namespace/control/value``) and one per
+    control's status (``status:namespace/name``)."""
+
+    name = "concurrency"
+    probe = "concurrency"
+    log = log
+
     def __init__(
         self,
         client: KubeClient,
         registry: CollectorRegistry,
         *,
+        leading: Callable[[], bool],
         workers: int = DEFAULT_WORKERS,
         clock: Callable[[], float] = time.time,
         discovery_retry: float = RETRY_SECONDS,
         retry_base: float | None = None,
     ) -> None:
-        super().__init__()
         self.client = client
+        self.leading = leading
         self.metrics = ConcurrencyMetrics(registry)
         self.clock = clock
         self.workers = workers
@@ -196,7 +204,13 @@ class ConcurrencyController(LeaderWorkers):
             absent.append("concurrencycontrols")
         return True, (f"not served (CRD not installed): {', '.join(absent)}" if absent else None)
 
-    def _informer_runs(self) -> list[Coroutine[Any, Any, None]]:
+    def settings_changed(self) -> None:
+        """Nothing here reads the settings."""
+
+    def log_fields(self, key: str) -> dict[str, str]:
+        return {"group": key}
+
+    def informer_runs(self) -> list[Coroutine[Any, Any, None]]:
         return [self.controls.run(), *(self._run_kind(kind) for kind in self.runs)]
 
     async def _run_kind(self, kind: Kind) -> None:
@@ -224,7 +238,7 @@ class ConcurrencyController(LeaderWorkers):
             if not self.absent[kind]:
                 await informer.synced.wait()
 
-    def _take_over(self) -> None:
+    def take_over(self) -> None:
         for key in list(self.group_runs):
             self.queue.add(str(key))
         for namespace, controls in list(self.controls.by_namespace.items()):
@@ -285,29 +299,24 @@ class ConcurrencyController(LeaderWorkers):
 
     # ---- workers --------------------------------------------------------------------------
 
-    async def reconcile_key(self, key: str) -> None:
-        try:
-            if key.startswith(STATUS_PREFIX):
-                namespace, _, name = key.removeprefix(STATUS_PREFIX).partition("/")
-                await self.update_status(namespace, name)
-                conflicts = 0
-            else:
-                conflicts = await self.reconcile(GroupKey.parse(key))
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # the loop never dies; the group is retried later
-            delay = self.queue.retry(key)
-            log.warning(
-                "concurrency reconcile failed; retrying",
-                extra={"group": key, "error": str(exc), "retry_in": round(delay, 3)},
-            )
+    async def reconcile(self, key: str) -> None:
+        """One group's plan carried out, or one control's status written. A patch that
+        meets a newer version (409: our cache was behind) fails the reconcile: the key is
+        retried with backoff and the watch brings the new version meanwhile."""
+        if key.startswith(STATUS_PREFIX):
+            namespace, _, name = key.removeprefix(STATUS_PREFIX).partition("/")
+            await self.update_status(namespace, name)
             return
-        if conflicts:
-            # Our cache was behind: the watch brings the new version (and requeues the
-            # group); look again soon in any case.
-            self.queue.add_after(key, CONFLICT_RETRY_SECONDS)
-        else:
-            self.queue.forget(key)
+        group = GroupKey.parse(key)
+        for action in plan(group, self.observe(group)):
+            if not self.leading():
+                raise NotLeader
+            try:
+                await self.execute(action)
+            except ApiError as exc:
+                if exc.status != 404:
+                    raise
+                # the run is gone: nothing to start or cancel
 
     def run_of(self, key: RunKey) -> Run | None:
         kind, name = key
@@ -331,7 +340,7 @@ class ConcurrencyController(LeaderWorkers):
         """Write the control's counts to its status subresource when they changed."""
         control = self.controls.get(namespace, name)
         stored = self.controls.stored(namespace, name)
-        if control is None or stored is None or not self._leading:
+        if control is None or stored is None or not self.leading():
             return
         groups = [self.group(k) for k in sorted(self.control_groups.get((namespace, name), ()))]
         status: dict[str, Any] = control_status(control, groups)
@@ -347,23 +356,6 @@ class ConcurrencyController(LeaderWorkers):
         except ApiError as exc:
             if exc.status != 404:  # a control deleted meanwhile has no status to write
                 raise
-
-    async def reconcile(self, key: GroupKey) -> int:
-        """Carry out the group's plan; returns how many patches met a newer version."""
-        actions = plan(key, self.observe(key))
-        conflicts = 0
-        for action in actions:
-            if not self._leading:
-                return conflicts
-            try:
-                await self.execute(action)
-            except ApiError as exc:
-                if exc.status == 404:
-                    continue  # the run is gone: nothing to start or cancel
-                if exc.status != 409:
-                    raise
-                conflicts += 1
-        return conflicts
 
     async def execute(self, action: Action) -> None:
         run = action.run

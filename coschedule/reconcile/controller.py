@@ -18,7 +18,7 @@ from coschedule.config.settings import Settings
 from coschedule.k8s.nodes import Node, parse_node
 from coschedule.k8s.taints import eviction_reason
 from coschedule.k8s.volumes import VolumeTopology
-from coschedule.kube.client import ApiError, KubeClient
+from coschedule.kube.client import KubeClient
 from coschedule.kube.informer import IndexFunc, Informer, Obj, caches_readiness, object_key
 from coschedule.marks import (
     ANNOTATION_CLAIMS,
@@ -36,8 +36,7 @@ from coschedule.marks import (
 from coschedule.reconcile import event_keys, shapes, stuck, stuck_facts
 from coschedule.reconcile import plan as planning
 from coschedule.reconcile.event_keys import BY_NODE, BY_PLACEHOLDER
-from coschedule.reconcile.executor import Executor, NotLeader
-from coschedule.reconcile.leading import LeaderWorkers
+from coschedule.reconcile.executor import Executor
 from coschedule.reconcile.observed import (
     MarkedPod,
     Observed,
@@ -64,19 +63,25 @@ STATEFULSET_SELECTOR = f"{LABEL_MANAGED_BY}={MANAGED_BY}"
 DEFAULT_WORKERS = 4
 
 
-class Controller(LeaderWorkers):
+class Controller:
+    """The placeholder controller: one key per placeholder (``namespace/name``)."""
+
+    name = "placeholder"
+    probe = "caches"
+    log = log
+
     def __init__(
         self,
         client: KubeClient,
         settings: Callable[[], Settings],
         metrics: ReconcileMetrics,
         *,
+        leading: Callable[[], bool],
         workers: int = DEFAULT_WORKERS,
         clock: Callable[[], float] = time.time,
         retry_base: float | None = None,
         owner_recheck: float = planning.OWNER_RECHECK_SECONDS,
     ) -> None:
-        super().__init__()
         self.client = client
         self.settings = settings
         self.metrics = metrics
@@ -118,7 +123,7 @@ class Controller(LeaderWorkers):
         self.executor = Executor(
             client,
             metrics,
-            leading=lambda: self._leading,
+            leading=leading,
             run_of=self._run_of,
             pod_version=self._pod_version,
             torn_down=self._forget,
@@ -156,16 +161,13 @@ class Controller(LeaderWorkers):
     def readiness(self) -> tuple[bool, str | None]:
         return caches_readiness(self.informers, self.client)
 
-    def _informer_runs(self) -> list[Coroutine[Any, Any, None]]:
+    def informer_runs(self) -> list[Coroutine[Any, Any, None]]:
         return [informer.run() for informer in self.informers]
 
     async def wait_synced(self) -> None:
         await asyncio.gather(*(i.synced.wait() for i in self.informers))
 
-    def _lead_changed(self, leading: bool) -> None:
-        self.metrics.leader.set(1 if leading else 0)
-
-    def _take_over(self) -> None:
+    def take_over(self) -> None:
         for key in self.known_keys():
             self.queue.add(key)
 
@@ -218,60 +220,8 @@ class Controller(LeaderWorkers):
 
     # ---- workers --------------------------------------------------------------------------
 
-    async def reconcile_key(self, key: str) -> None:
-        """One reconcile; failures are logged and retried with backoff, never raised."""
-        self.metrics.reconciles.inc()
-        try:
-            result = await self.reconcile(key)
-        except asyncio.CancelledError:
-            raise
-        except NotLeader:
-            return
-        except ApiError as exc:
-            self.metrics.errors.labels(str(exc.status)).inc()
-            delay = self.queue.retry(key)
-            log.log(
-                logging.INFO if exc.status == 409 else logging.WARNING,
-                f"API error {exc.status} {exc.reason}; retrying",
-                extra={
-                    "placeholder": key,
-                    "run": self._run_of(key),
-                    "error": exc.message,
-                    "retry_in": round(delay, 3),
-                },
-            )
-        except Exception as exc:  # the loop never dies; the key is retried later
-            self.metrics.errors.labels("0").inc()
-            delay = self.queue.retry(key)
-            log.exception(
-                "reconcile failed",
-                extra={"placeholder": key, "run": self._run_of(key), "error": repr(exc)},
-            )
-        else:
-            self._follow(key, result)
-
-    def _follow(self, key: str, result: Plan) -> None:
-        """What the plan said about this key's place in the queue (the worker loop alone
-        touches the queue)."""
-        extra = {"placeholder": key, "run": self._run_of(key)}
-        if result.retry is not None:
-            self.metrics.errors.labels("owner").inc()
-            delay = self.queue.retry(key)
-            log.warning(
-                "owner lookup failed; retrying",
-                extra={**extra, "error": result.retry, "retry_in": round(delay, 3)},
-            )
-            if result.requeue is not None:  # a stuck run's look again, all the same
-                self.queue.add_after(key, result.requeue.after)
-            return
-        self.queue.forget(key)
-        if result.warning is not None:
-            log.warning(result.warning, extra=extra)
-        if result.note is not None:
-            log.debug("nothing to do", extra={"placeholder": key, "why": result.note})
-        if result.requeue is not None:
-            self.queue.add_after(key, result.requeue.after)
-            log.debug("requeued", extra={"placeholder": key, "why": result.requeue.why})
+    def log_fields(self, key: str) -> dict[str, str]:
+        return {"placeholder": key, "run": self._run_of(key)}
 
     def _run_of(self, key: str) -> str:
         """The run (or, in workspaces mode, the claim) a placeholder serves, for log lines."""

@@ -13,13 +13,15 @@ class ReconcileMetrics:
         self.registry = registry if registry is not None else CollectorRegistry()
         self.reconciles = Counter(
             "coschedule_reconcile_total",
-            "Reconciles of one placeholder key (by the leader).",
+            "Reconciles of one key (by the leader), by controller (placeholder, concurrency).",
+            ["controller"],
             registry=self.registry,
         )
         self.errors = Counter(
             "coschedule_reconcile_errors_total",
-            "Reconciles that failed and were retried with backoff, by HTTP status (0: other).",
-            ["code"],
+            "Reconciles that failed and were retried with backoff, by controller and HTTP "
+            "status (0: other; owner: the run's owner could not be looked up).",
+            ["controller", "code"],
             registry=self.registry,
         )
         self.placeholders = Gauge(

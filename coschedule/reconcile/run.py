@@ -19,6 +19,7 @@ from coschedule.kube.leader import ElectionConfig, LeaderElector
 from coschedule.probes import Probes, probes_app
 from coschedule.reconcile.concurrency import ConcurrencyController
 from coschedule.reconcile.controller import Controller
+from coschedule.reconcile.manager import Manager
 from coschedule.reconcile.reconciler_metrics import ReconcileMetrics
 
 log = logging.getLogger("coschedule.reconcile")
@@ -58,12 +59,11 @@ async def serve_reconciler(
     stopping: asyncio.Event | None = None,
 ) -> None:
     client = KubeClient(creds, user_agent="coschedule-reconciler")
-    controller = Controller(client, lambda: store.current, metrics)
-    runs = ConcurrencyController(client, metrics.registry)
+    manager = Manager(metrics, store)
+    manager.add(Controller(client, lambda: store.current, metrics, leading=manager.is_leading))
+    manager.add(ConcurrencyController(client, metrics.registry, leading=manager.is_leading))
     probes = Probes()
-    probes.checks["caches"] = controller.readiness
-    probes.checks["concurrency"] = runs.readiness
-    probes.checks["config"] = lambda: (True, store.detail())
+    probes.checks.update(manager.checks())
     health = _Server(
         uvicorn.Config(
             probes_app(probes, metrics.registry),
@@ -76,21 +76,13 @@ async def serve_reconciler(
         )
     )
 
-    def lead() -> None:
-        controller.start_leading()
-        runs.start_leading()
-
-    def follow() -> None:
-        controller.stop_leading()
-        runs.stop_leading()
-
     elector: LeaderElector | None = None
     if args.leader_elect:
         elector = LeaderElector(
             client,
             ElectionConfig(namespace=args.namespace or creds.namespace),
-            on_started=lead,
-            on_stopped=follow,
+            on_started=manager.start_leading,
+            on_stopped=manager.stop_leading,
         )
     if stopping is None:  # the process's own run: SIGTERM stops it (and releases the Lease)
         stopping = asyncio.Event()
@@ -99,20 +91,15 @@ async def serve_reconciler(
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 loop.add_signal_handler(sig, stopping.set)
 
-    def reload() -> None:
-        if store.maybe_reload():
-            controller.settings_changed()
-
-    controller.start_informers()
-    runs.start_informers()
+    manager.start_informers()
     tasks = [
         asyncio.create_task(health.serve()),
-        asyncio.create_task(reload_loop(RELOAD_INTERVAL_SECONDS, reload, "config reload")),
+        asyncio.create_task(reload_loop(RELOAD_INTERVAL_SECONDS, manager.reload, "config reload")),
     ]
     if elector is not None:
         tasks.append(asyncio.create_task(elector.run()))
     else:
-        lead()
+        manager.start_leading()
     log.info(
         "reconciler started",
         extra={"health_port": args.health_port, "leader_elect": bool(args.leader_elect)},
@@ -121,7 +108,7 @@ async def serve_reconciler(
         await stopping.wait()
     finally:
         log.info("shutting down")
-        follow()
+        manager.stop_leading()
         if elector is not None:
             tasks[-1].cancel()  # no renewal in flight while we release
             await asyncio.gather(tasks[-1], return_exceptions=True)
@@ -130,6 +117,5 @@ async def serve_reconciler(
         for task in tasks[1:]:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        await controller.stop()
-        await runs.stop()
+        await manager.stop()
         await client.aclose()

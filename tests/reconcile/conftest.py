@@ -5,11 +5,16 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import kmock
 import pytest
 
+from coschedule.config.settings import Settings
 from coschedule.kube.client import Credentials, KubeClient
+from coschedule.reconcile.controller import Controller
+from coschedule.reconcile.manager import Manager
+from coschedule.reconcile.reconciler_metrics import ReconcileMetrics
 from tests.reconcile.apiserver import MiniApi, Scaffold
 
 
@@ -39,3 +44,23 @@ async def eventually(
             raise AssertionError(f"condition not met within {within} s")
         await asyncio.sleep(interval)
     return time.monotonic() - start
+
+
+def placeholder_controller(
+    client: KubeClient, settings: Settings, **options: Any
+) -> tuple[Manager, Controller]:
+    """The placeholder controller under its own manager, as the reconciler wires it."""
+    manager = Manager(ReconcileMetrics())
+    controller = Controller(
+        client, lambda: settings, manager.metrics, leading=manager.is_leading, **options
+    )
+    manager.add(controller)
+    return manager, controller
+
+
+async def start(manager: Manager, *, lead: bool = True) -> None:
+    """Watches on, caches full, and (``lead``) the workers acting."""
+    manager.start_informers()
+    await asyncio.wait_for(manager.wait_synced(), 3)
+    if lead:
+        manager.start_leading()

@@ -17,6 +17,8 @@ from coschedule.engines import Kind
 from coschedule.kube.client import Credentials, KubeClient
 from coschedule.kube.controls import ControlCache
 from coschedule.reconcile.concurrency import ConcurrencyController
+from coschedule.reconcile.manager import Manager
+from coschedule.reconcile.reconciler_metrics import ReconcileMetrics
 from tests.concurrency.runs import control, pipeline_run, workflow
 from tests.reconcile.apiserver import MiniApi
 from tests.reconcile.conftest import eventually
@@ -57,12 +59,28 @@ def sample(registry: CollectorRegistry, name: str, **labels: str) -> float:
     return 0.0 if value is None else value
 
 
+def managed(client: KubeClient, **options: Any) -> tuple[Manager, ConcurrencyController]:
+    manager = Manager(ReconcileMetrics())
+    made = ConcurrencyController(
+        client, manager.metrics.registry, leading=manager.is_leading, **options
+    )
+    manager.add(made)
+    return manager, made
+
+
 @pytest.fixture
-async def controller(client: KubeClient) -> AsyncIterator[ConcurrencyController]:
-    made = ConcurrencyController(client, CollectorRegistry(), discovery_retry=0.1, retry_base=0.01)
+async def manager(client: KubeClient) -> AsyncIterator[Manager]:
+    made, _ = managed(client, discovery_retry=0.1, retry_base=0.01)
     made.start_informers()
     yield made
     await made.stop()
+
+
+@pytest.fixture
+def controller(manager: Manager) -> ConcurrencyController:
+    [made] = manager.controllers
+    assert isinstance(made, ConcurrencyController)
+    return made
 
 
 def pr_spec(api: MiniApi, name: str) -> Obj:
@@ -73,13 +91,13 @@ def pr_spec(api: MiniApi, name: str) -> Obj:
 
 
 async def test_newest_starts_and_older_is_cancelled_with_events(
-    api: MiniApi, controller: ConcurrencyController
+    api: MiniApi, controller: ConcurrencyController, manager: Manager
 ) -> None:
     api.put("concurrencycontrols", control("ci", {"selector": {}, "strategy": "GracefullyStop"}))
     api.put("pipelineruns", pending_pr("old", 1))
     api.put("pipelineruns", pending_pr("new", 2))
     api.put("workflows", pending_wf("wf-old", 0))
-    controller.start_leading()
+    manager.start_leading()
     await eventually(lambda: "status" not in pr_spec(api, "new"))
     await eventually(lambda: pr_spec(api, "old").get("status") == "StoppedRunFinally")
     wf = api.get("workflows", "ci", "wf-old")
@@ -123,8 +141,11 @@ async def test_runs_are_watched_through_the_grouped_label_only(
             assert query.get("labelSelector") == "coschedule.dev/concurrency", query
 
 
-async def test_a_stale_decision_meets_409_and_changes_nothing(
-    api: MiniApi, controller: ConcurrencyController
+async def test_a_stale_decision_meets_409_changes_nothing_and_is_retried_with_backoff(
+    api: MiniApi,
+    controller: ConcurrencyController,
+    manager: Manager,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     api.put("concurrencycontrols", control("ci", {"selector": {}, "strategy": "Queue"}))
     api.put("pipelineruns", pending_pr("a", 1))
@@ -133,10 +154,17 @@ async def test_a_stale_decision_meets_409_and_changes_nothing(
     # Someone else changes the run; our watch has not told us yet.
     api.muted = True
     api.edit("pipelineruns", "ci", "a", {"metadata": {"labels": {"touched": "yes"}}})
-    controller._leading = True  # act without the workers: one reconcile, observed
+    monkeypatch.setattr(controller, "leading", lambda: True)  # one reconcile, no workers
     (key,) = controller.group_runs
-    conflicts = await controller.reconcile(key)
-    assert conflicts == 1
+    # An error like any other: counted, and the key retried with backoff.
+    await manager.reconcile_key(controller, str(key))
+    errors = {"controller": "concurrency", "code": "409"}
+    assert sample(manager.metrics.registry, "coschedule_reconcile_errors_total", **errors) == 1
+    assert (
+        sample(manager.metrics.registry, "coschedule_reconcile_total", controller="concurrency")
+        == 1
+    )
+    assert controller.queue.failures(str(key)) == 1
     assert pr_spec(api, "a")["status"] == "PipelineRunPending"
     assert not [k for k in api.objects if k[0] == "events"]
     patches = api.calls("PATCH", "pipelineruns")
@@ -144,12 +172,12 @@ async def test_a_stale_decision_meets_409_and_changes_nothing(
 
 
 async def test_a_deleted_control_releases_its_runs(
-    api: MiniApi, controller: ConcurrencyController
+    api: MiniApi, controller: ConcurrencyController, manager: Manager
 ) -> None:
     api.put("concurrencycontrols", control("ci", {"selector": {}, "strategy": "Queue"}))
     api.put("pipelineruns", pending_pr("a", 1))
     api.put("pipelineruns", pending_pr("b", 2))
-    controller.start_leading()
+    manager.start_leading()
     await eventually(lambda: "status" not in pr_spec(api, "a"))
     await asyncio.sleep(0.2)
     assert pr_spec(api, "b")["status"] == "PipelineRunPending"
@@ -158,12 +186,12 @@ async def test_a_deleted_control_releases_its_runs(
 
 
 async def test_a_finished_run_frees_a_queue_slot(
-    api: MiniApi, controller: ConcurrencyController
+    api: MiniApi, controller: ConcurrencyController, manager: Manager
 ) -> None:
     api.put("concurrencycontrols", control("ci", {"selector": {}, "strategy": "Queue"}))
     api.put("pipelineruns", pending_pr("a", 1))
     api.put("pipelineruns", pending_pr("b", 2))
-    controller.start_leading()
+    manager.start_leading()
     await eventually(lambda: "status" not in pr_spec(api, "a"))
     api.edit(
         "pipelineruns",
@@ -174,13 +202,15 @@ async def test_a_finished_run_frees_a_queue_slot(
     await eventually(lambda: "status" not in pr_spec(api, "b"))
 
 
-async def test_a_follower_writes_nothing(api: MiniApi, controller: ConcurrencyController) -> None:
+async def test_a_follower_writes_nothing(
+    api: MiniApi, controller: ConcurrencyController, manager: Manager
+) -> None:
     api.put("concurrencycontrols", control("ci", {"selector": {}, "strategy": "Queue"}))
     api.put("pipelineruns", pending_pr("a", 1))
     await controller.wait_synced()
     await asyncio.sleep(0.3)
     assert api.count("PATCH", "pipelineruns") == 0
-    controller.start_leading()
+    manager.start_leading()
     await eventually(lambda: "status" not in pr_spec(api, "a"))
 
 
@@ -198,8 +228,8 @@ async def test_a_missing_run_crd_is_looked_for_again_and_the_rest_works(
 ) -> None:
     api = tekton_only
     client = KubeClient(Credentials(server=api.url), timeout=5.0)
-    made = ConcurrencyController(client, CollectorRegistry(), discovery_retry=0.05)
-    made.start_informers()
+    manager, made = managed(client, discovery_retry=0.05)
+    manager.start_informers()
     try:
         api.put("concurrencycontrols", control("ci", {"selector": {}, "strategy": "Cancel"}))
         api.put("pipelineruns", pending_pr("a", 1))
@@ -208,15 +238,15 @@ async def test_a_missing_run_crd_is_looked_for_again_and_the_rest_works(
         assert ready
         assert detail is not None
         assert "workflows" in detail
-        made.start_leading()
+        manager.start_leading()
         await eventually(lambda: "status" not in pr_spec(api, "a"))
         # Workflows are not served: nothing watched, discovery keeps asking.
         assert made.absent[Kind.WORKFLOW] is True
         assert api.calls("GET", "workflows") == []
         await asyncio.sleep(0.2)
-        assert not all(task.done() for task in made._informer_tasks)
+        assert not all(task.done() for task in manager._informer_tasks)
     finally:
-        await made.stop()
+        await manager.stop()
         await client.aclose()
 
 
@@ -240,7 +270,7 @@ async def test_the_webhook_cache_parses_controls_and_skips_invalid_ones(
 
 
 async def test_the_leader_writes_each_controls_counts_to_its_status(
-    api: MiniApi, controller: ConcurrencyController
+    api: MiniApi, controller: ConcurrencyController, manager: Manager
 ) -> None:
     api.put(
         "concurrencycontrols",
@@ -249,7 +279,7 @@ async def test_the_leader_writes_each_controls_counts_to_its_status(
     for i, name in enumerate(("a", "b", "c")):
         api.put("pipelineruns", pending_pr(name, i))
     api.put("pipelineruns", pending_pr("x", 9, value="other"))
-    controller.start_leading()
+    manager.start_leading()
 
     def status() -> Obj:
         stored = api.get("concurrencycontrols", "ci", "ci") or {}

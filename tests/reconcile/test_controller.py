@@ -13,17 +13,17 @@ from coschedule.config.settings import Settings
 from coschedule.kube.client import KubeClient
 from coschedule.marks import Mode
 from coschedule.reconcile.controller import Controller
+from coschedule.reconcile.manager import Manager
 from coschedule.reconcile.reconciler_metrics import ReconcileMetrics
 from tests.fixtures import DEFAULT_TOLERATIONS
 from tests.reconcile.apiserver import MiniApi
-from tests.reconcile.conftest import eventually
+from tests.reconcile.conftest import eventually, placeholder_controller, start
 from tests.reconcile.pods import marked_pod, placeholder_of
 
 SETTINGS = Settings(mode=Mode.PIPELINERUNS, idle_grace_seconds=300)
+ERRORS = "coschedule_reconcile_errors_total"
 PIPELINERUN_UID = "eae46c7f-0708-576c-b5d5-0c2976e408c5"
 TASKRUN_UID = "5ec72d68-3760-5cfd-8159-dfba55008a34"
-
-Make = Callable[..., "asyncio.Future[Controller]"]
 
 
 def seed_cluster(api: MiniApi) -> None:
@@ -75,36 +75,41 @@ def placeholder_pod(name: str, node: str) -> dict[str, Any]:
     }
 
 
-@pytest.fixture
-async def make(api: MiniApi, client: KubeClient) -> AsyncIterator[Callable[..., Any]]:
-    seed_cluster(api)
-    made: list[Controller] = []
+class Make:
+    """Controllers under their managers, started against the fake API; stopped at the end."""
 
-    async def build(*, lead: bool = True, settings: Settings = SETTINGS) -> Controller:
-        controller = Controller(
-            client,
-            lambda: settings,
-            ReconcileMetrics(),
-            retry_base=0.02,
-            owner_recheck=0.2,
+    def __init__(self, client: KubeClient) -> None:
+        self.client = client
+        self.managers: dict[int, Manager] = {}
+
+    async def __call__(self, *, lead: bool = True, settings: Settings = SETTINGS) -> Controller:
+        manager, controller = placeholder_controller(
+            self.client, settings, retry_base=0.02, owner_recheck=0.2
         )
-        made.append(controller)
+        self.managers[id(controller)] = manager
         assert not controller.synced
         assert controller.readiness()[0] is False
-        controller.start_informers()
-        await asyncio.wait_for(controller.wait_synced(), 3)
+        await start(manager, lead=False)
         assert controller.readiness() == (True, None)
         if lead:
-            controller.start_leading()
+            manager.start_leading()
         return controller
 
-    yield build
-    for controller in made:
-        await controller.stop()
+    def manager(self, controller: Controller) -> Manager:
+        return self.managers[id(controller)]
 
 
-def metric(controller: Controller, name: str, **labels: str) -> float:
-    value = controller.metrics.registry.get_sample_value(name, labels)
+@pytest.fixture
+async def make(api: MiniApi, client: KubeClient) -> AsyncIterator[Make]:
+    seed_cluster(api)
+    made = Make(client)
+    yield made
+    for manager in made.managers.values():
+        await manager.stop()
+
+
+def metric(of: Controller, name: str, **labels: str) -> float:
+    value = of.metrics.registry.get_sample_value(name, labels)
     return value if value is not None else 0.0
 
 
@@ -213,7 +218,12 @@ async def test_hand_scaled_statefulset_is_patched_back_after_a_conflict(
     assert sts["metadata"]["uid"] == uid  # patched, never deleted and recreated
     assert api.count("POST", "statefulsets") == 1
     assert api.count("DELETE", "statefulsets") == 0
-    assert metric(controller, "coschedule_reconcile_errors_total", code="409") == 1
+    assert (
+        metric(
+            controller, "coschedule_reconcile_errors_total", controller="placeholder", code="409"
+        )
+        == 1
+    )
 
 
 async def test_patch_from_a_stale_cache_gets_409_and_succeeds_once_the_cache_catches_up(
@@ -230,7 +240,15 @@ async def test_patch_from_a_stale_cache_gets_409_and_succeeds_once_the_cache_cat
     api.muted = False
     api.put("pods", marked_pod("tekton-taskrun-two-workspaces"))  # needs a template patch
     await eventually(
-        lambda: metric(controller, "coschedule_reconcile_errors_total", code="409") >= 1
+        lambda: (
+            metric(
+                controller,
+                "coschedule_reconcile_errors_total",
+                controller="placeholder",
+                code="409",
+            )
+            >= 1
+        )
     )
     assert api.count("PATCH", "statefulsets") >= 1
     sts = api.get("statefulsets", "ci", name)
@@ -323,29 +341,32 @@ async def test_api_errors_are_retried_with_backoff(
         await eventually(lambda: api.get("statefulsets", "ci", placeholder_of(pod)) is not None)
     assert api.count("POST", "statefulsets") == 4
     for code in ("403", "500", "429"):
-        assert metric(controller, "coschedule_reconcile_errors_total", code=code) == 1
+        assert (
+            metric(
+                controller, "coschedule_reconcile_errors_total", controller="placeholder", code=code
+            )
+            == 1
+        )
         assert f"API error {code}" in caplog.text
 
 
-async def test_only_the_leader_acts(api: MiniApi, make: Callable[..., Any]) -> None:
+async def test_only_the_leader_acts(api: MiniApi, make: Make) -> None:
     follower = await make(lead=False)
     pod = marked_pod("tekton-taskrun")
     api.put("pods", pod)
     await eventually(lambda: follower.queue.busy)
     await asyncio.sleep(0.2)
     assert api.count("POST", "statefulsets") == 0
-    follower.start_leading()
+    make.manager(follower).start_leading()
     await eventually(lambda: api.get("statefulsets", "ci", placeholder_of(pod)) is not None)
-    follower.stop_leading()
+    make.manager(follower).stop_leading()
     other = marked_pod("argo-workflow-pod")
     api.put("pods", other)
     await asyncio.sleep(0.2)
     assert api.count("POST", "statefulsets") == 1
 
 
-async def test_restart_mid_run_creates_and_deletes_nothing(
-    api: MiniApi, make: Callable[..., Any]
-) -> None:
+async def test_restart_mid_run_creates_and_deletes_nothing(api: MiniApi, make: Make) -> None:
     first = await make()
     pod = marked_pod("tekton-taskrun", node="worker-1")
     name = placeholder_of(pod)
@@ -353,7 +374,7 @@ async def test_restart_mid_run_creates_and_deletes_nothing(
     await eventually(lambda: api.get("statefulsets", "ci", name) is not None)
     api.put("pods", placeholder_pod(name, "worker-1"))
     await asyncio.sleep(0.1)
-    await first.stop()
+    await make.manager(first).stop()
     writes = [r for r in api.requests if r[0] in ("POST", "PATCH", "PUT", "DELETE")]
 
     second = await make()

@@ -16,9 +16,7 @@ import pytest
 from coschedule.config.settings import Settings
 from coschedule.kube.client import Credentials, KubeClient
 from coschedule.marks import Mode
-from coschedule.reconcile.controller import Controller
-from coschedule.reconcile.reconciler_metrics import ReconcileMetrics
-from tests.reconcile.conftest import eventually
+from tests.reconcile.conftest import eventually, placeholder_controller, start
 from tests.reconcile.pods import marked_pod, placeholder_of
 
 PODS = kmock.resource("", "v1", "pods")
@@ -50,11 +48,9 @@ async def test_statefulset_for_a_new_pod_and_pod_delete_on_cordon(
     for node in ("worker-1", "worker-2"):
         await client.create("/api/v1/nodes", {"metadata": {"name": node}})
     settings = Settings(mode=Mode.WORKSPACES)
-    controller = Controller(client, lambda: settings, ReconcileMetrics(), retry_base=0.02)
-    controller.start_informers()
+    manager, _ = placeholder_controller(client, settings, retry_base=0.02)
     try:
-        await asyncio.wait_for(controller.wait_synced(), 3)
-        controller.start_leading()
+        await start(manager)
 
         pod = marked_pod("argo-workflow-pod", Mode.WORKSPACES, node="worker-1")
         name = placeholder_of(pod)
@@ -85,4 +81,4 @@ async def test_statefulset_for_a_new_pod_and_pod_delete_on_cordon(
         assert exists(handler, PODS, "ci", pod["metadata"]["name"])
         assert exists(handler, STATEFULSETS, "ci", name)
     finally:
-        await controller.stop()
+        await manager.stop()

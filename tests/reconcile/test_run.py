@@ -59,8 +59,10 @@ async def test_two_replicas_one_acts_and_the_other_takes_over_on_shutdown(
     first = marked_pod("tekton-taskrun")
     api.put("pods", first)
     await eventually(lambda: api.get("statefulsets", "ci", placeholder_of(first)) is not None)
-    assert (leader[1].registry.get_sample_value("coschedule_reconcile_total") or 0) > 0
-    assert not follower[1].registry.get_sample_value("coschedule_reconcile_total")
+    placeholders = {"controller": "placeholder"}
+    reconciles = "coschedule_reconcile_total"
+    assert (leader[1].registry.get_sample_value(reconciles, placeholders) or 0) > 0
+    assert not follower[1].registry.get_sample_value(reconciles, placeholders)
 
     leader[0].set()  # SIGTERM: stop acting, release the Lease
     await asyncio.wait_for(leader[2], 5)

@@ -21,9 +21,8 @@ from coschedule.kube.client import KubeClient
 from coschedule.marks import Mode
 from coschedule.reconcile import relocation, stuck_runs
 from coschedule.reconcile.controller import Controller
-from coschedule.reconcile.reconciler_metrics import ReconcileMetrics
 from tests.reconcile.apiserver import MiniApi
-from tests.reconcile.conftest import eventually
+from tests.reconcile.conftest import eventually, placeholder_controller, start
 from tests.reconcile.pods import marked_pod, placeholder_of, unschedulable
 from tests.reconcile.test_controller import PIPELINERUN_UID, placeholder_pod, seed_cluster
 
@@ -95,12 +94,10 @@ async def controller(api: MiniApi, client: KubeClient) -> AsyncIterator[Controll
             }
         },
     )
-    made = Controller(client, lambda: SETTINGS, ReconcileMetrics(), retry_base=0.02)
-    made.start_informers()
-    await asyncio.wait_for(made.wait_synced(), 3)
-    made.start_leading()
+    manager, made = placeholder_controller(client, SETTINGS, retry_base=0.02)
+    await start(manager)
     yield made
-    await made.stop()
+    await manager.stop()
 
 
 def metric(controller: Controller, name: str, **labels: str) -> float:
