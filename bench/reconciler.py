@@ -31,7 +31,7 @@ from coschedule.mutate.decision import AdmissionContext, decide
 from coschedule.reconcile import shapes
 from coschedule.reconcile.controller import Controller
 from coschedule.reconcile.manager import Manager
-from coschedule.reconcile.observed import OwnerRef
+from coschedule.reconcile.model import OwnerRef
 from coschedule.reconcile.placeholder import build_statefulset, group_spec
 from coschedule.reconcile.reconciler_metrics import ReconcileMetrics
 from coschedule.wire.jsonpatch import apply

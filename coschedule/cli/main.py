@@ -234,7 +234,7 @@ def _explain_run(args: argparse.Namespace, text: str, run: dict[str, Any] | None
 
 
 def cmd_reconcile(args: argparse.Namespace) -> int:
-    from coschedule.reconcile.run import run_reconciler
+    from coschedule.reconcile.main import run_reconciler
 
     return run_reconciler(args)
 

@@ -37,7 +37,7 @@ from coschedule.reconcile import event_keys, shapes, stuck, stuck_facts
 from coschedule.reconcile import plan as planning
 from coschedule.reconcile.event_keys import BY_NODE, BY_PLACEHOLDER
 from coschedule.reconcile.executor import Executor
-from coschedule.reconcile.observed import (
+from coschedule.reconcile.model import (
     MarkedPod,
     Observed,
     ObservedSet,

@@ -17,7 +17,7 @@ from coschedule.kube.client import ApiError, KubeClient, object_path
 from coschedule.kube.events import record_event
 from coschedule.kube.informer import Obj
 from coschedule.marks import LABEL_INSTANCE
-from coschedule.reconcile.observed import (
+from coschedule.reconcile.model import (
     Action,
     ClearStuck,
     CreateStatefulSet,

@@ -25,7 +25,7 @@ from typing import Any, Protocol
 from coschedule.config.store import SettingsStore
 from coschedule.kube.client import ApiError
 from coschedule.reconcile.executor import NotLeader
-from coschedule.reconcile.observed import Plan
+from coschedule.reconcile.model import Plan
 from coschedule.reconcile.reconciler_metrics import ReconcileMetrics
 from coschedule.reconcile.workqueue import WorkQueue, cancel_and_wait
 

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from coschedule.engines import BY_KIND, ENGINES, WALK_UP, succeeded_condition
-from coschedule.reconcile.observed import ObservedSet, OwnerRef
+from coschedule.reconcile.model import ObservedSet, OwnerRef
 
 # kind -> resource plural, for the kinds whose objects we GET.
 PLURALS: Mapping[str, str] = {engine.kind: engine.plural for engine in ENGINES}

@@ -27,7 +27,7 @@ from coschedule.marks import (
     Mode,
 )
 from coschedule.reconcile import relocation
-from coschedule.reconcile.observed import MarkedPod, Obj, OwnerRef
+from coschedule.reconcile.model import MarkedPod, Obj, OwnerRef
 
 ANNOTATION_TEMPLATE_HASH = "coschedule.dev/template-hash"
 CONTAINER_NAME = "affinity-assistant"

@@ -19,7 +19,7 @@ from coschedule.k8s.constants import HOSTNAME
 from coschedule.k8s.taints import eviction_reason
 from coschedule.marks import ANNOTATION_MODE, ClaimTemplate, Mode
 from coschedule.reconcile import owners
-from coschedule.reconcile.observed import (
+from coschedule.reconcile.model import (
     Action,
     CreateStatefulSet,
     DeleteClaim,

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import orjson
 
 from coschedule.k8s.constants import HOSTNAME, PREFERRED, REQUIRED
-from coschedule.reconcile.observed import Obj
+from coschedule.reconcile.model import Obj
 
 ANNOTATION_RELOCATIONS = "coschedule.dev/relocations"
 

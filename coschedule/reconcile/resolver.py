@@ -13,7 +13,7 @@ import httpx
 
 from coschedule.kube.client import ApiError, KubeClient, object_path
 from coschedule.reconcile import owners
-from coschedule.reconcile.observed import MarkedPod, OwnerRef, OwnerState, OwnerStatus
+from coschedule.reconcile.model import MarkedPod, OwnerRef, OwnerState, OwnerStatus
 from coschedule.reconcile.placeholder import first_pod
 
 log = logging.getLogger("coschedule.reconcile")

@@ -22,7 +22,7 @@ from coschedule.marks import (
     BadMark,
     statefulset_templates,
 )
-from coschedule.reconcile.observed import (
+from coschedule.reconcile.model import (
     MarkedPod,
     Obj,
     ObservedSet,

@@ -27,7 +27,7 @@ from coschedule.k8s.quantity import resources
 from coschedule.k8s.scheduler_messages import parse
 from coschedule.marks import Mode
 from coschedule.reconcile import relocation, stuck
-from coschedule.reconcile.observed import (
+from coschedule.reconcile.model import (
     Action,
     ClearStuck,
     DeleteStrayPod,

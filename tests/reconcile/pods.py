@@ -14,7 +14,7 @@ from coschedule.config.settings import Settings
 from coschedule.marks import BadMark, Mode
 from coschedule.mutate.decision import AdmissionContext, decide
 from coschedule.reconcile import shapes
-from coschedule.reconcile.observed import MarkedPod
+from coschedule.reconcile.model import MarkedPod
 from coschedule.wire.jsonpatch import apply
 from tests.fixtures import load_pod
 

@@ -393,7 +393,7 @@ async def test_readiness_and_metrics_on_the_health_port(
 
     from coschedule.config.store import SettingsStore
     from coschedule.kube.client import Credentials
-    from coschedule.reconcile.run import serve_reconciler
+    from coschedule.reconcile.main import serve_reconciler
 
     seed_cluster(api)
     args = argparse.Namespace(

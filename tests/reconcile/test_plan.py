@@ -13,7 +13,7 @@ from coschedule.k8s.timefmt import parse_time
 from coschedule.k8s.volumes import VolumeTopology
 from coschedule.marks import BadMark, ClaimTemplate, Mode, claim_placeholder, run_placeholder
 from coschedule.reconcile import owners, shapes
-from coschedule.reconcile.observed import (
+from coschedule.reconcile.model import (
     CreateStatefulSet,
     DeleteClaim,
     DeletePlaceholderPod,

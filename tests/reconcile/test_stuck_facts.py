@@ -11,7 +11,7 @@ from prometheus_client import CollectorRegistry
 from coschedule.k8s.quantity import resources
 from coschedule.kube.client import KubeClient
 from coschedule.reconcile.executor import Executor
-from coschedule.reconcile.observed import (
+from coschedule.reconcile.model import (
     DeletePlaceholderPod,
     DeleteStrayPod,
     RecordEvent,

@@ -17,7 +17,7 @@ from coschedule.k8s.constants import REQUIRED
 from coschedule.k8s.quantity import resources
 from coschedule.marks import Mode
 from coschedule.reconcile import relocation, shapes, stuck
-from coschedule.reconcile.observed import (
+from coschedule.reconcile.model import (
     ClearStuck,
     DeleteStrayPod,
     MarkStuck,

@@ -12,7 +12,7 @@ from coschedule.marks import BadMark, Mode, run_placeholder
 from coschedule.mutate.claim_rewrite import StaticClaims
 from coschedule.mutate.decision import AdmissionContext, decide
 from coschedule.reconcile import shapes
-from coschedule.reconcile.observed import (
+from coschedule.reconcile.model import (
     DeleteClaim,
     DeleteStatefulSet,
     MarkedPod,

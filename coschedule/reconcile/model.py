@@ -1,6 +1,7 @@
 """The reconciler's plain data: what it observed of one group, and the actions it decides.
 
-Frozen dataclasses only; built by the controller from its caches, read by ``decide.plan``.
+Frozen dataclasses only; built by the controller from its caches, read by the planners
+(``plan.plan``, ``stuck_runs.plan_stuck``), carried out by the ``Executor``.
 """
 
 from __future__ import annotations

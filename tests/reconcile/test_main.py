@@ -13,8 +13,8 @@ import httpx
 
 from coschedule.config.store import SettingsStore
 from coschedule.kube.client import Credentials
+from coschedule.reconcile.main import serve_reconciler
 from coschedule.reconcile.reconciler_metrics import ReconcileMetrics
-from coschedule.reconcile.run import serve_reconciler
 from tests.conftest import reconciler_command, write_kubeconfig
 from tests.reconcile.apiserver import MiniApi
 from tests.reconcile.conftest import eventually
