@@ -110,7 +110,7 @@ class Shapes:
     def statefulset(self, run: int) -> dict[str, Any]:
         pods = [shapes.parse_marked(shapes.slim_marked_pod(self.marked_pod(run, 0)))]
         parsed = [p for p in pods if not isinstance(p, BadMark)]
-        group = group_spec(NAMESPACE, parsed[0].placeholder, parsed)
+        group = group_spec(NAMESPACE, parsed[0].marks.placeholder, parsed)
         assert group is not None
         owner = OwnerRef("tekton.dev/v1", "PipelineRun", self.run_name(run), f"pr-uid-{run}")
         body = build_statefulset(group, SETTINGS, owner)

@@ -363,7 +363,7 @@ class Controller:
         live: bool,
         now: float,
     ) -> OwnerState | None:
-        per_run = pods[0].mode.per_run if pods else False
+        per_run = pods[0].marks.mode.per_run if pods else False
         from_sts = planning.known_root(sts)
         if not per_run and from_sts is None:
             return None

@@ -13,7 +13,7 @@ from typing import Any
 
 from coschedule.k8s.nodes import Node
 from coschedule.k8s.volumes import VolumeTopology
-from coschedule.marks import ClaimTemplate, Mode
+from coschedule.marks import ClaimTemplate, Marks
 
 Obj = dict[str, Any]
 
@@ -41,26 +41,19 @@ class OwnerRef:
 
 @dataclass(frozen=True, slots=True)
 class MarkedPod:
-    """A pod the webhook marked, as far as the reconciler reads it (see ``marks.parse``)."""
+    """A pod the webhook marked, as far as the reconciler reads it: its ``marks`` (see
+    ``marks.parse``) and what the placeholder follows."""
 
     namespace: str
     name: str
     uid: str
     created: str  # creationTimestamp (RFC 3339 sorts as text)
-    placeholder: str
-    mode: Mode
-    run: str
-    run_label: str
-    claims: tuple[str, ...]
-    topology_key: str
+    marks: Marks
     node_selector: Mapping[str, str]
     tolerations: tuple[Mapping[str, Any], ...]
     owner: OwnerRef | None  # the pod's controller ownerReference
     live: bool  # phase not Succeeded/Failed and not being deleted
     finished_at: float | None = None  # when its last container ended, for idle grace
-    # The run's claim templates as the webhook decided them for this pod (volume
-    # co-location); None when the webhook followed an existing StatefulSet or did not rewrite.
-    claim_templates: tuple[ClaimTemplate, ...] | None = None
     scheduler_name: str = ""  # spec.schedulerName; the placeholder follows it
 
 

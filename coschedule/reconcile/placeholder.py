@@ -61,17 +61,17 @@ def group_spec(namespace: str, name: str, pods: Sequence[MarkedPod]) -> GroupSpe
     if not pods:
         return None
     first = first_pod(pods)
-    if first.mode is Mode.WORKSPACES:
-        claims = first.claims[:1]
+    if first.marks.mode is Mode.WORKSPACES:
+        claims = first.marks.claims[:1]
     else:
         # Every claim any pod of the run mounts; sorted so the volume list never reorders.
-        claims = tuple(sorted({claim for pod in pods for claim in pod.claims}))
+        claims = tuple(sorted({claim for pod in pods for claim in pod.marks.claims}))
     return GroupSpec(
         namespace=namespace,
         name=name,
-        mode=first.mode,
-        run=first.run,
-        topology_key=first.topology_key,
+        mode=first.marks.mode,
+        run=first.marks.run,
+        topology_key=first.marks.topology_key,
         claims=claims,
         node_selector=dict(first.node_selector),
         tolerations=first.tolerations,

@@ -267,7 +267,7 @@ def drift(
 
 def _per_run(observed: Observed, sts: ObservedSet) -> bool:
     if observed.pods:
-        return observed.pods[0].mode.per_run
+        return observed.pods[0].marks.mode.per_run
     mode = Mode.parse(sts.annotations.get(ANNOTATION_MODE, ""))
     return mode is not None and mode.per_run
 
@@ -355,7 +355,7 @@ def claim_templates(
     chosen: dict[str, ClaimTemplate] = {}
     conflicts: list[str] = []
     for pod in sorted(pods, key=lambda p: (p.created, p.name)):
-        for template in pod.claim_templates or ():
+        for template in pod.marks.claim_templates or ():
             previous = chosen.setdefault(template.name, template)
             if previous.claim != template.claim or previous.spec != template.spec:
                 conflicts.append(template.name)

@@ -139,7 +139,7 @@ def _step(observed: Observed, facts: StuckFacts, settings: Settings, now: float)
             tuple(actions),
             Requeue(state.at + grace - now + RECHECK_MARGIN, "moved: the scheduler's grace"),
         )
-    claims_of = {p.name: p.claims for p in observed.pods}
+    claims_of = {p.name: p.marks.claims for p in observed.pods}
     pending = [
         found
         for name, obj in facts.pods.items()
@@ -440,4 +440,4 @@ def _run(observed: Observed) -> str:
     if owner is not None:
         return f"{owner.kind} {owner.name}"
     first = observed.pods[0] if observed.pods else None
-    return f"run {first.run}" if first is not None else f"placeholder {observed.name}"
+    return f"run {first.marks.run}" if first is not None else f"placeholder {observed.name}"

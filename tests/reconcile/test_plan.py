@@ -57,7 +57,7 @@ def only(result: Plan, kind: type) -> list[Any]:
 
 def observed_for(*pods: dict[str, Any], **kwargs: Any) -> Observed:
     parsed_pods = tuple(parsed(p) for p in pods)
-    name = parsed_pods[0].placeholder if parsed_pods else kwargs.pop("name")
+    name = parsed_pods[0].marks.placeholder if parsed_pods else kwargs.pop("name")
     namespace = parsed_pods[0].namespace if parsed_pods else kwargs.pop("namespace")
     return Observed(namespace=namespace, name=name, pods=parsed_pods, **kwargs)
 
@@ -237,7 +237,7 @@ def test_image_resources_and_priority_class_come_from_settings() -> None:
 
 def test_claim_templates_become_volume_claim_templates_with_mounts() -> None:
     pod = parsed(marked_pod("tekton-taskrun"))
-    group = group_spec(pod.namespace, pod.placeholder, [pod])
+    group = group_spec(pod.namespace, pod.marks.placeholder, [pod])
     assert group is not None
     pvc_spec = {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}
     owner = OwnerRef("tekton.dev/v1", "PipelineRun", "pr-7f3k2", "uid-pr")

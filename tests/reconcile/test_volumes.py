@@ -258,11 +258,12 @@ def test_pods_that_disagree_are_reported_and_the_union_is_built() -> None:
     assert_every_claim_exists([a, b], sts, [user])
     # Had they disagreed on a template's spec, the earliest pod's wins and it is reported.
     earliest = parse(a)
-    assert earliest.claim_templates is not None
-    bigger = replace(earliest.claim_templates[0], spec={**earliest.claim_templates[0].spec, "x": 1})
-    _, _, conflicts = claim_templates(
-        [earliest, replace(parse(b), claim_templates=(bigger,))], None
-    )
+    first_templates = earliest.marks.claim_templates
+    assert first_templates is not None
+    bigger = replace(first_templates[0], spec={**first_templates[0].spec, "x": 1})
+    later = parse(b)
+    disagreeing = replace(later, marks=later.marks._replace(claim_templates=(bigger,)))
+    _, _, conflicts = claim_templates([earliest, disagreeing], None)
     assert conflicts == ("pvc-1f1344866c",)
 
 
