@@ -142,10 +142,7 @@ def build_state(groups: int, runs_per_group: int) -> tuple[ConcurrencyController
             keys.append(GroupKey(namespace, control, key))
             informer = controller.runs[kind]
             for i in range(runs_per_group):
-                obj = slim_run(_run(kind, namespace, control, key, i), kind)
-                store_key = f"{namespace}/{obj['metadata']['name']}"
-                informer.store[store_key] = obj
-                controller._on_run(kind, "ADDED", obj)
+                informer.apply("ADDED", slim_run(_run(kind, namespace, control, key, i), kind))
     return controller, keys
 
 

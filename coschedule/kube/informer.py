@@ -116,6 +116,10 @@ class Informer:
         keys = self._indexes[name].get(value, ())
         return [self.store[key] for key in sorted(keys)]
 
+    def index_count(self, name: str, value: str) -> int:
+        """How many objects are filed under ``value`` in index ``name``."""
+        return len(self._indexes[name].get(value, ()))
+
     def index_values(self, name: str) -> set[str]:
         """Every value that index ``name`` holds objects under."""
         return set(self._indexes[name])

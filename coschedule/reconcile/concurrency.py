@@ -46,7 +46,7 @@ from coschedule.kube.client import ApiError, KubeClient, object_path
 from coschedule.kube.controls import ControlCache
 from coschedule.kube.discovery import RETRY_SECONDS, wait_served
 from coschedule.kube.events import record_event
-from coschedule.kube.informer import Informer, Obj, object_key
+from coschedule.kube.informer import IndexFunc, Informer, Obj
 from coschedule.marks import (
     ANNOTATION_PENDING_BY,
     LABEL_CONCURRENCY_GROUPED,
@@ -128,7 +128,26 @@ def slim_run(obj: Obj, kind: Kind) -> Obj:
     }
 
 
-RunKey = tuple[Kind, str]  # (kind, namespace/name)
+# The runs' indexes: each group a run is in (``namespace/control/value``), each control that
+# groups it (``namespace/control``), and whether coschedule holds it pending.
+BY_GROUP = "group"
+BY_CONTROL = "control"
+BY_STATE = "state"
+HELD = "pending-by-us"
+
+
+def run_indexers(kind: Kind) -> dict[str, IndexFunc]:
+    def groups(obj: Obj) -> list[str]:
+        return [str(key) for key in group_keys(parse_run(kind, obj))]
+
+    def controls(obj: Obj) -> list[str]:
+        run = parse_run(kind, obj)
+        return [f"{run.namespace}/{control}" for control in sorted(run.groups())]
+
+    def state(obj: Obj) -> list[str]:
+        return [HELD] if parse_run(kind, obj).state is State.PENDING_BY_US else []
+
+    return {BY_GROUP: groups, BY_CONTROL: controls, BY_STATE: state}
 
 
 class ConcurrencyController:
@@ -169,15 +188,12 @@ class ConcurrencyController:
                 name=engine.plural,
                 label_selector=LABEL_CONCURRENCY_GROUPED,
                 transform=functools.partial(slim_run, kind=kind),
+                indexers=run_indexers(kind),
             )
             informer.add_handler(self._handler(kind))
             self.runs[kind] = informer
             self.absent[kind] = None
             self.discovered[kind] = asyncio.Event()
-        self.group_runs: dict[GroupKey, set[RunKey]] = {}
-        self.run_groups: dict[RunKey, set[GroupKey]] = {}
-        self.control_groups: dict[tuple[str, str], set[GroupKey]] = {}
-        self.pending: set[RunKey] = set()
 
     # ---- lifecycle ----------------------------------------------------------------------
 
@@ -239,56 +255,50 @@ class ConcurrencyController:
                 await informer.synced.wait()
 
     def take_over(self) -> None:
-        for key in list(self.group_runs):
-            self.queue.add(str(key))
+        for key in sorted(self.known_groups()):
+            self.queue.add(key)
         for namespace, controls in list(self.controls.by_namespace.items()):
             for name in list(controls):
                 self._status_soon(namespace, name)
+
+    # ---- what the indexes hold --------------------------------------------------------
+
+    def known_groups(self) -> set[str]:
+        """Every group with a run in the caches."""
+        return set().union(*(informer.index_values(BY_GROUP) for informer in self.runs.values()))
+
+    def groups_of(self, namespace: str, control: str) -> set[GroupKey]:
+        """The groups of ``control`` that hold a run."""
+        found: set[GroupKey] = set()
+        for kind, informer in self.runs.items():
+            for obj in informer.by_index(BY_CONTROL, f"{namespace}/{control}"):
+                value = parse_run(kind, obj).groups().get(control)
+                if value is not None:
+                    found.add(GroupKey(namespace, control, value))
+        return found
 
     # ---- event handlers -----------------------------------------------------------------
 
     def _handler(self, kind: Kind) -> Callable[[str, Obj, Obj | None], None]:
         def handle(event: str, obj: Obj, old: Obj | None) -> None:
-            self._on_run(kind, event, obj)
+            self._on_run(kind, event, obj, old)
 
         return handle
 
-    def _on_run(self, kind: Kind, event: str, obj: Obj) -> None:
-        key: RunKey = (kind, object_key(obj))
-        old = self.run_groups.pop(key, set())
-        new: set[GroupKey] = set()
-        if event != "DELETED":
-            run = parse_run(kind, obj)
-            new = set(group_keys(run))
-            if run.state is State.PENDING_BY_US:
-                self.pending.add(key)
-            else:
-                self.pending.discard(key)
-        else:
-            self.pending.discard(key)
-        self.metrics.pending.set(len(self.pending))
-        for group in old - new:
-            members = self.group_runs.get(group)
-            if members is not None:
-                members.discard(key)
-                if not members:
-                    del self.group_runs[group]
-                    by_control = self.control_groups.get((group.namespace, group.control))
-                    if by_control is not None:
-                        by_control.discard(group)
-                        if not by_control:
-                            del self.control_groups[(group.namespace, group.control)]
-        for group in new:
-            self.group_runs.setdefault(group, set()).add(key)
-            self.control_groups.setdefault((group.namespace, group.control), set()).add(group)
-        if new:
-            self.run_groups[key] = new
-        for group in old | new:
+    def _on_run(self, kind: Kind, event: str, obj: Obj, old: Obj | None) -> None:
+        """A run changed (the informer indexed it already): look at every group it was in
+        or is in now."""
+        before = set(group_keys(parse_run(kind, old))) if old is not None else set()
+        after = set(group_keys(parse_run(kind, obj))) if event != "DELETED" else set()
+        self.metrics.pending.set(
+            sum(informer.index_count(BY_STATE, HELD) for informer in self.runs.values())
+        )
+        for group in before | after:
             self.queue.add(str(group))
             self._status_soon(group.namespace, group.control)
 
     def _on_control(self, namespace: str, name: str, control: Control | None) -> None:
-        for group in self.control_groups.get((namespace, name), ()):
+        for group in sorted(self.groups_of(namespace, name), key=str):
             self.queue.add(str(group))
         if control is not None:
             self._status_soon(namespace, name)
@@ -318,13 +328,13 @@ class ConcurrencyController:
                     raise
                 # the run is gone: nothing to start or cancel
 
-    def run_of(self, key: RunKey) -> Run | None:
-        kind, name = key
-        obj = self.runs[kind].store.get(name)
-        return parse_run(kind, obj) if obj is not None else None
-
     def group(self, key: GroupKey) -> Group:
-        runs = [r for k in sorted(self.group_runs.get(key, ())) if (r := self.run_of(k))]
+        """The group's control and runs (by kind, then namespace/name), from the caches."""
+        runs = [
+            parse_run(kind, obj)
+            for kind in sorted(self.runs)
+            for obj in self.runs[kind].by_index(BY_GROUP, str(key))
+        ]
         return Group(key, self.controls.get(key.namespace, key.control), tuple(runs))
 
     def observe(self, key: GroupKey) -> dict[GroupKey, Group]:
@@ -342,7 +352,7 @@ class ConcurrencyController:
         stored = self.controls.stored(namespace, name)
         if control is None or stored is None or not self.leading():
             return
-        groups = [self.group(k) for k in sorted(self.control_groups.get((namespace, name), ()))]
+        groups = [self.group(k) for k in sorted(self.groups_of(namespace, name))]
         status: dict[str, Any] = control_status(control, groups)
         generation = (stored.get("metadata") or {}).get("generation")
         if isinstance(generation, int):

@@ -13,6 +13,7 @@ import kmock
 import pytest
 from prometheus_client import CollectorRegistry
 
+from coschedule.concurrency.plan import GroupKey
 from coschedule.engines import Kind
 from coschedule.kube.client import Credentials, KubeClient
 from coschedule.kube.controls import ControlCache
@@ -150,21 +151,21 @@ async def test_a_stale_decision_meets_409_changes_nothing_and_is_retried_with_ba
     api.put("concurrencycontrols", control("ci", {"selector": {}, "strategy": "Queue"}))
     api.put("pipelineruns", pending_pr("a", 1))
     await controller.wait_synced()
-    await eventually(lambda: controller.group_runs)
+    await eventually(lambda: controller.known_groups())
     # Someone else changes the run; our watch has not told us yet.
     api.muted = True
     api.edit("pipelineruns", "ci", "a", {"metadata": {"labels": {"touched": "yes"}}})
     monkeypatch.setattr(controller, "leading", lambda: True)  # one reconcile, no workers
-    (key,) = controller.group_runs
+    (key,) = controller.known_groups()
     # An error like any other: counted, and the key retried with backoff.
-    await manager.reconcile_key(controller, str(key))
+    await manager.reconcile_key(controller, key)
     errors = {"controller": "concurrency", "code": "409"}
     assert sample(manager.metrics.registry, "coschedule_reconcile_errors_total", **errors) == 1
     assert (
         sample(manager.metrics.registry, "coschedule_reconcile_total", controller="concurrency")
         == 1
     )
-    assert controller.queue.failures(str(key)) == 1
+    assert controller.queue.failures(key) == 1
     assert pr_spec(api, "a")["status"] == "PipelineRunPending"
     assert not [k for k in api.objects if k[0] == "events"]
     patches = api.calls("PATCH", "pipelineruns")
@@ -313,3 +314,45 @@ async def test_a_status_only_change_does_not_reach_listeners(
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+
+
+async def test_the_runs_indexes_give_groups_their_runs_and_the_pending_count() -> None:
+    """Groups, a control's groups and the held runs come from the informers' indexes, kept
+    on every change; a run that changes group has both its old and new group looked at."""
+    client = KubeClient(Credentials(server="https://127.0.0.1:1"))  # never called
+    registry = CollectorRegistry()
+    controller = ConcurrencyController(client, registry, leading=lambda: False)
+    runs, workflows = controller.runs[Kind.PIPELINE_RUN], controller.runs[Kind.WORKFLOW]
+
+    async def looked_at() -> set[str]:
+        keys = set()
+        while len(controller.queue):
+            key = await controller.queue.get()
+            controller.queue.done(key)
+            keys.add(key)
+        return keys
+
+    runs.apply("ADDED", runs.transform(pending_pr("b", 2)))
+    runs.apply("ADDED", runs.transform(pending_pr("a", 1)))
+    workflows.apply("ADDED", workflows.transform(pending_wf("w", 0)))
+    runs.apply("ADDED", runs.transform(pending_pr("x", 3, value="other")))
+    runs.apply("ADDED", runs.transform(grouped(pipeline_run("mine"), "ci", "main", ours=False)))
+    main, other = GroupKey("ci", "ci", "main"), GroupKey("ci", "ci", "other")
+    assert controller.known_groups() == {str(main), str(other)}
+    assert controller.groups_of("ci", "ci") == {main, other}
+    assert controller.groups_of("ci", "deploy") == set()
+    assert [r.name for r in controller.group(main).runs] == ["a", "b", "mine", "w"]
+    assert sample(registry, "coschedule_concurrency_pending_runs") == 4
+    assert await looked_at() == {str(main), str(other)}
+
+    runs.apply("MODIFIED", runs.transform(pending_pr("x", 3, value="main")))
+    assert await looked_at() == {str(main), str(other)}
+    assert controller.known_groups() == {str(main)}
+    # By kind (PipelineRuns, then Workflows), then namespace/name.
+    assert [r.name for r in controller.group(main).runs] == ["a", "b", "mine", "x", "w"]
+
+    runs.apply("DELETED", runs.transform(pending_pr("a", 1)))
+    assert sample(registry, "coschedule_concurrency_pending_runs") == 3
+    assert await looked_at() == {str(main)}
+    assert [r.name for r in controller.group(main).runs] == ["b", "mine", "x", "w"]
+    await client.aclose()
