@@ -6,8 +6,12 @@ which are cancelled. Pure: observed runs and controls in, actions out.
   strategy's value. Finished and stopping runs are never touched; runs their authors made
   pending are never started, never cancelled, and never count as "newer" (they may never
   start).
-- ``Queue``: the oldest runs pending by us may start while fewer than ``maxRunning`` runs of
-  the group are running (a stopping run still runs); nothing is cancelled.
+- ``Queue``: the oldest runs pending by us (the newest with ``order: newest-first``) may start
+  while fewer than ``maxRunning`` runs of the group are running (a stopping run still runs);
+  nothing is cancelled.
+- ``Replace``: as Queue, oldest first, but at most one run stays pending, the newest: older
+  runs pending by us that may not start are cancelled (superseded). Running runs are never
+  cancelled.
 - A run in several groups starts only when every group that holds it lets it, and none
   cancels it. A group whose control is gone, or no longer selects the run, holds nothing:
   its runs pending by us start (never stranded).
@@ -20,7 +24,7 @@ from dataclasses import dataclass
 
 from coschedule.concurrency.control import Control
 from coschedule.concurrency.runs import Run, State
-from coschedule.engines import Strategy, run_control
+from coschedule.engines import SLOTTED, Order, Strategy, run_control
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -88,11 +92,8 @@ def verdict(group: Group) -> Verdict:
     names = frozenset(r.ident for r in held)
     if control is None or not held:
         return Verdict(names, frozenset(), {})
-    if control.strategy is Strategy.QUEUE:
-        running = sum(1 for r in held if r.state in (State.RUNNING, State.STOPPING))
-        waiting = sorted((r for r in held if r.state is State.PENDING_BY_US), key=lambda r: r.order)
-        free = max(0, control.max_running - running)
-        return Verdict(names, frozenset(r.ident for r in waiting[:free]), {}, running)
+    if control.strategy in SLOTTED:
+        return _slotted(control, held, names)
     contenders = [r for r in held if r.state is not State.PENDING_BY_AUTHOR]
     if not contenders:
         return Verdict(names, frozenset(), {})
@@ -105,6 +106,28 @@ def verdict(group: Group) -> Verdict:
     allowed = frozenset({newest.ident}) if newest.state is State.PENDING_BY_US else frozenset()
     running = sum(1 for r in held if r.state is State.RUNNING)
     return Verdict(names, allowed, cancels, running)
+
+
+def _slotted(control: Control, held: Sequence[Run], names: frozenset[str]) -> Verdict:
+    """Queue and Replace: runs pending by us start while fewer than ``maxRunning`` run (a
+    stopping run still runs). Queue starts them oldest (or newest) first and cancels nothing.
+    Replace acts as if the runs had arrived one at a time in creation order: the oldest start
+    while slots are free, and of the rest only the newest stays pending; the others are
+    cancelled, superseded by it."""
+    running = sum(1 for r in held if r.state in (State.RUNNING, State.STOPPING))
+    waiting = sorted((r for r in held if r.state is State.PENDING_BY_US), key=lambda r: r.order)
+    free = max(0, control.max_running - running)
+    if control.strategy is Strategy.QUEUE and control.order is Order.NEWEST_FIRST:
+        waiting.reverse()
+    starts = frozenset(r.ident for r in waiting[:free])
+    if control.strategy is Strategy.QUEUE:
+        return Verdict(names, starts, {}, running)
+    rest = waiting[free:]  # rest[-1], the newest, stays pending
+    cancels = {
+        r.ident: (run_control(r.kind).cancel_values[Strategy.REPLACE], rest[-1].name)
+        for r in rest[:-1]
+    }
+    return Verdict(names, starts, cancels, running)
 
 
 def plan(key: GroupKey, groups: Mapping[GroupKey, Group]) -> list[Action]:
@@ -166,7 +189,7 @@ def _blocked_elsewhere(run: Run, key: GroupKey, of: VerdictOf) -> bool:
 
 
 def _why(control: Control, run: Run, mine: Verdict) -> str:
-    if control.strategy is Strategy.QUEUE:
+    if control.strategy in SLOTTED:
         return (
             f"a slot is free in ConcurrencyControl {control.name} "
             f"({mine.running} of maxRunning {control.max_running} running), "

@@ -220,6 +220,70 @@ def test_queue_start_reason_says_how_full_the_group_is() -> None:
     assert "1 of maxRunning 2 running" in start.why
 
 
+def test_queue_newest_first_starts_the_newest_waiting_runs() -> None:
+    control = ctl(strategy="Queue", maxRunning=3, order="newest-first")
+    runs = [pr("running", 0), *(pending_pr(f"q{i}", i + 1) for i in range(4))]
+    assert summary(decide(control, *runs)) == [("start", "q2", ""), ("start", "q3", "")]
+
+
+def test_a_retried_run_keeps_its_place_by_creation_then_name() -> None:
+    # Re-created with an older creation time than its name suggests: creation decides, and
+    # a tie on creation goes to the name, never to when we happened to see the run.
+    runs = (pending_pr("b-retry", 5), pending_pr("a", 5), pending_pr("c", 9))
+    assert summary(decide(queue(1), *runs)) == [("start", "a", "")]
+    newest = ctl(strategy="Queue", order="newest-first")
+    assert summary(decide(newest, *runs)) == [("start", "c", "")]
+
+
+# ---- Replace ---------------------------------------------------------------------------
+
+
+def replace(max_running: int = 1) -> Control:
+    return ctl(strategy="Replace", maxRunning=max_running)
+
+
+def test_replace_keeps_only_the_newest_pending_run() -> None:
+    runs = (
+        pr("running", 0),
+        pending_pr("old", 1),
+        pending_wf("older-wf", 2),
+        pending_pr("newest", 3),
+    )
+    actions = decide(replace(), *runs)
+    assert summary(actions) == [
+        ("cancel", "old", "Cancelled"),
+        ("cancel", "older-wf", "Terminate"),
+    ]
+    assert all(isinstance(a, CancelRun) and a.newer == "newest" for a in actions)
+
+
+def test_replace_starts_the_oldest_while_slots_are_free_as_if_they_came_one_by_one() -> None:
+    runs = (pr("running", 0), *(pending_pr(f"p{i}", i + 1) for i in range(4)))
+    assert summary(decide(replace(2), *runs)) == [
+        ("cancel", "p1", "Cancelled"),
+        ("cancel", "p2", "Cancelled"),
+        ("start", "p0", ""),
+    ]
+
+
+def test_replace_never_cancels_running_stopping_done_or_author_pending_runs() -> None:
+    runs = (
+        pr("running", 0),
+        pr("stopping", 1, status="Cancelled"),
+        pr("done", 2, succeeded="True"),
+        pr("authors", 3, status="PipelineRunPending"),
+        pending_pr("mine", 4),
+    )
+    assert decide(replace(2), *runs) == []
+    assert summary(decide(replace(3), *runs)) == [("start", "mine", "")]
+
+
+def test_replace_start_reason_says_how_full_the_group_is() -> None:
+    (start,) = decide(replace(2), pr("a", 0), pending_pr("b", 1))
+    assert isinstance(start, StartRun)
+    assert "1 of maxRunning 2 running" in start.why
+
+
 # ---- never stranded --------------------------------------------------------------------
 
 

@@ -1,5 +1,6 @@
-"""Properties of the group plan over generated groups: what it may touch, that Queue never
-exceeds maxRunning, and that carrying the actions out converges (a second look is empty)."""
+"""Properties of the group plan over generated groups: what it may touch, that Queue and
+Replace never exceed maxRunning, that Replace leaves at most one run pending (the newest), and
+that carrying the actions out converges (a second look is empty)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from hypothesis import strategies as st
 from coschedule.concurrency.control import parse_control
 from coschedule.concurrency.plan import CancelRun, Group, GroupKey, StartRun, plan
 from coschedule.concurrency.runs import Run, State
-from coschedule.engines import Kind, Strategy
+from coschedule.engines import SLOTTED, Kind, Order, Strategy
 from tests.concurrency.runs import control
 
 KEY = GroupKey("ci", "ci", "k")
@@ -22,8 +23,10 @@ STATES = [State.PENDING_BY_US, State.PENDING_BY_AUTHOR, State.RUNNING, State.STO
 def groups(draw: st.DrawFn) -> Group:
     strategy = draw(st.sampled_from(list(Strategy)))
     spec: dict[str, object] = {"selector": {}, "strategy": strategy.value}
-    if strategy is Strategy.QUEUE:
+    if strategy in SLOTTED:
         spec["maxRunning"] = draw(st.integers(1, 4))
+    if strategy is Strategy.QUEUE:
+        spec["order"] = draw(st.sampled_from(list(Order)))
     ctl = parse_control(control("ci", spec))
     count = draw(st.integers(0, 8))
     runs = []
@@ -63,14 +66,27 @@ def test_what_a_plan_may_touch(group: Group) -> None:
     assert all(r.state in (State.RUNNING, State.PENDING_BY_US) for r in cancels)
     assert not {r.ident for r in starts} & {r.ident for r in cancels}
     assert group.control is not None
-    if group.control.strategy is Strategy.QUEUE:
-        assert not cancels
-        running = sum(1 for r in group.runs if r.state in (State.RUNNING, State.STOPPING))
-        assert running + len(starts) <= max(running, group.control.max_running)
-        waiting = sorted(
-            (r for r in group.runs if r.state is State.PENDING_BY_US), key=lambda r: r.order
-        )
-        assert starts == waiting[: len(starts)]  # oldest first, no skipping
+    control = group.control
+    running = sum(1 for r in group.runs if r.state in (State.RUNNING, State.STOPPING))
+    waiting = sorted(
+        (r for r in group.runs if r.state is State.PENDING_BY_US), key=lambda r: r.order
+    )
+    if control.strategy in SLOTTED:
+        # Never more than maxRunning running (runs already over it are left to finish).
+        assert running + len(starts) <= max(running, control.max_running)
+        if control.strategy is Strategy.QUEUE:
+            assert not cancels
+            if control.order is Order.NEWEST_FIRST:
+                waiting.reverse()
+            # In order, no skipping (the actions themselves come oldest first).
+            assert {r.ident for r in starts} == {r.ident for r in waiting[: len(starts)]}
+        else:
+            assert all(r.state is State.PENDING_BY_US for r in cancels)  # running: never
+            assert starts == waiting[: len(starts)]  # oldest first, no skipping
+            left = [r for r in waiting if r not in starts and r not in cancels]
+            assert len(left) <= 1
+            if cancels:
+                assert left == [waiting[-1]]  # the newest is the one kept
     else:
         assert len(starts) <= 1
         contenders = [r for r in group.runs if r.state is not State.PENDING_BY_AUTHOR]
@@ -88,3 +104,17 @@ def test_carrying_out_a_plan_converges(group: Group) -> None:
     actions = plan(KEY, {KEY: group})
     after = carry_out(group, actions)
     assert plan(KEY, {KEY: after}) == []
+
+
+@settings(max_examples=300, deadline=None)
+@given(groups())
+def test_after_one_plan_replace_holds_at_most_one_run_pending(group: Group) -> None:
+    assert group.control is not None
+    after = carry_out(group, plan(KEY, {KEY: group}))
+    pending = [r for r in after.runs if r.state is State.PENDING_BY_US]
+    if group.control.strategy is Strategy.REPLACE:
+        assert len(pending) <= 1
+    if group.control.strategy in SLOTTED and pending:
+        # A run is left waiting only when the group is full.
+        running = sum(1 for r in after.runs if r.state in (State.RUNNING, State.STOPPING))
+        assert running >= group.control.max_running

@@ -200,6 +200,17 @@ BAD_CONTROLS: list[tuple[str, Obj, str]] = [
         {"selector": {}, "strategy": "Cancel", "maxRunning": 3},
         "spec.maxRunning",
     ),
+    (
+        "maxRunning with Cancel",
+        {"selector": {}, "strategy": "GracefullyCancel", "maxRunning": 2},
+        "spec.maxRunning",
+    ),
+    (
+        "order without Queue",
+        {"selector": {}, "strategy": "Replace", "order": "newest-first"},
+        "spec.order",
+    ),
+    ("unknown order", {"selector": {}, "strategy": "Queue", "order": "random"}, "spec.order"),
     ("unclosed $(", {"selector": {}, "strategy": "Cancel", "key": "$(params.branch"}, "spec.key"),
     ("unknown reference", {"selector": {}, "strategy": "Cancel", "key": "$(foo.x)"}, "spec.key"),
     ("unknown kind", {"selector": {}, "strategy": "Cancel", "kinds": ["Job"]}, "spec.kinds[0]"),
@@ -486,6 +497,66 @@ def test_queue_starts_in_creation_order_as_runs_finish(
     for name in names:
         started = [m for r, m in run_events(api, ns, name) if r == "Started"]
         assert len(started) == 1, (name, started)
+
+
+@pytest.mark.usefixtures("reconciling")
+@pytest.mark.parametrize("kind", ["PipelineRun", "Workflow"])
+def test_queue_newest_first_starts_the_newest_waiting_run(
+    e2e: E2E, namespace: Callable[..., str], kind: str
+) -> None:
+    api = e2e.api
+    ns = namespace(prefix="cc-newest")
+    spec = {"selector": {}, "strategy": "Queue", "order": "newest-first", "key": "release"}
+    make_control(e2e, ns, "rel", spec, kind)
+    assert api.must_get("ConcurrencyControl", "rel", ns)["spec"]["order"] == "newest-first"
+    api.create(run_manifest(kind, ns, "q1", {}))
+    wait_states(api, kind, ns, {"q1": "started"})
+    for name in ("q2", "q3", "q4"):  # same second or not: creation, then name, orders them
+        api.create(run_manifest(kind, ns, name, {}))
+    expected = {"q1": "started", "q2": "pending-us", "q3": "pending-us", "q4": "pending-us"}
+    wait_states(api, kind, ns, expected)
+    for finished, starting in (("q1", "q4"), ("q4", "q3"), ("q3", "q2")):
+        finish(api, kind, ns, finished)
+        expected[finished] = "done"
+        expected[starting] = "started"
+        wait_states(api, kind, ns, expected)
+
+
+# ---- Replace ---------------------------------------------------------------------------
+
+
+@pytest.mark.usefixtures("reconciling")
+@pytest.mark.parametrize(
+    ("kind", "value"), [("PipelineRun", "Cancelled"), ("Workflow", "Terminate")]
+)
+def test_replace_keeps_the_running_run_and_only_the_newest_waiting_one(
+    e2e: E2E, namespace: Callable[..., str], kind: str, value: str
+) -> None:
+    api = e2e.api
+    ns = namespace(prefix="cc-replace")
+    spec = {"selector": {}, "strategy": "Replace", "maxRunning": 1, "key": "$(params.pr)"}
+    make_control(e2e, ns, "preview", spec, kind)
+    api.create(run_manifest(kind, ns, "b1", {"pr": "42"}))
+    wait_states(api, kind, ns, {"b1": "started"})
+    api.create(run_manifest(kind, ns, "b2", {"pr": "42"}))
+    wait_states(api, kind, ns, {"b1": "started", "b2": "pending-us"})
+    api.create(run_manifest(kind, ns, "b3", {"pr": "42"}))
+    api.create(run_manifest(kind, ns, "other", {"pr": "7"}))  # another key: not affected
+    expected = {"b1": "started", "b2": value, "b3": "pending-us", "other": "started"}
+    wait_states(api, kind, ns, expected)
+    time.sleep(1.0)  # nothing more may happen: b1 runs on, b3 waits
+    assert states(api, kind, ns, list(expected)) == expected
+    assert PENDING_BY not in (api.must_get(kind, "b2", ns)["metadata"].get("annotations") or {})
+    cancelled = [m for r, m in run_events(api, ns, "b2") if r == "Cancelled"]
+    assert cancelled == ["cancelled by ConcurrencyControl preview: newer run b3, key 42"], events(
+        api, ns
+    )
+    # The engine ends the cancelled b2 (until then it counts as stopping, so as running).
+    finish(api, kind, ns, "b2")
+    finish(api, kind, ns, "b1")
+    expected.update(b1="done", b2="done", b3="started")
+    wait_states(api, kind, ns, expected)
+    assert all(r != "Cancelled" for r, _ in run_events(api, ns, "b1")), events(api, ns)
 
 
 @pytest.mark.usefixtures("reconciling")
