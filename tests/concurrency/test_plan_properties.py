@@ -10,12 +10,21 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from coschedule.concurrency.control import parse_control
-from coschedule.concurrency.plan import CancelRun, Group, GroupKey, StartRun, plan
+from coschedule.concurrency.plan import (
+    Action,
+    CancelRun,
+    Group,
+    GroupKey,
+    MarkWaiting,
+    StartRun,
+    plan,
+)
 from coschedule.concurrency.runs import Run, State
 from coschedule.engines import SLOTTED, Kind, Order, Strategy
 from tests.concurrency.runs import control
 
 KEY = GroupKey("ci", "ci", "k")
+WAITING = "coschedule.dev/waiting"
 STATES = [State.PENDING_BY_US, State.PENDING_BY_AUTHOR, State.RUNNING, State.STOPPING, State.DONE]
 
 
@@ -48,11 +57,19 @@ def groups(draw: st.DrawFn) -> Group:
     return Group(KEY, ctl, tuple(runs))
 
 
-def carry_out(group: Group, actions: list[CancelRun | StartRun]) -> Group:
+def carry_out(group: Group, actions: list[Action]) -> Group:
+    """The runs as the patches leave them."""
     after = {r.ident: r for r in group.runs}
     for action in actions:
+        run = action.run
+        annotations = {k: v for k, v in run.annotations.items() if k != WAITING}
+        if isinstance(action, MarkWaiting):
+            after[run.ident] = dataclasses.replace(
+                run, annotations={**annotations, WAITING: action.why}
+            )
+            continue
         state = State.RUNNING if isinstance(action, StartRun) else State.STOPPING
-        after[action.run.ident] = dataclasses.replace(action.run, state=state)
+        after[run.ident] = dataclasses.replace(run, state=state, annotations=annotations)
     return dataclasses.replace(group, runs=tuple(after.values()))
 
 
@@ -64,7 +81,11 @@ def test_what_a_plan_may_touch(group: Group) -> None:
     cancels = [a.run for a in actions if isinstance(a, CancelRun)]
     assert all(r.state is State.PENDING_BY_US for r in starts)
     assert all(r.state in (State.RUNNING, State.PENDING_BY_US) for r in cancels)
+    marked = [a.run for a in actions if isinstance(a, MarkWaiting)]
     assert not {r.ident for r in starts} & {r.ident for r in cancels}
+    # Only a run that stays pending by us is told why it waits.
+    assert all(r.state is State.PENDING_BY_US for r in marked)
+    assert not {r.ident for r in marked} & ({r.ident for r in starts} | {r.ident for r in cancels})
     assert group.control is not None
     control = group.control
     running = sum(1 for r in group.runs if r.state in (State.RUNNING, State.STOPPING))
@@ -118,3 +139,18 @@ def test_after_one_plan_replace_holds_at_most_one_run_pending(group: Group) -> N
         # A run is left waiting only when the group is full.
         running = sum(1 for r in after.runs if r.state in (State.RUNNING, State.STOPPING))
         assert running >= group.control.max_running
+
+
+@settings(max_examples=300, deadline=None)
+@given(groups())
+def test_every_held_run_says_why_it_waits_and_a_second_look_writes_nothing(group: Group) -> None:
+    assert group.control is not None
+    after = carry_out(group, plan(KEY, {KEY: group}))
+    for run in after.runs:
+        if run.state is State.PENDING_BY_US:
+            assert group.control.strategy in SLOTTED  # the others start or cancel at once
+            assert run.annotations[WAITING].startswith("waiting: ")
+        else:
+            assert WAITING not in run.annotations or run.state is State.PENDING_BY_AUTHOR
+    # The reconciler restarted, or another replica leads: same runs, same plan: nothing.
+    assert plan(KEY, {KEY: after}) == []

@@ -283,3 +283,74 @@ async def test_a_status_only_change_does_not_reach_listeners(
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+
+
+def run_annotations(api: MiniApi, name: str) -> dict[str, str]:
+    obj = api.get("pipelineruns", "ci", name) or {}
+    found: dict[str, str] = obj.get("metadata", {}).get("annotations") or {}
+    return found
+
+
+def waiting_events(api: MiniApi) -> list[tuple[str, str]]:
+    return sorted(
+        (e["involvedObject"]["name"], e["message"])
+        for (p, _, _), e in api.objects.items()
+        if p == "events" and e["reason"] == "Waiting"
+    )
+
+
+async def test_a_held_run_says_why_once_and_a_restart_writes_nothing(
+    api: MiniApi, client: KubeClient, controller: ConcurrencyController
+) -> None:
+    api.put("concurrencycontrols", control("ci", {"selector": {}, "strategy": "Queue"}))
+    api.put(
+        "pipelineruns",
+        grouped(pipeline_run("a", created="2026-11-23T02:00:00Z"), "ci", "main", ours=False),
+    )
+    api.put("pipelineruns", pending_pr("b", 1))
+    api.put("pipelineruns", pending_pr("c", 2))
+    controller.start_leading()
+    why_b = (
+        "waiting: 2nd in queue for key main of ConcurrencyControl ci, behind a, which is "
+        "running (1 may run at once)"
+    )
+    why_c = (
+        "waiting: 3rd in queue for key main of ConcurrencyControl ci, behind b, which is "
+        "waiting (1 may run at once)"
+    )
+    await eventually(lambda: waiting_events(api) == [("b", why_b), ("c", why_c)])
+    assert run_annotations(api, "b")["coschedule.dev/waiting"] == why_b
+    assert run_annotations(api, "c")["coschedule.dev/waiting"] == why_c
+    # The annotations' own watch events bring the group back: that look writes nothing.
+    await asyncio.sleep(0.5)
+    writes = api.count("PATCH", "pipelineruns")
+    assert writes == 2
+    # A restart (a new leader): the state is on the runs, so nothing is written again.
+    await controller.stop()
+    second = ConcurrencyController(client, CollectorRegistry(), discovery_retry=0.1)
+    second.start_informers()
+    try:
+        await second.wait_synced()
+        second.start_leading()
+        await eventually(lambda: second.group_runs)
+        for key in list(second.group_runs):
+            assert await second.reconcile(key) == 0
+        await asyncio.sleep(0.5)
+        assert api.count("PATCH", "pipelineruns") == writes
+        assert len(waiting_events(api)) == 2
+        # a is done: b starts (its reason goes with the start patch), c moves up: one write.
+        api.edit(
+            "pipelineruns",
+            "ci",
+            "a",
+            {"status": {"conditions": [{"type": "Succeeded", "status": "True", "reason": "Done"}]}},
+        )
+        await eventually(lambda: "status" not in pr_spec(api, "b"))
+        assert "coschedule.dev/waiting" not in run_annotations(api, "b")
+        moved = why_b.replace("behind a,", "behind b,")
+        await eventually(lambda: run_annotations(api, "c").get("coschedule.dev/waiting") == moved)
+        await asyncio.sleep(0.3)
+        assert api.count("PATCH", "pipelineruns") == writes + 2
+        assert waiting_events(api) == [("b", why_b), ("c", moved), ("c", why_c)]
+    finally:
+        await second.stop()
