@@ -28,6 +28,7 @@ pytestmark = pytest.mark.e2e
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "docs" / "examples" / "concurrency"
 PENDING_BY = "coschedule.dev/pending-by"
+WAITING = "coschedule.dev/waiting"
 LABEL = "concurrency.coschedule.dev/"
 TIMEOUT = 20.0
 
@@ -520,6 +521,80 @@ def test_queue_newest_first_starts_the_newest_waiting_run(
         expected[finished] = "done"
         expected[starting] = "started"
         wait_states(api, kind, ns, expected)
+
+
+@pytest.mark.usefixtures("reconciling")
+@pytest.mark.parametrize("kind", ["PipelineRun", "Workflow"])
+def test_a_held_run_says_why_it_waits_once_and_a_restart_writes_nothing(
+    e2e: E2E, namespace: Callable[..., str], kind: str
+) -> None:
+    api = e2e.api
+    ns = namespace(prefix="cc-why")
+    make_control(e2e, ns, "env", {"selector": {}, "strategy": "Queue", "key": "prod"}, kind)
+    api.create(run_manifest(kind, ns, "deploy-7x2", {}))
+    wait_states(api, kind, ns, {"deploy-7x2": "started"})
+    api.create(run_manifest(kind, ns, "second", {}))
+    api.create(run_manifest(kind, ns, "third", {}))
+    want = {
+        "second": "waiting: 2nd in queue for key prod of ConcurrencyControl env, behind "
+        "deploy-7x2, which is running (1 may run at once)",
+        "third": "waiting: 3rd in queue for key prod of ConcurrencyControl env, behind second, "
+        "which is waiting (1 may run at once)",
+    }
+
+    def said() -> dict[str, str]:
+        return {
+            name: (api.must_get(kind, name, ns)["metadata"].get("annotations") or {}).get(
+                WAITING, ""
+            )
+            for name in want
+        }
+
+    wait_for(
+        "each held run to say why it waits",
+        lambda: said() == want,
+        timeout=TIMEOUT,
+        describe=lambda: str(said()),
+    )
+    for name, why in want.items():
+
+        def told(name: str = name, why: str = why) -> bool:
+            return run_events(api, ns, name) == [("Waiting", why)]
+
+        wait_for(f"one Waiting Event on {name}", told, timeout=10, describe=lambda: events(api, ns))
+    versions = {n: api.must_get(kind, n, ns)["metadata"]["resourceVersion"] for n in want}
+    # Every reconciler replica restarts: the state is on the runs, so nothing is written.
+    for name in list(e2e.product.reconcilers):
+        e2e.product.reconcilers.pop(name).stop()
+    for name in RECONCILER_REPLICAS:
+        e2e.product.start_reconciler(name)
+    wait_for("a reconciler to lead again", e2e.product.leader, timeout=30)
+    time.sleep(3.0)  # the new leader has looked at every group by now
+    assert {n: api.must_get(kind, n, ns)["metadata"]["resourceVersion"] for n in want} == (versions)
+    for name, why in want.items():
+        assert run_events(api, ns, name) == [("Waiting", why)]
+    # The line moves: second starts (its reason goes with the start), third says so, once.
+    finish(api, kind, ns, "deploy-7x2")
+    wait_states(api, kind, ns, {"deploy-7x2": "done", "second": "started", "third": "pending-us"})
+    moved = want["second"].replace("deploy-7x2", "second")
+    wait_for(
+        "third to say it moved up",
+        lambda: said()["third"] == moved,
+        timeout=TIMEOUT,
+        describe=lambda: str(said()),
+    )
+    assert said()["second"] == ""
+    if e2e.kubectl is not None:
+        shown = e2e.kubectl_run("get", "concurrencycontrol", "env", "-n", ns).stdout.split()
+        wait_for(
+            "kubectl get to count 1 running and 1 pending",
+            lambda: (
+                e2e.kubectl_run("get", "concurrencycontrol", "env", "-n", ns).stdout.split()[7:13]
+                == ["env", "Queue", "prod", "1", "1", "1"]
+            ),
+            timeout=10,
+            describe=lambda: str(shown),
+        )
 
 
 # ---- Replace ---------------------------------------------------------------------------
