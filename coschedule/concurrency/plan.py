@@ -183,16 +183,7 @@ def plan(key: GroupKey, groups: Mapping[GroupKey, Group]) -> list[Action]:
     """Actions for group ``key``; ``groups`` holds it and every other group its runs are in
     (a group missing from it counts as holding nothing)."""
     group = groups[key]
-    verdicts: dict[GroupKey, Verdict] = {}
-
-    def of(k: GroupKey) -> Verdict | None:
-        if k not in verdicts:
-            g = groups.get(k)
-            if g is None:
-                return None
-            verdicts[k] = verdict(g)
-        return verdicts[k]
-
+    of = verdicts_of(groups)
     mine = of(key)
     assert mine is not None
     control = group.control
@@ -231,6 +222,29 @@ def plan(key: GroupKey, groups: Mapping[GroupKey, Group]) -> list[Action]:
         if waits is not None and waits != run.annotations.get(ANNOTATION_WAITING):
             actions.append(MarkWaiting(run, waits))
     return actions
+
+
+def verdicts_of(groups: Mapping[GroupKey, Group]) -> VerdictOf:
+    """Each group's verdict, computed once when first asked; None for a group not observed."""
+    verdicts: dict[GroupKey, Verdict] = {}
+
+    def of(k: GroupKey) -> Verdict | None:
+        if k not in verdicts:
+            g = groups.get(k)
+            if g is None:
+                return None
+            verdicts[k] = verdict(g)
+        return verdicts[k]
+
+    return of
+
+
+def waiting_why(run: Run, groups: Mapping[GroupKey, Group]) -> str | None:
+    """Why a run pending by us waits (what its annotation should say), or None when it does
+    not wait (it starts, or is cancelled, on the next look)."""
+    if run.state is not State.PENDING_BY_US:
+        return None
+    return _waiting_why_of(run, verdicts_of(groups))
 
 
 def _waiting_why_of(run: Run, of: VerdictOf) -> str | None:

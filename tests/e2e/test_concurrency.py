@@ -20,6 +20,7 @@ import orjson
 import pytest
 import yaml
 
+from coschedule.cli.main import main
 from tests.e2e.conftest import _NOTES, E2E, RECONCILER_REPLICAS
 from tests.e2e.kube import Api, ApiError, Obj, wait_for
 from tests.e2e.world import make_namespace, unique
@@ -526,7 +527,7 @@ def test_queue_newest_first_starts_the_newest_waiting_run(
 @pytest.mark.usefixtures("reconciling")
 @pytest.mark.parametrize("kind", ["PipelineRun", "Workflow"])
 def test_a_held_run_says_why_it_waits_once_and_a_restart_writes_nothing(
-    e2e: E2E, namespace: Callable[..., str], kind: str
+    e2e: E2E, namespace: Callable[..., str], kind: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     api = e2e.api
     ns = namespace(prefix="cc-why")
@@ -573,6 +574,18 @@ def test_a_held_run_says_why_it_waits_once_and_a_restart_writes_nothing(
     assert {n: api.must_get(kind, n, ns)["metadata"]["resourceVersion"] for n in want} == (versions)
     for name, why in want.items():
         assert run_events(api, ns, name) == [("Waiting", why)]
+    # `coschedule explain --run` reads the same from the cluster.
+    assert e2e.plane.admin_kubeconfig is not None
+    admin = str(e2e.plane.admin_kubeconfig)
+    argv = ["explain", "--kubeconfig", admin, "--run", f"{kind}/third", "--namespace", ns]
+    capsys.readouterr()
+    assert main(argv) == 0
+    shown = capsys.readouterr().out
+    assert f"run:      {kind} {ns}/third" in shown
+    assert f"why:      {want['third']}" in shown
+    assert "not on the run yet" not in shown
+    assert "  - env, key prod (Queue, maxRunning 1): 1 running, 2 pending" in shown
+    assert "next look: nothing to do" in shown
     # The line moves: second starts (its reason goes with the start), third says so, once.
     finish(api, kind, ns, "deploy-7x2")
     wait_states(api, kind, ns, {"deploy-7x2": "done", "second": "started", "third": "pending-us"})
@@ -585,15 +598,16 @@ def test_a_held_run_says_why_it_waits_once_and_a_restart_writes_nothing(
     )
     assert said()["second"] == ""
     if e2e.kubectl is not None:
-        shown = e2e.kubectl_run("get", "concurrencycontrol", "env", "-n", ns).stdout.split()
+
+        def row() -> list[str]:
+            got = e2e.kubectl_run("get", "concurrencycontrol", "env", "-n", ns).stdout.split()
+            return got[7:13]
+
         wait_for(
             "kubectl get to count 1 running and 1 pending",
-            lambda: (
-                e2e.kubectl_run("get", "concurrencycontrol", "env", "-n", ns).stdout.split()[7:13]
-                == ["env", "Queue", "prod", "1", "1", "1"]
-            ),
+            lambda: row() == ["env", "Queue", "prod", "1", "1", "1"],
             timeout=10,
-            describe=lambda: str(shown),
+            describe=lambda: str(row()),
         )
 
 
