@@ -157,12 +157,17 @@ def _slotted(control: Control, held: Sequence[Run], names: frozenset[str]) -> Ve
     return Verdict(names, starts, cancels, len(running), why)
 
 
+SHOWN_PLACES = 10  # a waiting run's place is told up to this one
+
+
 def _waiting_why(
     control: Control, run: Run, place: int, ahead: Run | None, after: Mapping[str, State]
 ) -> str:
     key = run.key_of(control.name)
-    text = f"waiting: {ordinal(place + 1)} in queue for key {key} of ConcurrencyControl "
-    text += control.name
+    # Past SHOWN_PLACES the place is not told: a start then rewrites at most that many
+    # reasons, not one per waiting run (the run ahead still changes only when it starts).
+    where = ordinal(place + 1) if place < SHOWN_PLACES else f"after the {ordinal(SHOWN_PLACES)}"
+    text = f"waiting: {where} in queue for key {key} of ConcurrencyControl {control.name}"
     if ahead is not None:
         state = after.get(ahead.ident, ahead.state)
         said = "waiting" if state is State.PENDING_BY_US else state.value

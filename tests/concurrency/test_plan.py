@@ -289,6 +289,19 @@ def test_a_held_run_whose_reason_is_written_needs_nothing_until_the_line_moves()
     }
 
 
+def test_past_the_tenth_place_a_start_rewrites_no_reason() -> None:
+    runs = [pr("running", 0), *(pending_pr(f"w{i:02d}", i + 1) for i in range(14))]
+    before = waits(decide(queue(1), *runs))
+    assert before["w08"].startswith("waiting: 10th in queue for key main")
+    assert before["w09"].startswith("waiting: after the 10th in queue for key main")
+    assert before["w09"].endswith("behind w08, which is waiting (1 may run at once)")
+    # running is done and w00 starts: the reasons past the 10th place stay as they were.
+    done = [pr("running", 0, succeeded="True"), *runs[1:]]
+    after = waits(decide(queue(1), *done))
+    changed = sorted(n for n in after if after[n] != before.get(n))
+    assert changed == [f"w{i:02d}" for i in range(1, 10)]
+
+
 def test_ordinals() -> None:
     assert [ordinal(n) for n in (1, 2, 3, 4, 11, 12, 13, 21, 22, 101, 111, 112)] == [
         "1st",
