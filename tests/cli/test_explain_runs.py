@@ -117,9 +117,11 @@ def test_a_control_among_other_kinds_is_refused_not_skipped(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     controls = tmp_path / "controls.yaml"
-    controls.write_text((EXAMPLES / "controls.yaml").read_text() + "---\nkind: ConfigMap\n")
+    examples = (EXAMPLES / "controls.yaml").read_text()
+    controls.write_text(examples + "---\nkind: ConfigMap\n")
     assert main(["explain", "-f", str(EXAMPLES / "ci-run.yaml"), "--controls", str(controls)]) == 2
-    assert "item 3 is a ConfigMap, not a ConcurrencyControl" in capsys.readouterr().err
+    item = examples.count("kind: ConcurrencyControl") + 1  # after the examples' controls
+    assert f"item {item} is a ConfigMap, not a ConcurrencyControl" in capsys.readouterr().err
 
 
 def test_it_says_when_no_controls_were_given(capsys: pytest.CaptureFixture[str]) -> None:
