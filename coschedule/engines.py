@@ -35,6 +35,18 @@ class Strategy(enum.StrEnum):
     GRACEFULLY_CANCEL = "GracefullyCancel"
     GRACEFULLY_STOP = "GracefullyStop"
     QUEUE = "Queue"
+    REPLACE = "Replace"
+
+
+# Strategies that bound how many runs of a group run at once (spec.maxRunning).
+SLOTTED = frozenset({Strategy.QUEUE, Strategy.REPLACE})
+
+
+class Order(enum.StrEnum):
+    """Which runs pending by us a Queue starts first (spec.order)."""
+
+    OLDEST_FIRST = "oldest-first"
+    NEWEST_FIRST = "newest-first"
 
 
 def _map(value: Any) -> Obj:
@@ -169,6 +181,8 @@ PIPELINE_RUN_CONTROL = RunControl(
         Strategy.CANCEL: "Cancelled",
         Strategy.GRACEFULLY_CANCEL: "CancelledRunFinally",
         Strategy.GRACEFULLY_STOP: "StoppedRunFinally",
+        # Replace cancels only runs that never started (pending by us): the plain cancel.
+        Strategy.REPLACE: "Cancelled",
     },
     held_cancel={},
     is_pending=lambda spec: spec.get("status") == TEKTON_PENDING,
@@ -188,6 +202,7 @@ WORKFLOW_CONTROL = RunControl(
         Strategy.CANCEL: "Terminate",
         Strategy.GRACEFULLY_CANCEL: "Stop",
         Strategy.GRACEFULLY_STOP: "Stop",
+        Strategy.REPLACE: "Terminate",
     },
     # A held Workflow is suspended: the shutdown is acted on only once it is not.
     held_cancel={"suspend": False},

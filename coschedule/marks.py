@@ -51,6 +51,9 @@ CONCURRENCY_GROUPED = "grouped"
 # On a run the webhook made pending, until the reconciler starts or cancels it.
 ANNOTATION_PENDING_BY = "coschedule.dev/pending-by"
 PENDING_BY_CONCURRENCY = "concurrency"
+# On a run held pending by a Queue or Replace control: why it waits (its place, the run ahead),
+# written by the reconciler when that changes; removed when the run starts or is cancelled.
+ANNOTATION_WAITING = "coschedule.dev/waiting"
 # On each volumeClaimTemplate of a placeholder: the original claim it stands for.
 TEMPLATE_CLAIM = "coschedule.dev/claim"
 

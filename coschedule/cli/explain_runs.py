@@ -13,7 +13,7 @@ from coschedule.concurrency.admission import admit_run
 from coschedule.concurrency.control import BadControl, Control, parse_control
 from coschedule.concurrency.names import KIND as CONTROL_KIND
 from coschedule.concurrency.runs import engine_labels
-from coschedule.engines import RUN_ENGINES, Kind, Strategy, run_kind_of
+from coschedule.engines import RUN_ENGINES, Kind, Order, Strategy, run_kind_of
 
 RUN_KINDS = tuple(k.value for k in Kind)
 # What a run file may be: "tekton.dev/v1, argoproj.io/v1alpha1".
@@ -120,9 +120,16 @@ def explain_run(
 
 def _then(control: Control, key: str) -> str:
     if control.strategy is Strategy.QUEUE:
+        first = "newest" if control.order is Order.NEWEST_FIRST else "oldest"
         return (
             f"starts when fewer than {control.max_running} run(s) of key {key!r} are running, "
-            "oldest first"
+            f"{first} first"
+        )
+    if control.strategy is Strategy.REPLACE:
+        return (
+            f"starts when fewer than {control.max_running} run(s) of key {key!r} are running, "
+            "oldest first; while it waits, a newer run of that key replaces it (it is "
+            "cancelled); running runs are never cancelled"
         )
     return (
         f"starts if it is the newest run of key {key!r}; older unfinished runs of that key are "

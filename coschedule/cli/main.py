@@ -126,6 +126,8 @@ def cmd_explain(args: argparse.Namespace) -> int:
     from coschedule.marks import MODE_CHOICES, Mode
     from coschedule.wire.pod_fields import MalformedPod
 
+    if args.run is not None or args.file is None:
+        return _explain_live(args)
     try:
         text = sys.stdin.read() if args.file == "-" else Path(args.file).read_text("utf-8")
         run = _read_run(text)
@@ -175,6 +177,52 @@ def cmd_explain(args: argparse.Namespace) -> int:
         print(orjson.dumps(report, option=orjson.OPT_INDENT_2).decode())
     else:
         print(render_text(report))
+    return EXIT_OK
+
+
+def _explain_live(args: argparse.Namespace) -> int:
+    """``--run KIND/NAME``: where the run stands in the cluster, and why."""
+    import orjson
+
+    from coschedule.cli.explain_live import (
+        NotFound,
+        live_report,
+        observe_run,
+        parse_run_ref,
+        render_live_text,
+    )
+    from coschedule.kube.client import ApiError, KubeClient, KubeConfigError, require
+
+    if args.run is None or args.file is not None:
+        print("coschedule explain: give -f FILE, or --run KIND/NAME (a live run)", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        kind, name = parse_run_ref(args.run)
+        creds = require(args.kubeconfig, os.environ, "--run")
+    except (ValueError, KubeConfigError) as exc:
+        print(f"coschedule explain: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    namespace = args.namespace or creds.namespace
+
+    async def look() -> dict[str, Any]:
+        client = KubeClient(creds, user_agent="coschedule-explain")
+        try:
+            return live_report(*await observe_run(client, kind, namespace, name))
+        finally:
+            await client.aclose()
+
+    try:
+        report = asyncio.run(look())
+    except NotFound as exc:
+        print(f"coschedule explain: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except (ApiError, OSError) as exc:
+        print(f"coschedule explain: cannot read the cluster: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    if args.output == "json":
+        print(orjson.dumps(report, option=orjson.OPT_INDENT_2).decode())
+    else:
+        print(render_live_text(report))
     return EXIT_OK
 
 
@@ -384,14 +432,22 @@ def build_parser() -> argparse.ArgumentParser:
     exp.add_argument(
         "-f",
         "--file",
-        required=True,
         help="pod, PipelineRun or Workflow manifest (YAML or JSON), - for stdin",
     )
+    exp.add_argument(
+        "--run",
+        metavar="KIND/NAME",
+        help="a live run instead of -f (pipelinerun/NAME or workflow/NAME, in --namespace): "
+        "its state, its groups, what the reconciler's next look does and why it waits",
+    )
+    exp.add_argument("--kubeconfig", default=None, help=kubeconfig_help + "; with --run")
     exp.add_argument(
         "--mode", help="the cluster mode to assume (default: the config's coschedule key)"
     )
     exp.add_argument("--namespace-mode", help="the namespace's coschedule.dev/mode label")
-    exp.add_argument("--namespace", help="the namespace (default: the pod's)")
+    exp.add_argument(
+        "--namespace", help="the namespace (default: the pod's; with --run, the kubeconfig's)"
+    )
     exp.add_argument(
         "--config-dir",
         default=None,

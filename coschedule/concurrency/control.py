@@ -14,11 +14,11 @@ from typing import Any
 from coschedule.concurrency.names import API_VERSION, KIND, MAX_CONTROL_NAME
 from coschedule.concurrency.selector import BadSelector, parse_selector
 from coschedule.concurrency.template import BadTemplate, Template, parse_template
-from coschedule.engines import RUN_ENGINES, Kind, Strategy
+from coschedule.engines import RUN_ENGINES, SLOTTED, Kind, Order, Strategy
 from coschedule.k8s.selectors import Selector
 
 DEFAULT_KINDS = frozenset(RUN_ENGINES)  # every run engine
-SPEC_FIELDS = frozenset({"selector", "kinds", "key", "strategy", "maxRunning"})
+SPEC_FIELDS = frozenset({"selector", "kinds", "key", "strategy", "maxRunning", "order"})
 
 
 class BadControl(ValueError):
@@ -34,6 +34,7 @@ class Control:
     key: Template
     strategy: Strategy
     max_running: int = 1
+    order: Order = Order.OLDEST_FIRST
 
     @property
     def ref(self) -> str:
@@ -91,11 +92,21 @@ def parse_control(obj: Mapping[str, Any], namespace: str | None = None) -> Contr
     max_running = spec.get("maxRunning", 1)
     if not isinstance(max_running, int) or isinstance(max_running, bool) or max_running < 1:
         raise BadControl(f"spec.maxRunning must be an integer of at least 1, not {max_running!r}")
-    if strategy is not Strategy.QUEUE and max_running != 1:
+    if strategy not in SLOTTED and max_running != 1:
         raise BadControl(
-            "spec.maxRunning applies to strategy Queue only: remove it or use strategy: Queue"
+            "spec.maxRunning applies to strategies Queue and Replace only: remove it or use "
+            "strategy: Queue or Replace"
         )
-    return Control(ns, name, selector, kinds, key, strategy, max_running)
+    raw_order = spec.get("order")
+    order = Order.OLDEST_FIRST
+    if raw_order is not None:
+        if strategy is not Strategy.QUEUE:
+            raise BadControl("spec.order applies to strategy Queue only: remove it or use Queue")
+        try:
+            order = Order(raw_order)
+        except ValueError:
+            raise BadControl(f"spec.order: {raw_order!r} is not one of {_choices(Order)}") from None
+    return Control(ns, name, selector, kinds, key, strategy, max_running, order)
 
 
 def _kinds(raw: Any) -> frozenset[Kind]:

@@ -6,21 +6,30 @@ which are cancelled. Pure: observed runs and controls in, actions out.
   strategy's value. Finished and stopping runs are never touched; runs their authors made
   pending are never started, never cancelled, and never count as "newer" (they may never
   start).
-- ``Queue``: the oldest runs pending by us may start while fewer than ``maxRunning`` runs of
-  the group are running (a stopping run still runs); nothing is cancelled.
+- ``Queue``: the oldest runs pending by us (the newest with ``order: newest-first``) may start
+  while fewer than ``maxRunning`` runs of the group are running (a stopping run still runs);
+  nothing is cancelled.
+- ``Replace``: as Queue, oldest first, but at most one run stays pending, the newest: older
+  runs pending by us that may not start are cancelled (superseded). Running runs are never
+  cancelled.
 - A run in several groups starts only when every group that holds it lets it, and none
   cancels it. A group whose control is gone, or no longer selects the run, holds nothing:
   its runs pending by us start (never stranded).
+- A run that stays pending by us gets why, on itself (annotation ``coschedule.dev/waiting``,
+  written only when it changes): its place in the queue of the first group (by control name)
+  that holds it back, and the run ahead of it. It is a function of the runs alone, so a
+  restart or another replica computes the same text, and planning again writes nothing.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from coschedule.concurrency.control import Control
 from coschedule.concurrency.runs import Run, State
-from coschedule.engines import Strategy, run_control
+from coschedule.engines import SLOTTED, Order, Strategy, run_control
+from coschedule.marks import ANNOTATION_WAITING
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -52,6 +61,7 @@ class Verdict:
     allowed: frozenset[str]  # held runs this group lets start
     cancels: Mapping[str, tuple[str, str]]  # run -> (cancel value, the newer run's name)
     running: int = 0
+    waiting: Mapping[str, str] = field(default_factory=dict)  # held back run -> why
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,7 +81,15 @@ class StartRun:
     why: str
 
 
-Action = CancelRun | StartRun
+@dataclass(frozen=True, slots=True)
+class MarkWaiting:
+    """Write why the run still waits (it changed): annotation and one Event."""
+
+    run: Run
+    why: str
+
+
+Action = CancelRun | StartRun | MarkWaiting
 VerdictOf = Callable[[GroupKey], Verdict | None]
 
 
@@ -88,11 +106,8 @@ def verdict(group: Group) -> Verdict:
     names = frozenset(r.ident for r in held)
     if control is None or not held:
         return Verdict(names, frozenset(), {})
-    if control.strategy is Strategy.QUEUE:
-        running = sum(1 for r in held if r.state in (State.RUNNING, State.STOPPING))
-        waiting = sorted((r for r in held if r.state is State.PENDING_BY_US), key=lambda r: r.order)
-        free = max(0, control.max_running - running)
-        return Verdict(names, frozenset(r.ident for r in waiting[:free]), {}, running)
+    if control.strategy in SLOTTED:
+        return _slotted(control, held, names)
     contenders = [r for r in held if r.state is not State.PENDING_BY_AUTHOR]
     if not contenders:
         return Verdict(names, frozenset(), {})
@@ -107,20 +122,73 @@ def verdict(group: Group) -> Verdict:
     return Verdict(names, allowed, cancels, running)
 
 
+def _slotted(control: Control, held: Sequence[Run], names: frozenset[str]) -> Verdict:
+    """Queue and Replace: runs pending by us start while fewer than ``maxRunning`` run (a
+    stopping run still runs). Queue starts them oldest (or newest) first and cancels nothing.
+    Replace acts as if the runs had arrived one at a time in creation order: the oldest start
+    while slots are free, and of the rest only the newest stays pending; the others are
+    cancelled, superseded by it."""
+    running = sorted(
+        (r for r in held if r.state in (State.RUNNING, State.STOPPING)), key=lambda r: r.order
+    )
+    waiting = sorted((r for r in held if r.state is State.PENDING_BY_US), key=lambda r: r.order)
+    free = max(0, control.max_running - len(running))
+    if control.strategy is Strategy.QUEUE and control.order is Order.NEWEST_FIRST:
+        waiting.reverse()
+    starts = frozenset(r.ident for r in waiting[:free])
+    cancels: dict[str, tuple[str, str]] = {}
+    if control.strategy is Strategy.REPLACE:
+        rest = waiting[free:]  # rest[-1], the newest, stays pending
+        cancels = {
+            r.ident: (run_control(r.kind).cancel_values[Strategy.REPLACE], rest[-1].name)
+            for r in rest[:-1]
+        }
+    # The line as this plan leaves it: the runs that run (those starting now, and those it
+    # cancels: they stop), by creation, then the ones still waiting in the order they start.
+    after = {r.ident: State.RUNNING for r in waiting if r.ident in starts}
+    after.update((ident, State.STOPPING) for ident in cancels)
+    ahead = sorted([*running, *(r for r in waiting if r.ident in after)], key=lambda r: r.order)
+    line = [*ahead, *(r for r in waiting if r.ident not in after)]
+    why = {
+        run.ident: _waiting_why(control, run, place, line[place - 1] if place else None, after)
+        for place, run in enumerate(line)
+        if place >= len(ahead)
+    }
+    return Verdict(names, starts, cancels, len(running), why)
+
+
+SHOWN_PLACES = 10  # a waiting run's place is told up to this one
+
+
+def _waiting_why(
+    control: Control, run: Run, place: int, ahead: Run | None, after: Mapping[str, State]
+) -> str:
+    key = run.key_of(control.name)
+    # Past SHOWN_PLACES the place is not told: a start then rewrites at most that many
+    # reasons, not one per waiting run (the run ahead still changes only when it starts).
+    where = ordinal(place + 1) if place < SHOWN_PLACES else f"after the {ordinal(SHOWN_PLACES)}"
+    text = f"waiting: {where} in queue for key {key} of ConcurrencyControl {control.name}"
+    if ahead is not None:
+        state = after.get(ahead.ident, ahead.state)
+        said = "waiting" if state is State.PENDING_BY_US else state.value
+        text += f", behind {ahead.name}, which is {said}"
+    text += f" ({control.max_running} may run at once)"
+    if control.strategy is Strategy.REPLACE:
+        text += "; a newer run of the key replaces it"
+    return text
+
+
+def ordinal(n: int) -> str:
+    """1st, 2nd, 3rd, 4th, ..., 11th, 12th, 13th, ..., 21st."""
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
+
+
 def plan(key: GroupKey, groups: Mapping[GroupKey, Group]) -> list[Action]:
     """Actions for group ``key``; ``groups`` holds it and every other group its runs are in
     (a group missing from it counts as holding nothing)."""
     group = groups[key]
-    verdicts: dict[GroupKey, Verdict] = {}
-
-    def of(k: GroupKey) -> Verdict | None:
-        if k not in verdicts:
-            g = groups.get(k)
-            if g is None:
-                return None
-            verdicts[k] = verdict(g)
-        return verdicts[k]
-
+    of = verdicts_of(groups)
     mine = of(key)
     assert mine is not None
     control = group.control
@@ -149,7 +217,49 @@ def plan(key: GroupKey, groups: Mapping[GroupKey, Group]) -> list[Action]:
                 else f"ConcurrencyControl {key.control} no longer selects it"
             )
         actions.append(StartRun(run, key.control, why))
+    started = {a.run.ident for a in actions if isinstance(a, StartRun)}
+    for run in sorted(group.runs, key=lambda r: r.order):
+        if run.state is not State.PENDING_BY_US or run.ident in mine.cancels:
+            continue
+        if run.ident in started:
+            continue
+        waits = _waiting_why_of(run, of)
+        if waits is not None and waits != run.annotations.get(ANNOTATION_WAITING):
+            actions.append(MarkWaiting(run, waits))
     return actions
+
+
+def verdicts_of(groups: Mapping[GroupKey, Group]) -> VerdictOf:
+    """Each group's verdict, computed once when first asked; None for a group not observed."""
+    verdicts: dict[GroupKey, Verdict] = {}
+
+    def of(k: GroupKey) -> Verdict | None:
+        if k not in verdicts:
+            g = groups.get(k)
+            if g is None:
+                return None
+            verdicts[k] = verdict(g)
+        return verdicts[k]
+
+    return of
+
+
+def waiting_why(run: Run, groups: Mapping[GroupKey, Group]) -> str | None:
+    """Why a run pending by us waits (what its annotation should say), or None when it does
+    not wait (it starts, or is cancelled, on the next look)."""
+    if run.state is not State.PENDING_BY_US:
+        return None
+    return _waiting_why_of(run, verdicts_of(groups))
+
+
+def _waiting_why_of(run: Run, of: VerdictOf) -> str | None:
+    """Why the run waits: from the first of its groups (by control name) that holds it back,
+    so that every group's plan computes the same text."""
+    for control, value in sorted(run.groups().items()):
+        theirs = of(GroupKey(run.namespace, control, value))
+        if theirs is not None and run.ident in theirs.waiting:
+            return theirs.waiting[run.ident]
+    return None
 
 
 def _blocked_elsewhere(run: Run, key: GroupKey, of: VerdictOf) -> bool:
@@ -166,7 +276,7 @@ def _blocked_elsewhere(run: Run, key: GroupKey, of: VerdictOf) -> bool:
 
 
 def _why(control: Control, run: Run, mine: Verdict) -> str:
-    if control.strategy is Strategy.QUEUE:
+    if control.strategy in SLOTTED:
         return (
             f"a slot is free in ConcurrencyControl {control.name} "
             f"({mine.running} of maxRunning {control.max_running} running), "

@@ -15,7 +15,12 @@ from typing import Any
 
 from coschedule.engines import RUN_ENGINES, Kind, run_control
 from coschedule.k8s.timefmt import parse_time
-from coschedule.marks import ANNOTATION_PENDING_BY, LABEL_CONCURRENCY_PREFIX, PENDING_BY_CONCURRENCY
+from coschedule.marks import (
+    ANNOTATION_PENDING_BY,
+    ANNOTATION_WAITING,
+    LABEL_CONCURRENCY_PREFIX,
+    PENDING_BY_CONCURRENCY,
+)
 
 
 class State(enum.Enum):
@@ -155,12 +160,12 @@ def parse_run(kind: Kind, obj: Mapping[str, Any]) -> Run:
 
 
 def start_patch(run: Run) -> dict[str, Any]:
-    """JSON merge patch: pending mark and our annotation off, only if the run is unchanged."""
+    """JSON merge patch: pending mark and our annotations off, only if the run is unchanged."""
     spec: dict[str, Any] = dict(run_control(run.kind).start)
     return {
         "metadata": {
             "resourceVersion": run.resource_version,
-            "annotations": {ANNOTATION_PENDING_BY: None},
+            "annotations": {ANNOTATION_PENDING_BY: None, ANNOTATION_WAITING: None},
         },
         "spec": spec,
     }
@@ -173,6 +178,16 @@ def cancel_patch(run: Run, value: str) -> dict[str, Any]:
     spec: dict[str, Any] = {control.cancel_field: value}
     metadata: dict[str, Any] = {"resourceVersion": run.resource_version}
     if run.state is State.PENDING_BY_US:
-        metadata["annotations"] = {ANNOTATION_PENDING_BY: None}
+        metadata["annotations"] = {ANNOTATION_PENDING_BY: None, ANNOTATION_WAITING: None}
         spec.update(control.held_cancel)
     return {"metadata": metadata, "spec": spec}
+
+
+def waiting_patch(run: Run, why: str) -> dict[str, Any]:
+    """JSON merge patch: why the run waits, only if the run is unchanged."""
+    return {
+        "metadata": {
+            "resourceVersion": run.resource_version,
+            "annotations": {ANNOTATION_WAITING: why},
+        }
+    }

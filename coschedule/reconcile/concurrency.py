@@ -28,6 +28,7 @@ from coschedule.concurrency.plan import (
     CancelRun,
     Group,
     GroupKey,
+    MarkWaiting,
     StartRun,
     control_status,
     group_keys,
@@ -40,6 +41,7 @@ from coschedule.concurrency.runs import (
     parse_run,
     run_labels,
     start_patch,
+    waiting_patch,
 )
 from coschedule.engines import RUN_ENGINES, RUN_SPEC_FIELDS, Kind, Strategy
 from coschedule.kube.client import ApiError, KubeClient, object_path
@@ -49,6 +51,7 @@ from coschedule.kube.events import record_event
 from coschedule.kube.informer import IndexFunc, Informer, Obj
 from coschedule.marks import (
     ANNOTATION_PENDING_BY,
+    ANNOTATION_WAITING,
     LABEL_CONCURRENCY_GROUPED,
     LABEL_CONCURRENCY_PREFIX,
 )
@@ -120,7 +123,8 @@ def slim_run(obj: Obj, kind: Kind) -> Obj:
             "annotations": {
                 k: v
                 for k, v in annotations.items()
-                if k == ANNOTATION_PENDING_BY or k.startswith(LABEL_CONCURRENCY_PREFIX)
+                if k in (ANNOTATION_PENDING_BY, ANNOTATION_WAITING)
+                or k.startswith(LABEL_CONCURRENCY_PREFIX)
             },
         },
         "spec": {k: spec[k] for k in RUN_SPEC_FIELDS if k in spec},
@@ -403,6 +407,11 @@ class ConcurrencyController:
                 },
             )
             await self._event(run, "Started", message, "Normal")
+        elif isinstance(action, MarkWaiting):
+            # Written only when the reason changed (the plan compares it with the run's): one
+            # Event per change, and nothing when a look changes nothing.
+            await self.client.patch(path, waiting_patch(run, action.why))
+            await self._event(run, "Waiting", action.why, "Normal")
 
     async def _event(self, run: Run, reason: str, message: str, kind: str) -> None:
         involved = {

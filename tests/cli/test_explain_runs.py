@@ -117,9 +117,11 @@ def test_a_control_among_other_kinds_is_refused_not_skipped(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     controls = tmp_path / "controls.yaml"
-    controls.write_text((EXAMPLES / "controls.yaml").read_text() + "---\nkind: ConfigMap\n")
+    examples = (EXAMPLES / "controls.yaml").read_text()
+    controls.write_text(examples + "---\nkind: ConfigMap\n")
     assert main(["explain", "-f", str(EXAMPLES / "ci-run.yaml"), "--controls", str(controls)]) == 2
-    assert "item 3 is a ConfigMap, not a ConcurrencyControl" in capsys.readouterr().err
+    item = examples.count("kind: ConcurrencyControl") + 1  # after the examples' controls
+    assert f"item {item} is a ConfigMap, not a ConcurrencyControl" in capsys.readouterr().err
 
 
 def test_it_says_when_no_controls_were_given(capsys: pytest.CaptureFixture[str]) -> None:
@@ -127,3 +129,29 @@ def test_it_says_when_no_controls_were_given(capsys: pytest.CaptureFixture[str])
     assert "controls: none given (--controls FILE" in capsys.readouterr().out
     assert main(["explain", "-f", str(EXAMPLES / "ci-run.yaml"), "-o", "json"]) == 0
     assert orjson.loads(capsys.readouterr().out)["controlsGiven"] is False
+
+
+def test_replace_and_newest_first_say_what_happens(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = tmp_path / "run.yaml"
+    run.write_text(
+        (EXAMPLES / "ci-run.yaml")
+        .read_text()
+        .replace("build-and-test", "build-preview")
+        .replace("name: branch", "name: pull-request")
+    )
+    assert main(["explain", "-f", str(run), "--controls", CONTROLS]) == 0
+    out = capsys.readouterr().out
+    assert "preview-per-pull-request (Replace): matches" in out
+    assert "a newer run of that key replaces it" in out
+    release = tmp_path / "release.yaml"
+    release.write_text(
+        (EXAMPLES / "deploy-workflow.yaml")
+        .read_text()
+        .replace("component: deploy", "component: release")
+    )
+    assert main(["explain", "-f", str(release), "--controls", CONTROLS]) == 0
+    out = capsys.readouterr().out
+    assert "release-newest-first (Queue): matches" in out
+    assert "are running, newest first" in out

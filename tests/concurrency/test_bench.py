@@ -12,8 +12,9 @@ def test_synthesized_state_and_plan() -> None:
     assert figures["groups"] == 40
     assert figures["runs"] == 400
     # Per Cancel group (half): the newest (pending) starts, 2 running and 3 older pending runs
-    # are cancelled; per Queue group (maxRunning 2, 2 running): nothing.
-    assert figures["actions_in_one_pass"] == 20 * 6
+    # are cancelled; per Queue group (maxRunning 2, 2 running): nothing starts, and each of its
+    # 4 runs pending by us is told, once, why it waits.
+    assert figures["actions_in_one_pass"] == 20 * 6 + 20 * 4
     assert figures["plan_us_per_group_median"] > 0
     text = concurrency.render({"in_process": figures, "e2e": {"ran": False, "note": "skipped"}})
     assert "40 / 400" in text

@@ -9,7 +9,7 @@ import pytest
 
 from coschedule.concurrency.control import DEFAULT_KINDS, BadControl, parse_control
 from coschedule.concurrency.selector import parse_selector
-from coschedule.engines import Kind, Strategy
+from coschedule.engines import Kind, Order, Strategy
 from coschedule.k8s.selectors import Requirement, Selector
 from tests.concurrency.runs import control
 
@@ -23,6 +23,16 @@ def test_defaults_follow_the_crd() -> None:
     assert parsed.max_running == 1
     assert parsed.strategy is Strategy.CANCEL
     assert parsed.selector == Selector()
+    assert parsed.order is Order.OLDEST_FIRST
+
+
+def test_replace_takes_max_running_and_queue_an_order() -> None:
+    replace = parse_control(control("r", {"selector": {}, "strategy": "Replace", "maxRunning": 2}))
+    assert (replace.strategy, replace.max_running) == (Strategy.REPLACE, 2)
+    queue = parse_control(
+        control("q", {"selector": {}, "strategy": "Queue", "order": "newest-first"})
+    )
+    assert queue.order is Order.NEWEST_FIRST
 
 
 def test_a_full_control() -> None:
@@ -57,6 +67,10 @@ BAD: list[tuple[dict[str, Any], str]] = [
     ({"selector": {}, "strategy": "Queue", "maxRunning": 0}, "spec.maxRunning must be"),
     ({"selector": {}, "strategy": "Queue", "maxRunning": True}, "spec.maxRunning must be"),
     ({"selector": {}, "strategy": "Cancel", "maxRunning": 2}, "spec.maxRunning applies"),
+    ({"selector": {}, "strategy": "Replace", "maxRunning": 0}, "spec.maxRunning must be"),
+    ({"selector": {}, "strategy": "Queue", "order": "random"}, "spec.order: 'random' is not"),
+    ({"selector": {}, "strategy": "Replace", "order": "newest-first"}, "spec.order applies"),
+    ({"selector": {}, "strategy": "Cancel", "order": "oldest-first"}, "spec.order applies"),
     ({"selector": {}, "strategy": "Cancel", "kinds": ["Job"]}, "spec.kinds[0]"),
     ({"selector": {}, "strategy": "Cancel", "kinds": []}, "spec.kinds must be"),
     ({"selector": {}, "strategy": "Cancel", "key": "$(params.x"}, "spec.key: unclosed"),

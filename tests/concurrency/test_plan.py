@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -11,9 +12,11 @@ from coschedule.concurrency.plan import (
     CancelRun,
     Group,
     GroupKey,
+    MarkWaiting,
     StartRun,
     control_status,
     group_keys,
+    ordinal,
     plan,
 )
 from coschedule.concurrency.runs import (
@@ -22,12 +25,15 @@ from coschedule.concurrency.runs import (
     cancel_patch,
     parse_run,
     start_patch,
+    waiting_patch,
 )
 from coschedule.engines import Kind
 from tests.concurrency.runs import control, pipeline_run, workflow
 
 Obj = dict[str, Any]
 PENDING = {"coschedule.dev/pending-by": "concurrency"}
+WAITING = "coschedule.dev/waiting"
+PENDING_BY = "coschedule.dev/pending-by"
 
 
 def ctl(name: str = "ci", **spec: Any) -> Control:
@@ -63,14 +69,20 @@ def decide(control: Control | None, *runs: Run, key: GroupKey = KEY) -> list[Any
 
 
 def summary(actions: list[Any]) -> list[tuple[str, str, str]]:
+    """Starts and cancels (``waits`` has the rest)."""
     out = []
     for action in actions:
         if isinstance(action, CancelRun):
             out.append(("cancel", action.run.name, action.value))
-        else:
-            assert isinstance(action, StartRun)
+        elif isinstance(action, StartRun):
             out.append(("start", action.run.name, ""))
+        else:
+            assert isinstance(action, MarkWaiting)
     return out
+
+
+def waits(actions: list[Any]) -> dict[str, str]:
+    return {a.run.name: a.why for a in actions if isinstance(a, MarkWaiting)}
 
 
 # ---- states ----------------------------------------------------------------------------
@@ -167,7 +179,7 @@ def test_cancelling_a_pending_run_drops_our_annotation_and_argo_suspension() -> 
     run = pending_wf("w", 0)
     patch = cancel_patch(run, "Terminate")
     assert patch == {
-        "metadata": {"resourceVersion": "1", "annotations": {"coschedule.dev/pending-by": None}},
+        "metadata": {"resourceVersion": "1", "annotations": {PENDING_BY: None, WAITING: None}},
         "spec": {"shutdown": "Terminate", "suspend": False},
     }
     assert cancel_patch(pr("r", 0, rv="9"), "Cancelled") == {
@@ -178,10 +190,16 @@ def test_cancelling_a_pending_run_drops_our_annotation_and_argo_suspension() -> 
 
 def test_start_patches_carry_the_version_they_were_decided_on() -> None:
     assert start_patch(pending_pr("p", 0, rv="7")) == {
-        "metadata": {"resourceVersion": "7", "annotations": {"coschedule.dev/pending-by": None}},
+        "metadata": {"resourceVersion": "7", "annotations": {PENDING_BY: None, WAITING: None}},
         "spec": {"status": None},
     }
     assert start_patch(pending_wf("w", 0, rv="8"))["spec"] == {"suspend": False}
+
+
+def test_a_waiting_patch_writes_only_the_reason_on_the_version_decided_on() -> None:
+    assert waiting_patch(pending_pr("p", 0, rv="5"), "waiting: 2nd") == {
+        "metadata": {"resourceVersion": "5", "annotations": {WAITING: "waiting: 2nd"}}
+    }
 
 
 # ---- Queue -----------------------------------------------------------------------------
@@ -205,7 +223,7 @@ def test_queue_counts_running_and_stopping_runs_not_done_or_author_pending() -> 
         pending_pr("next", 4),
         pending_pr("later", 5),
     )
-    assert decide(queue(2), *runs) == []
+    assert summary(decide(queue(2), *runs)) == []
     assert summary(decide(queue(3), *runs)) == [("start", "next", "")]
 
 
@@ -216,6 +234,141 @@ def test_queue_never_cancels() -> None:
 
 def test_queue_start_reason_says_how_full_the_group_is() -> None:
     (start,) = decide(queue(2), pr("a", 0), pending_pr("b", 1))
+    assert isinstance(start, StartRun)
+    assert "1 of maxRunning 2 running" in start.why
+
+
+def test_queue_newest_first_starts_the_newest_waiting_runs() -> None:
+    control = ctl(strategy="Queue", maxRunning=3, order="newest-first")
+    runs = [pr("running", 0), *(pending_pr(f"q{i}", i + 1) for i in range(4))]
+    assert summary(decide(control, *runs)) == [("start", "q2", ""), ("start", "q3", "")]
+
+
+def test_a_retried_run_keeps_its_place_by_creation_then_name() -> None:
+    # Re-created with an older creation time than its name suggests: creation decides, and
+    # a tie on creation goes to the name, never to when we happened to see the run.
+    runs = (pending_pr("b-retry", 5), pending_pr("a", 5), pending_pr("c", 9))
+    assert summary(decide(queue(1), *runs)) == [("start", "a", "")]
+    newest = ctl(strategy="Queue", order="newest-first")
+    assert summary(decide(newest, *runs)) == [("start", "c", "")]
+
+
+def test_a_held_run_says_its_place_and_the_run_ahead() -> None:
+    prod = {"ci": "prod"}
+    waiting = (pending_pr(f"n{i}", i + 1, groups=prod) for i in range(3))
+    runs = (pr("deploy-7x2", 0, groups=prod), *waiting)
+    assert waits(decide(queue(1), *runs, key=GroupKey("ci", "ci", "prod"))) == {
+        "n0": "waiting: 2nd in queue for key prod of ConcurrencyControl ci, behind "
+        "deploy-7x2, which is running (1 may run at once)",
+        "n1": "waiting: 3rd in queue for key prod of ConcurrencyControl ci, behind "
+        "n0, which is waiting (1 may run at once)",
+        "n2": "waiting: 4th in queue for key prod of ConcurrencyControl ci, behind "
+        "n1, which is waiting (1 may run at once)",
+    }
+
+
+def test_a_held_run_whose_reason_is_written_needs_nothing_until_the_line_moves() -> None:
+    why = (
+        "waiting: 2nd in queue for key main of ConcurrencyControl ci, behind a, which is "
+        "stopping (1 may run at once)"
+    )
+    b = pr("b", 1, status="PipelineRunPending", annotations={**PENDING, WAITING: why})
+    assert decide(queue(1), pr("a", 0, status="Cancelled"), b) == []
+    # a is done: b starts (its start patch drops the annotation, no separate write).
+    (start,) = decide(queue(1), pr("a", 0, succeeded="True"), b)
+    assert isinstance(start, StartRun)
+    assert start_patch(start.run)["metadata"]["annotations"][WAITING] is None
+    # a newer run joins the front (newest-first): b's place changes, so its reason does.
+    newest = ctl(strategy="Queue", order="newest-first")
+    c = pending_pr("c", 2)
+    assert waits(decide(newest, pr("a", 0, status="Cancelled"), b, c)) == {
+        "b": "waiting: 3rd in queue for key main of ConcurrencyControl ci, behind c, which is "
+        "waiting (1 may run at once)",
+        "c": "waiting: 2nd in queue for key main of ConcurrencyControl ci, behind a, which is "
+        "stopping (1 may run at once)",
+    }
+
+
+def test_past_the_tenth_place_a_start_rewrites_no_reason() -> None:
+    runs = [pr("running", 0), *(pending_pr(f"w{i:02d}", i + 1) for i in range(14))]
+    before = waits(decide(queue(1), *runs))
+    assert before["w08"].startswith("waiting: 10th in queue for key main")
+    assert before["w09"].startswith("waiting: after the 10th in queue for key main")
+    assert before["w09"].endswith("behind w08, which is waiting (1 may run at once)")
+    # running is done and w00 starts: the reasons past the 10th place stay as they were.
+    done = [pr("running", 0, succeeded="True"), *runs[1:]]
+    after = waits(decide(queue(1), *done))
+    changed = sorted(n for n in after if after[n] != before.get(n))
+    assert changed == [f"w{i:02d}" for i in range(1, 10)]
+
+
+def test_ordinals() -> None:
+    assert [ordinal(n) for n in (1, 2, 3, 4, 11, 12, 13, 21, 22, 101, 111, 112)] == [
+        "1st",
+        "2nd",
+        "3rd",
+        "4th",
+        "11th",
+        "12th",
+        "13th",
+        "21st",
+        "22nd",
+        "101st",
+        "111th",
+        "112th",
+    ]
+
+
+# ---- Replace ---------------------------------------------------------------------------
+
+
+def replace(max_running: int = 1) -> Control:
+    return ctl(strategy="Replace", maxRunning=max_running)
+
+
+def test_replace_keeps_only_the_newest_pending_run() -> None:
+    runs = (
+        pr("running", 0),
+        pending_pr("old", 1),
+        pending_wf("older-wf", 2),
+        pending_pr("newest", 3),
+    )
+    actions = decide(replace(), *runs)
+    assert summary(actions) == [
+        ("cancel", "old", "Cancelled"),
+        ("cancel", "older-wf", "Terminate"),
+    ]
+    assert all(a.newer == "newest" for a in actions if isinstance(a, CancelRun))
+    assert waits(actions) == {
+        # The runs it cancels count as running until they are done.
+        "newest": "waiting: 4th in queue for key main of ConcurrencyControl ci, behind older-wf, "
+        "which is stopping (1 may run at once); a newer run of the key replaces it"
+    }
+
+
+def test_replace_starts_the_oldest_while_slots_are_free_as_if_they_came_one_by_one() -> None:
+    runs = (pr("running", 0), *(pending_pr(f"p{i}", i + 1) for i in range(4)))
+    assert summary(decide(replace(2), *runs)) == [
+        ("cancel", "p1", "Cancelled"),
+        ("cancel", "p2", "Cancelled"),
+        ("start", "p0", ""),
+    ]
+
+
+def test_replace_never_cancels_running_stopping_done_or_author_pending_runs() -> None:
+    runs = (
+        pr("running", 0),
+        pr("stopping", 1, status="Cancelled"),
+        pr("done", 2, succeeded="True"),
+        pr("authors", 3, status="PipelineRunPending"),
+        pending_pr("mine", 4),
+    )
+    assert summary(decide(replace(2), *runs)) == []
+    assert summary(decide(replace(3), *runs)) == [("start", "mine", "")]
+
+
+def test_replace_start_reason_says_how_full_the_group_is() -> None:
+    (start,) = decide(replace(2), pr("a", 0), pending_pr("b", 1))
     assert isinstance(start, StartRun)
     assert "1 of maxRunning 2 running" in start.why
 
@@ -258,8 +411,15 @@ def test_a_run_in_two_groups_starts_only_when_both_let_it() -> None:
         ci_key: Group(ci_key, ctl(), (a,)),
         env_key: Group(env_key, ctl("env", strategy="Queue"), (a, blocker)),
     }
-    assert plan(ci_key, groups) == []  # ci lets it; env is full
-    assert plan(env_key, groups) == []
+    # ci lets it; env is full: both plans say so with the same words (none undoes the other).
+    why = (
+        "waiting: 2nd in queue for key prod of ConcurrencyControl env, behind deploying, "
+        "which is running (1 may run at once)"
+    )
+    assert plan(ci_key, groups) == plan(env_key, groups) == [MarkWaiting(a, why)]
+    marked = dataclasses.replace(a, annotations={**a.annotations, WAITING: why})
+    groups = {k: dataclasses.replace(g, runs=(marked, *g.runs[1:])) for k, g in groups.items()}
+    assert plan(ci_key, groups) == plan(env_key, groups) == []
     finished = pr("deploying", 0, groups={"env": "prod"}, succeeded="True")
     groups[env_key] = Group(env_key, groups[env_key].control, (a, finished))
     assert summary(plan(ci_key, groups)) == [("start", "a", "")]

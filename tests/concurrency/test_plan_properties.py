@@ -1,5 +1,6 @@
-"""Properties of the group plan over generated groups: what it may touch, that Queue never
-exceeds maxRunning, and that carrying the actions out converges (a second look is empty)."""
+"""Properties of the group plan over generated groups: what it may touch, that Queue and
+Replace never exceed maxRunning, that Replace leaves at most one run pending (the newest), and
+that carrying the actions out converges (a second look is empty)."""
 
 from __future__ import annotations
 
@@ -9,12 +10,21 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from coschedule.concurrency.control import parse_control
-from coschedule.concurrency.plan import CancelRun, Group, GroupKey, StartRun, plan
+from coschedule.concurrency.plan import (
+    Action,
+    CancelRun,
+    Group,
+    GroupKey,
+    MarkWaiting,
+    StartRun,
+    plan,
+)
 from coschedule.concurrency.runs import Run, State
-from coschedule.engines import Kind, Strategy
+from coschedule.engines import SLOTTED, Kind, Order, Strategy
 from tests.concurrency.runs import control
 
 KEY = GroupKey("ci", "ci", "k")
+WAITING = "coschedule.dev/waiting"
 STATES = [State.PENDING_BY_US, State.PENDING_BY_AUTHOR, State.RUNNING, State.STOPPING, State.DONE]
 
 
@@ -22,8 +32,10 @@ STATES = [State.PENDING_BY_US, State.PENDING_BY_AUTHOR, State.RUNNING, State.STO
 def groups(draw: st.DrawFn) -> Group:
     strategy = draw(st.sampled_from(list(Strategy)))
     spec: dict[str, object] = {"selector": {}, "strategy": strategy.value}
-    if strategy is Strategy.QUEUE:
+    if strategy in SLOTTED:
         spec["maxRunning"] = draw(st.integers(1, 4))
+    if strategy is Strategy.QUEUE:
+        spec["order"] = draw(st.sampled_from(list(Order)))
     ctl = parse_control(control("ci", spec))
     count = draw(st.integers(0, 8))
     runs = []
@@ -45,11 +57,19 @@ def groups(draw: st.DrawFn) -> Group:
     return Group(KEY, ctl, tuple(runs))
 
 
-def carry_out(group: Group, actions: list[CancelRun | StartRun]) -> Group:
+def carry_out(group: Group, actions: list[Action]) -> Group:
+    """The runs as the patches leave them."""
     after = {r.ident: r for r in group.runs}
     for action in actions:
+        run = action.run
+        annotations = {k: v for k, v in run.annotations.items() if k != WAITING}
+        if isinstance(action, MarkWaiting):
+            after[run.ident] = dataclasses.replace(
+                run, annotations={**annotations, WAITING: action.why}
+            )
+            continue
         state = State.RUNNING if isinstance(action, StartRun) else State.STOPPING
-        after[action.run.ident] = dataclasses.replace(action.run, state=state)
+        after[run.ident] = dataclasses.replace(run, state=state, annotations=annotations)
     return dataclasses.replace(group, runs=tuple(after.values()))
 
 
@@ -61,16 +81,33 @@ def test_what_a_plan_may_touch(group: Group) -> None:
     cancels = [a.run for a in actions if isinstance(a, CancelRun)]
     assert all(r.state is State.PENDING_BY_US for r in starts)
     assert all(r.state in (State.RUNNING, State.PENDING_BY_US) for r in cancels)
+    marked = [a.run for a in actions if isinstance(a, MarkWaiting)]
     assert not {r.ident for r in starts} & {r.ident for r in cancels}
+    # Only a run that stays pending by us is told why it waits.
+    assert all(r.state is State.PENDING_BY_US for r in marked)
+    assert not {r.ident for r in marked} & ({r.ident for r in starts} | {r.ident for r in cancels})
     assert group.control is not None
-    if group.control.strategy is Strategy.QUEUE:
-        assert not cancels
-        running = sum(1 for r in group.runs if r.state in (State.RUNNING, State.STOPPING))
-        assert running + len(starts) <= max(running, group.control.max_running)
-        waiting = sorted(
-            (r for r in group.runs if r.state is State.PENDING_BY_US), key=lambda r: r.order
-        )
-        assert starts == waiting[: len(starts)]  # oldest first, no skipping
+    control = group.control
+    running = sum(1 for r in group.runs if r.state in (State.RUNNING, State.STOPPING))
+    waiting = sorted(
+        (r for r in group.runs if r.state is State.PENDING_BY_US), key=lambda r: r.order
+    )
+    if control.strategy in SLOTTED:
+        # Never more than maxRunning running (runs already over it are left to finish).
+        assert running + len(starts) <= max(running, control.max_running)
+        if control.strategy is Strategy.QUEUE:
+            assert not cancels
+            if control.order is Order.NEWEST_FIRST:
+                waiting.reverse()
+            # In order, no skipping (the actions themselves come oldest first).
+            assert {r.ident for r in starts} == {r.ident for r in waiting[: len(starts)]}
+        else:
+            assert all(r.state is State.PENDING_BY_US for r in cancels)  # running: never
+            assert starts == waiting[: len(starts)]  # oldest first, no skipping
+            left = [r for r in waiting if r not in starts and r not in cancels]
+            assert len(left) <= 1
+            if cancels:
+                assert left == [waiting[-1]]  # the newest is the one kept
     else:
         assert len(starts) <= 1
         contenders = [r for r in group.runs if r.state is not State.PENDING_BY_AUTHOR]
@@ -87,4 +124,33 @@ def test_what_a_plan_may_touch(group: Group) -> None:
 def test_carrying_out_a_plan_converges(group: Group) -> None:
     actions = plan(KEY, {KEY: group})
     after = carry_out(group, actions)
+    assert plan(KEY, {KEY: after}) == []
+
+
+@settings(max_examples=300, deadline=None)
+@given(groups())
+def test_after_one_plan_replace_holds_at_most_one_run_pending(group: Group) -> None:
+    assert group.control is not None
+    after = carry_out(group, plan(KEY, {KEY: group}))
+    pending = [r for r in after.runs if r.state is State.PENDING_BY_US]
+    if group.control.strategy is Strategy.REPLACE:
+        assert len(pending) <= 1
+    if group.control.strategy in SLOTTED and pending:
+        # A run is left waiting only when the group is full.
+        running = sum(1 for r in after.runs if r.state in (State.RUNNING, State.STOPPING))
+        assert running >= group.control.max_running
+
+
+@settings(max_examples=300, deadline=None)
+@given(groups())
+def test_every_held_run_says_why_it_waits_and_a_second_look_writes_nothing(group: Group) -> None:
+    assert group.control is not None
+    after = carry_out(group, plan(KEY, {KEY: group}))
+    for run in after.runs:
+        if run.state is State.PENDING_BY_US:
+            assert group.control.strategy in SLOTTED  # the others start or cancel at once
+            assert run.annotations[WAITING].startswith("waiting: ")
+        else:
+            assert WAITING not in run.annotations or run.state is State.PENDING_BY_AUTHOR
+    # The reconciler restarted, or another replica leads: same runs, same plan: nothing.
     assert plan(KEY, {KEY: after}) == []

@@ -20,6 +20,7 @@ import orjson
 import pytest
 import yaml
 
+from coschedule.cli.main import main
 from tests.e2e.conftest import _NOTES, E2E, RECONCILER_REPLICAS
 from tests.e2e.kube import Api, ApiError, Obj, wait_for
 from tests.e2e.world import make_namespace, unique
@@ -28,6 +29,7 @@ pytestmark = pytest.mark.e2e
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "docs" / "examples" / "concurrency"
 PENDING_BY = "coschedule.dev/pending-by"
+WAITING = "coschedule.dev/waiting"
 LABEL = "concurrency.coschedule.dev/"
 TIMEOUT = 20.0
 
@@ -200,6 +202,17 @@ BAD_CONTROLS: list[tuple[str, Obj, str]] = [
         {"selector": {}, "strategy": "Cancel", "maxRunning": 3},
         "spec.maxRunning",
     ),
+    (
+        "maxRunning with Cancel",
+        {"selector": {}, "strategy": "GracefullyCancel", "maxRunning": 2},
+        "spec.maxRunning",
+    ),
+    (
+        "order without Queue",
+        {"selector": {}, "strategy": "Replace", "order": "newest-first"},
+        "spec.order",
+    ),
+    ("unknown order", {"selector": {}, "strategy": "Queue", "order": "random"}, "spec.order"),
     ("unclosed $(", {"selector": {}, "strategy": "Cancel", "key": "$(params.branch"}, "spec.key"),
     ("unknown reference", {"selector": {}, "strategy": "Cancel", "key": "$(foo.x)"}, "spec.key"),
     ("unknown kind", {"selector": {}, "strategy": "Cancel", "kinds": ["Job"]}, "spec.kinds[0]"),
@@ -486,6 +499,153 @@ def test_queue_starts_in_creation_order_as_runs_finish(
     for name in names:
         started = [m for r, m in run_events(api, ns, name) if r == "Started"]
         assert len(started) == 1, (name, started)
+
+
+@pytest.mark.usefixtures("reconciling")
+@pytest.mark.parametrize("kind", ["PipelineRun", "Workflow"])
+def test_queue_newest_first_starts_the_newest_waiting_run(
+    e2e: E2E, namespace: Callable[..., str], kind: str
+) -> None:
+    api = e2e.api
+    ns = namespace(prefix="cc-newest")
+    spec = {"selector": {}, "strategy": "Queue", "order": "newest-first", "key": "release"}
+    make_control(e2e, ns, "rel", spec, kind)
+    assert api.must_get("ConcurrencyControl", "rel", ns)["spec"]["order"] == "newest-first"
+    api.create(run_manifest(kind, ns, "q1", {}))
+    wait_states(api, kind, ns, {"q1": "started"})
+    for name in ("q2", "q3", "q4"):  # same second or not: creation, then name, orders them
+        api.create(run_manifest(kind, ns, name, {}))
+    expected = {"q1": "started", "q2": "pending-us", "q3": "pending-us", "q4": "pending-us"}
+    wait_states(api, kind, ns, expected)
+    for finished, starting in (("q1", "q4"), ("q4", "q3"), ("q3", "q2")):
+        finish(api, kind, ns, finished)
+        expected[finished] = "done"
+        expected[starting] = "started"
+        wait_states(api, kind, ns, expected)
+
+
+@pytest.mark.usefixtures("reconciling")
+@pytest.mark.parametrize("kind", ["PipelineRun", "Workflow"])
+def test_a_held_run_says_why_it_waits_once_and_a_restart_writes_nothing(
+    e2e: E2E, namespace: Callable[..., str], kind: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    api = e2e.api
+    ns = namespace(prefix="cc-why")
+    make_control(e2e, ns, "env", {"selector": {}, "strategy": "Queue", "key": "prod"}, kind)
+    api.create(run_manifest(kind, ns, "deploy-7x2", {}))
+    wait_states(api, kind, ns, {"deploy-7x2": "started"})
+    api.create(run_manifest(kind, ns, "second", {}))
+    api.create(run_manifest(kind, ns, "third", {}))
+    want = {
+        "second": "waiting: 2nd in queue for key prod of ConcurrencyControl env, behind "
+        "deploy-7x2, which is running (1 may run at once)",
+        "third": "waiting: 3rd in queue for key prod of ConcurrencyControl env, behind second, "
+        "which is waiting (1 may run at once)",
+    }
+
+    def said() -> dict[str, str]:
+        return {
+            name: (api.must_get(kind, name, ns)["metadata"].get("annotations") or {}).get(
+                WAITING, ""
+            )
+            for name in want
+        }
+
+    wait_for(
+        "each held run to say why it waits",
+        lambda: said() == want,
+        timeout=TIMEOUT,
+        describe=lambda: str(said()),
+    )
+    for name, why in want.items():
+
+        def told(name: str = name, why: str = why) -> bool:
+            return run_events(api, ns, name) == [("Waiting", why)]
+
+        wait_for(f"one Waiting Event on {name}", told, timeout=10, describe=lambda: events(api, ns))
+    versions = {n: api.must_get(kind, n, ns)["metadata"]["resourceVersion"] for n in want}
+    # Every reconciler replica restarts: the state is on the runs, so nothing is written.
+    for name in list(e2e.product.reconcilers):
+        e2e.product.reconcilers.pop(name).stop()
+    for name in RECONCILER_REPLICAS:
+        e2e.product.start_reconciler(name)
+    wait_for("a reconciler to lead again", e2e.product.leader, timeout=30)
+    time.sleep(3.0)  # the new leader has looked at every group by now
+    assert {n: api.must_get(kind, n, ns)["metadata"]["resourceVersion"] for n in want} == (versions)
+    for name, why in want.items():
+        assert run_events(api, ns, name) == [("Waiting", why)]
+    # `coschedule explain --run` reads the same from the cluster.
+    assert e2e.plane.admin_kubeconfig is not None
+    admin = str(e2e.plane.admin_kubeconfig)
+    argv = ["explain", "--kubeconfig", admin, "--run", f"{kind}/third", "--namespace", ns]
+    capsys.readouterr()
+    assert main(argv) == 0
+    shown = capsys.readouterr().out
+    assert f"run:      {kind} {ns}/third" in shown
+    assert f"why:      {want['third']}" in shown
+    assert "not on the run yet" not in shown
+    assert "  - env, key prod (Queue, maxRunning 1): 1 running, 2 pending" in shown
+    assert "next look: nothing to do" in shown
+    # The line moves: second starts (its reason goes with the start), third says so, once.
+    finish(api, kind, ns, "deploy-7x2")
+    wait_states(api, kind, ns, {"deploy-7x2": "done", "second": "started", "third": "pending-us"})
+    moved = want["second"].replace("deploy-7x2", "second")
+    wait_for(
+        "third to say it moved up",
+        lambda: said()["third"] == moved,
+        timeout=TIMEOUT,
+        describe=lambda: str(said()),
+    )
+    assert said()["second"] == ""
+    if e2e.kubectl is not None:
+
+        def row() -> list[str]:
+            got = e2e.kubectl_run("get", "concurrencycontrol", "env", "-n", ns).stdout.split()
+            return got[7:13]
+
+        wait_for(
+            "kubectl get to count 1 running and 1 pending",
+            lambda: row() == ["env", "Queue", "prod", "1", "1", "1"],
+            timeout=10,
+            describe=lambda: str(row()),
+        )
+
+
+# ---- Replace ---------------------------------------------------------------------------
+
+
+@pytest.mark.usefixtures("reconciling")
+@pytest.mark.parametrize(
+    ("kind", "value"), [("PipelineRun", "Cancelled"), ("Workflow", "Terminate")]
+)
+def test_replace_keeps_the_running_run_and_only_the_newest_waiting_one(
+    e2e: E2E, namespace: Callable[..., str], kind: str, value: str
+) -> None:
+    api = e2e.api
+    ns = namespace(prefix="cc-replace")
+    spec = {"selector": {}, "strategy": "Replace", "maxRunning": 1, "key": "$(params.pr)"}
+    make_control(e2e, ns, "preview", spec, kind)
+    api.create(run_manifest(kind, ns, "b1", {"pr": "42"}))
+    wait_states(api, kind, ns, {"b1": "started"})
+    api.create(run_manifest(kind, ns, "b2", {"pr": "42"}))
+    wait_states(api, kind, ns, {"b1": "started", "b2": "pending-us"})
+    api.create(run_manifest(kind, ns, "b3", {"pr": "42"}))
+    api.create(run_manifest(kind, ns, "other", {"pr": "7"}))  # another key: not affected
+    expected = {"b1": "started", "b2": value, "b3": "pending-us", "other": "started"}
+    wait_states(api, kind, ns, expected)
+    time.sleep(1.0)  # nothing more may happen: b1 runs on, b3 waits
+    assert states(api, kind, ns, list(expected)) == expected
+    assert PENDING_BY not in (api.must_get(kind, "b2", ns)["metadata"].get("annotations") or {})
+    cancelled = [m for r, m in run_events(api, ns, "b2") if r == "Cancelled"]
+    assert cancelled == ["cancelled by ConcurrencyControl preview: newer run b3, key 42"], events(
+        api, ns
+    )
+    # The engine ends the cancelled b2 (until then it counts as stopping, so as running).
+    finish(api, kind, ns, "b2")
+    finish(api, kind, ns, "b1")
+    expected.update(b1="done", b2="done", b3="started")
+    wait_states(api, kind, ns, expected)
+    assert all(r != "Cancelled" for r, _ in run_events(api, ns, "b1")), events(api, ns)
 
 
 @pytest.mark.usefixtures("reconciling")

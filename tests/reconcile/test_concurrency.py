@@ -356,3 +356,74 @@ async def test_the_runs_indexes_give_groups_their_runs_and_the_pending_count() -
     assert await looked_at() == {str(main)}
     assert [r.name for r in controller.group(main).runs] == ["b", "mine", "x", "w"]
     await client.aclose()
+
+
+def run_annotations(api: MiniApi, name: str) -> dict[str, str]:
+    obj = api.get("pipelineruns", "ci", name) or {}
+    found: dict[str, str] = obj.get("metadata", {}).get("annotations") or {}
+    return found
+
+
+def waiting_events(api: MiniApi) -> list[tuple[str, str]]:
+    return sorted(
+        (e["involvedObject"]["name"], e["message"])
+        for (p, _, _), e in api.objects.items()
+        if p == "events" and e["reason"] == "Waiting"
+    )
+
+
+async def test_a_held_run_says_why_once_and_a_restart_writes_nothing(
+    api: MiniApi, client: KubeClient, controller: ConcurrencyController, manager: Manager
+) -> None:
+    api.put("concurrencycontrols", control("ci", {"selector": {}, "strategy": "Queue"}))
+    api.put(
+        "pipelineruns",
+        grouped(pipeline_run("a", created="2026-11-23T02:00:00Z"), "ci", "main", ours=False),
+    )
+    api.put("pipelineruns", pending_pr("b", 1))
+    api.put("pipelineruns", pending_pr("c", 2))
+    manager.start_leading()
+    why_b = (
+        "waiting: 2nd in queue for key main of ConcurrencyControl ci, behind a, which is "
+        "running (1 may run at once)"
+    )
+    why_c = (
+        "waiting: 3rd in queue for key main of ConcurrencyControl ci, behind b, which is "
+        "waiting (1 may run at once)"
+    )
+    await eventually(lambda: waiting_events(api) == [("b", why_b), ("c", why_c)])
+    assert run_annotations(api, "b")["coschedule.dev/waiting"] == why_b
+    assert run_annotations(api, "c")["coschedule.dev/waiting"] == why_c
+    # The annotations' own watch events bring the group back: that look writes nothing.
+    await asyncio.sleep(0.5)
+    writes = api.count("PATCH", "pipelineruns")
+    assert writes == 2
+    # A restart (a new leader): the state is on the runs, so nothing is written again.
+    await manager.stop()
+    second_manager, second = managed(client, discovery_retry=0.1)
+    second_manager.start_informers()
+    try:
+        await second_manager.wait_synced()
+        second_manager.start_leading()
+        await eventually(second.known_groups)
+        for key in sorted(second.known_groups()):
+            await second_manager.reconcile_key(second, key)
+        await asyncio.sleep(0.5)
+        assert api.count("PATCH", "pipelineruns") == writes
+        assert len(waiting_events(api)) == 2
+        # a is done: b starts (its reason goes with the start patch), c moves up: one write.
+        api.edit(
+            "pipelineruns",
+            "ci",
+            "a",
+            {"status": {"conditions": [{"type": "Succeeded", "status": "True", "reason": "Done"}]}},
+        )
+        await eventually(lambda: "status" not in pr_spec(api, "b"))
+        assert "coschedule.dev/waiting" not in run_annotations(api, "b")
+        moved = why_b.replace("behind a,", "behind b,")
+        await eventually(lambda: run_annotations(api, "c").get("coschedule.dev/waiting") == moved)
+        await asyncio.sleep(0.3)
+        assert api.count("PATCH", "pipelineruns") == writes + 2
+        assert waiting_events(api) == [("b", why_b), ("c", moved), ("c", why_c)]
+    finally:
+        await second_manager.stop()
