@@ -6,6 +6,10 @@ from __future__ import annotations
 import argparse
 from importlib import metadata
 
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 
 

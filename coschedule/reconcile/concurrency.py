@@ -45,7 +45,7 @@ from coschedule.concurrency.runs import (
 )
 from coschedule.engines import RUN_ENGINES, RUN_SPEC_FIELDS, Kind, Strategy
 from coschedule.kube.client import ApiError, KubeClient, object_path
-from coschedule.kube.controls import ControlCache
+from coschedule.kube.controls_cache import ControlCache
 from coschedule.kube.discovery import RETRY_SECONDS, wait_served
 from coschedule.kube.events import record_event
 from coschedule.kube.informer import IndexFunc, Informer, Obj

@@ -16,10 +16,10 @@ from dataclasses import dataclass, replace
 from coschedule.config.settings import Settings
 from coschedule.kube.claim_cache import ClaimCache
 from coschedule.kube.client import Credentials, KubeClient, KubeConfigError, discover
-from coschedule.kube.controls import ControlCache
+from coschedule.kube.controls_cache import ControlCache
 from coschedule.kube.informer import Informer
 from coschedule.kube.namespace_cache import NamespaceCache
-from coschedule.kube.volumes import VolumeCache
+from coschedule.kube.volume_cache import VolumeCache
 from coschedule.probes import Probes
 
 log = logging.getLogger("coschedule.cluster")

@@ -15,7 +15,7 @@ import pytest
 from coschedule.config.settings import Settings
 from coschedule.k8s.volumes import volume_topology
 from coschedule.kube.client import Credentials, KubeClient
-from coschedule.kube.volumes import VolumeCache
+from coschedule.kube.volume_cache import VolumeCache
 from coschedule.marks import Mode
 from coschedule.mutate import volume_conflict
 from coschedule.mutate.decision import AdmissionContext, Decision, decide

@@ -16,7 +16,7 @@ from prometheus_client import CollectorRegistry
 from coschedule.concurrency.plan import GroupKey
 from coschedule.engines import Kind
 from coschedule.kube.client import Credentials, KubeClient
-from coschedule.kube.controls import ControlCache
+from coschedule.kube.controls_cache import ControlCache
 from coschedule.reconcile.concurrency import ConcurrencyController
 from coschedule.reconcile.manager import Manager
 from coschedule.reconcile.reconciler_metrics import ReconcileMetrics

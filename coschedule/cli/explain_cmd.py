@@ -1,0 +1,178 @@
+"""``coschedule explain``: a pod or a run explained offline (``-f FILE``), or a live run
+(``--run KIND/NAME``); the reports are built in ``explain``, ``explain_runs`` and
+``explain_live``, this module reads the flags and prints."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from coschedule.cli.options import EXIT_FAILED, EXIT_OK, EXIT_USAGE
+from coschedule.config import folder
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    import orjson
+
+    from coschedule.cli.explain import UnreadablePod, explain, read_pod, render_text, static_claims
+    from coschedule.config.settings import ConfigError, load_settings
+    from coschedule.marks import MODE_CHOICES, Mode
+    from coschedule.wire.pod_fields import MalformedPod
+
+    if args.run is not None or args.file is None:
+        return _explain_live(args)
+    try:
+        text = sys.stdin.read() if args.file == "-" else Path(args.file).read_text("utf-8")
+        run = _read_run(text)
+        if run is not None or args.controls:
+            return _explain_run(args, text, run)
+        pod = read_pod(text)
+    except (OSError, UnicodeDecodeError, UnreadablePod) as exc:
+        print(f"coschedule explain: cannot read {args.file}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    mode = Mode.parse(args.mode) if args.mode is not None else None
+    if args.mode is not None and mode is None:
+        print(
+            f"coschedule explain: --mode {args.mode!r} is not one of {MODE_CHOICES}",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
+    try:
+        config_dir = None
+        if args.config_dir is not None:  # given: as serve and reconcile read it
+            config_dir, _ = folder.resolve_config_dir(args.config_dir)
+        settings = load_settings(config_dir)
+    except (ConfigError, folder.MissingConfigDir) as exc:
+        print(f"coschedule explain: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    claims = None
+    if args.claims:
+        meta = pod.get("metadata")
+        namespace = args.namespace or (meta.get("namespace") if isinstance(meta, dict) else None)
+        try:
+            claims = static_claims(Path(args.claims).read_text("utf-8"), namespace or "default")
+        except (OSError, UnicodeDecodeError, UnreadablePod) as exc:
+            print(f"coschedule explain: cannot read {args.claims}: {exc}", file=sys.stderr)
+            return EXIT_USAGE
+    try:
+        _, report = explain(
+            pod,
+            settings,
+            mode=mode,
+            namespace_mode=args.namespace_mode,
+            namespace=args.namespace,
+            claims=claims,
+        )
+    except MalformedPod as exc:
+        print(f"coschedule explain: unreadable pod: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    if args.output == "json":
+        print(orjson.dumps(report, option=orjson.OPT_INDENT_2).decode())
+    else:
+        print(render_text(report))
+    return EXIT_OK
+
+
+def _explain_live(args: argparse.Namespace) -> int:
+    """``--run KIND/NAME``: where the run stands in the cluster, and why."""
+    import orjson
+
+    from coschedule.cli.explain_live import (
+        NotFound,
+        live_report,
+        observe_run,
+        parse_run_ref,
+        render_live_text,
+    )
+    from coschedule.kube.client import ApiError, KubeClient, KubeConfigError, require
+
+    if args.run is None or args.file is not None:
+        print("coschedule explain: give -f FILE, or --run KIND/NAME (a live run)", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        kind, name = parse_run_ref(args.run)
+        creds = require(args.kubeconfig, os.environ, "--run")
+    except (ValueError, KubeConfigError) as exc:
+        print(f"coschedule explain: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    namespace = args.namespace or creds.namespace
+
+    async def look() -> dict[str, Any]:
+        client = KubeClient(creds, user_agent="coschedule-explain")
+        try:
+            return live_report(*await observe_run(client, kind, namespace, name))
+        finally:
+            await client.aclose()
+
+    try:
+        report = asyncio.run(look())
+    except NotFound as exc:
+        print(f"coschedule explain: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except (ApiError, OSError) as exc:
+        print(f"coschedule explain: cannot read the cluster: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    if args.output == "json":
+        print(orjson.dumps(report, option=orjson.OPT_INDENT_2).decode())
+    else:
+        print(render_live_text(report))
+    return EXIT_OK
+
+
+def _read_run(text: str) -> dict[str, Any] | None:
+    """The document when it is a PipelineRun or Workflow (else None: explain a pod)."""
+    import yaml
+
+    from coschedule.cli.explain_runs import run_kind
+
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return None  # read_pod says what is wrong
+    if isinstance(doc, dict) and run_kind(doc) is not None:
+        return doc
+    return None
+
+
+def _explain_run(args: argparse.Namespace, text: str, run: dict[str, Any] | None) -> int:
+    import orjson
+
+    from coschedule.cli.explain_runs import (
+        RUN_API_VERSIONS,
+        RUN_KINDS,
+        UnreadableInput,
+        explain_run,
+        read_controls,
+        render_run_text,
+        run_kind,
+    )
+
+    kind = run_kind(run) if run is not None else None
+    if run is None or kind is None:
+        print(
+            f"coschedule explain: with --controls, {args.file} must be a {' or a '.join(RUN_KINDS)}"
+            f" ({RUN_API_VERSIONS})",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
+    meta = run.get("metadata")
+    namespace = args.namespace or (meta.get("namespace") if isinstance(meta, dict) else None)
+    namespace = namespace or "default"
+    controls = []
+    if args.controls:
+        try:
+            controls = read_controls(Path(args.controls).read_text("utf-8"), namespace)
+        except (OSError, UnicodeDecodeError, UnreadableInput) as exc:
+            print(f"coschedule explain: cannot use {args.controls}: {exc}", file=sys.stderr)
+            return EXIT_USAGE
+    report = explain_run(run, kind, controls, namespace)
+    report["controlsGiven"] = bool(args.controls)
+    if args.output == "json":
+        print(orjson.dumps(report, option=orjson.OPT_INDENT_2).decode())
+    else:
+        print(render_run_text(report))
+    return EXIT_OK
