@@ -16,6 +16,7 @@ from coschedule.k8s.nodeaffinity import pod_allows, required_terms
 from coschedule.marks import ANNOTATION_PINNED_NODE, GATE_PLACEHOLDER
 from coschedule.mutate import node_pin
 from coschedule.wire import jsonpatch
+from coschedule.wire import pod_fields as podview
 from coschedule.wire.pod_fields import MalformedPod
 
 NODES = {
@@ -68,7 +69,7 @@ def test_pin_leaves_only_the_node_the_users_rules_allow(
     pod: dict[str, Any], node: str, expected: set[str]
 ) -> None:
     before = copy.deepcopy(pod)
-    pinned = jsonpatch.apply(pod, node_pin.pin_ops(node_pin.podview.spec(pod), node))
+    pinned = jsonpatch.apply(pod, node_pin.pin_ops(podview.spec(pod), node))
     assert allowed_nodes(pinned) == expected
     assert pod == before  # the operations are built from a view, never by mutating it
     # Reinvoked on its own output: nothing more to do.
@@ -94,15 +95,16 @@ def test_pin_keeps_the_users_match_fields_and_replaces_only_our_previous_pin() -
 
 def test_malformed_affinity_is_refused_by_shape() -> None:
     with pytest.raises(MalformedPod):
-        node_pin.pin_ops(pod_with({"nodeAffinity": []})["spec"], "node-a")  # type: ignore[arg-type]
+        node_pin.pin_ops(pod_with({"nodeAffinity": []})["spec"], "node-a")
     with pytest.raises(MalformedPod):
         node_pin.pin_ops(pod_with(required("not a term"))["spec"], "node-a")  # type: ignore[arg-type]
 
 
 def test_gate_is_added_once_beside_other_gates_and_lifted_alone() -> None:
     other = {"name": "example.com/quota"}
-    for pod in (pod_with(), pod_with(schedulingGates=[other]), {"metadata": {}}):
-        gated = jsonpatch.apply(pod, node_pin.gate_ops(node_pin.podview.spec(pod)))
+    pods: list[dict[str, Any]] = [pod_with(), pod_with(schedulingGates=[other]), {"metadata": {}}]
+    for pod in pods:
+        gated = jsonpatch.apply(pod, node_pin.gate_ops(podview.spec(pod)))
         gates = gated["spec"]["schedulingGates"]
         assert {"name": GATE_PLACEHOLDER} in gates
         assert node_pin.gate_ops(gated["spec"]) == []  # idempotent under reinvocation
