@@ -275,6 +275,13 @@ def _decide_coschedule(
     if settings.isolation_tenant_label:
         info = ctx.namespace_info
         decision.tenant = isolation.tenant_of(info.labels if info is not None else None, settings)
+        if decision.trace:
+            label = settings.isolation_tenant_label
+            decision.reasons.append(
+                f"tenant {decision.tenant!r}: the namespace's label {label}"
+                if decision.tenant
+                else f"no tenant: the namespace has no label {label} (a tenant of its own)"
+            )
     pod_spec = podview.spec(pod)
     volumes = podview.claim_volumes(pod_spec)
     found = _claims_step(pod_spec, volumes, ctx, mode, run, decision)
