@@ -82,10 +82,13 @@ class AdmissionContext:
     explain: bool = True
     # The mode of a pod when neither it nor its namespace is labelled: most pods.
     cluster_mode: ModeChoice = field(init=False, repr=False, compare=False)
+    # The same for an isolated run's scope.
+    cluster_scope: ScopeChoice = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         choice = cluster_choice(self.settings.mode, self.settings.mode_reason)
         object.__setattr__(self, "cluster_mode", choice)
+        object.__setattr__(self, "cluster_scope", isolation.cluster_scope(self.settings))
 
 
 class VolumeView(Protocol):
@@ -364,38 +367,44 @@ def _isolation_step(
 ) -> IsolationScope | None:
     """The isolated run's scope; None when a label's scope is denied."""
     info = ctx.namespace_info
-    choice = isolation.choose_scope(labels, info.labels if info is not None else None, ctx.settings)
-    where = (
-        f"the pod's label {LABEL_ISOLATION_SCOPE}"
-        if choice.source == isolation.POD_LABEL
-        else f"namespace {ctx.namespace!r}'s label {LABEL_ISOLATION_SCOPE}"
+    choice = isolation.choose_scope(
+        labels, info.labels if info is not None else None, ctx.cluster_scope
     )
+    if choice is ctx.cluster_scope:  # most runs; checked at load
+        if decision.trace:
+            decision.reasons.append(f"isolation scope {choice.scope}: from the {choice.reason}")
+        decision.scope = choice
+        return choice.scope
     if isinstance(choice, InvalidScope):
         _deny(
             decision,
             "invalid-isolation-scope",
-            f"{where} is {choice.value!r}, which is not an isolation scope. Fix: set it to one "
-            f"of {SCOPE_CHOICES}, or remove it.",
+            f"{_scope_label(choice.source, ctx.namespace)} is {choice.value!r}, which is not "
+            f"an isolation scope. Fix: set it to one of {SCOPE_CHOICES}, or remove it.",
         )
         return None
     settings = ctx.settings
-    if choice.source != isolation.CLUSTER_CONFIG:
-        # The cluster config's own scope was checked at load (it cannot get this far).
-        problem = isolation_problem(
-            choice.scope, settings.topology_key, settings.isolation_tenant_label
+    problem = isolation_problem(
+        choice.scope, settings.topology_key, settings.isolation_tenant_label
+    )
+    if problem is not None:
+        _deny(
+            decision,
+            "invalid-isolation-scope",
+            f"{_scope_label(choice.source, ctx.namespace)} is {choice.scope.value}, but "
+            f"{problem}. Fix: set the label to namespace, or remove it.",
         )
-        if problem is not None:
-            _deny(
-                decision,
-                "invalid-isolation-scope",
-                f"{where} is {choice.scope.value}, but {problem}. Fix: set the label to "
-                f"namespace, or remove it.",
-            )
-            return None
+        return None
     decision.scope = choice
     if decision.trace:
         decision.reasons.append(f"isolation scope {choice.scope}: from the {choice.reason}")
     return choice.scope
+
+
+def _scope_label(source: str, namespace: str) -> str:
+    if source == isolation.POD_LABEL:
+        return f"the pod's label {LABEL_ISOLATION_SCOPE}"
+    return f"namespace {namespace!r}'s label {LABEL_ISOLATION_SCOPE}"
 
 
 def _run_step(

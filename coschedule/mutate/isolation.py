@@ -46,7 +46,14 @@ CLUSTER_CONFIG = "cluster config"
 class ScopeChoice:
     scope: IsolationScope
     source: str  # POD_LABEL, NAMESPACE_LABEL or CLUSTER_CONFIG
-    reason: str
+    value: str = ""  # the label's value as written (a label's choice)
+
+    @property
+    def reason(self) -> str:
+        """Where the scope comes from, for ``explain`` (built only when asked)."""
+        if self.source == CLUSTER_CONFIG:
+            return f'cluster config "isolation-scope: {self.scope}"'
+        return f"{self.source} {LABEL_ISOLATION_SCOPE}={self.value}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,20 +62,33 @@ class InvalidScope:
     value: str
 
 
+def cluster_scope(settings: Settings) -> ScopeChoice:
+    """The choice when neither the run nor its namespace is labelled (built once per
+    settings by the caller: it is the answer for most runs)."""
+    return ScopeChoice(settings.isolation_scope, CLUSTER_CONFIG)
+
+
 def choose_scope(
     pod_labels: Mapping[str, str],
     namespace_labels: Mapping[str, str] | None,
-    settings: Settings,
+    cluster: ScopeChoice,
 ) -> ScopeChoice | InvalidScope:
-    """The run's own label wins, then its namespace's, then the cluster configuration."""
-    for source, labels in ((POD_LABEL, pod_labels), (NAMESPACE_LABEL, namespace_labels)):
-        if labels is not None and (value := labels.get(LABEL_ISOLATION_SCOPE)) is not None:
-            scope = IsolationScope.parse(value)
-            if scope is None:
-                return InvalidScope(source, value)
-            return ScopeChoice(scope, source, f"{source} {LABEL_ISOLATION_SCOPE}={value}")
-    scope = settings.isolation_scope
-    return ScopeChoice(scope, CLUSTER_CONFIG, f'cluster config "isolation-scope: {scope}"')
+    """The run's own label wins, then its namespace's, then the cluster configuration
+    (``cluster_scope``)."""
+    if (value := pod_labels.get(LABEL_ISOLATION_SCOPE)) is not None:
+        return _labelled(POD_LABEL, value)
+    if namespace_labels is not None and (
+        (value := namespace_labels.get(LABEL_ISOLATION_SCOPE)) is not None
+    ):
+        return _labelled(NAMESPACE_LABEL, value)
+    return cluster
+
+
+def _labelled(source: str, value: str) -> ScopeChoice | InvalidScope:
+    scope = IsolationScope.parse(value)
+    if scope is None:
+        return InvalidScope(source, value)
+    return ScopeChoice(scope, source, value)
 
 
 def tenant_of(namespace_labels: Mapping[str, str] | None, settings: Settings) -> str:

@@ -140,16 +140,18 @@ def test_the_runs_label_wins_then_the_namespaces_then_the_cluster_config() -> No
     settings = Settings(isolation_scope=IsolationScope.TENANT, isolation_tenant_label=TEAM)
     pod = {LABEL_ISOLATION_SCOPE: "cluster"}
     ns = {LABEL_ISOLATION_SCOPE: "namespace"}
-    assert isolation.choose_scope(pod, ns, settings) == isolation.ScopeChoice(
-        IsolationScope.CLUSTER, isolation.POD_LABEL, f"pod label {LABEL_ISOLATION_SCOPE}=cluster"
-    )
-    choice = isolation.choose_scope({}, ns, settings)
+    cluster = isolation.cluster_scope(settings)
+    chosen = isolation.choose_scope(pod, ns, cluster)
+    assert chosen == isolation.ScopeChoice(IsolationScope.CLUSTER, isolation.POD_LABEL, "cluster")
+    assert chosen.reason == f"pod label {LABEL_ISOLATION_SCOPE}=cluster"
+    choice = isolation.choose_scope({}, ns, cluster)
     assert isinstance(choice, isolation.ScopeChoice)
     assert (choice.scope, choice.source) == (IsolationScope.NAMESPACE, isolation.NAMESPACE_LABEL)
-    choice = isolation.choose_scope({}, {}, settings)
+    choice = isolation.choose_scope({}, {}, cluster)
     assert isinstance(choice, isolation.ScopeChoice)
     assert (choice.scope, choice.source) == (IsolationScope.TENANT, isolation.CLUSTER_CONFIG)
-    assert isolation.choose_scope({}, {LABEL_ISOLATION_SCOPE: "zone"}, settings) == (
+    assert choice.reason == 'cluster config "isolation-scope: tenant"'
+    assert isolation.choose_scope({}, {LABEL_ISOLATION_SCOPE: "zone"}, cluster) == (
         isolation.InvalidScope(isolation.NAMESPACE_LABEL, "zone")
     )
 
