@@ -119,6 +119,7 @@ def main(argv: list[str] | None = None) -> int:
         c: {"first_running": [], "succeeded": []} for c in columns
     }
     load = [loadavg()]
+    code = source()  # before anything runs: the code the processes start from
     started_at = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
     workdir = Path(tempfile.mkdtemp(prefix="coschedule-bench-real-"))
     notes: list[str] = []
@@ -153,7 +154,6 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         stack.stop(cluster)
         shutil.rmtree(workdir, ignore_errors=True)
-    code = source()
     print(
         f"\n{args.runs} runs per column, PipelineRun creation -> (median, min-max; "
         f"commit {code['commit']}{' + changes' if code['modified_files'] else ''}, "
