@@ -212,6 +212,30 @@ def make_namespace(api: Api, name: str, mode: str | None, *, enabled: bool = Tru
     )
 
 
+CONTROL_LABEL = "concurrency.coschedule.dev/"
+
+
+def wait_webhook_sees_control(api: Api, namespace: str, control: str, probe: Obj) -> None:
+    """A new ConcurrencyControl reaches the webhook's cache through its watch: dry-run the
+    ``probe`` run until it gets the control's label."""
+    wait_for(
+        f"the webhook to see ConcurrencyControl {namespace}/{control}",
+        lambda: (
+            CONTROL_LABEL + control in api.create(probe, dry_run=True)["metadata"].get("labels", {})
+        ),
+        timeout=15,
+    )
+
+
+def run_events(api: Api, namespace: str, name: str) -> list[tuple[str, str]]:
+    """(reason, message) of the reconciler's Events on the object ``name``."""
+    return [
+        (str(e.get("reason")), str(e.get("message")))
+        for e in api.list("Event", namespace, field_selector=f"involvedObject.name={name}")
+        if e.get("source", {}).get("component") == "coschedule-reconciler"
+    ]
+
+
 def wait_webhook_sees(api: Api, namespace: str, mode: str) -> None:
     """A new namespace reaches the webhook through its watch; until then a pod there gets
     the cluster mode. Probe with dry-run pods (no claims: in per-run modes every pod of a run
