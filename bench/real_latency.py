@@ -29,6 +29,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from bench.servers import loadavg, machine
 from bench.suite import source
@@ -95,8 +96,51 @@ def clean(api: Api, namespace: str, name: str, timeout: float = 120) -> None:
     )
 
 
+def paired_differences(
+    figures: dict[str, dict[str, list[float]]], column: str, key: str
+) -> list[float]:
+    """Round by round: the column's figure minus the one without coschedule."""
+    return [on - off for on, off in zip(figures[column][key], figures[WITHOUT][key], strict=True)]
+
+
 def summary(values: list[float]) -> dict[str, float]:
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def report(
+    figures: dict[str, dict[str, list[float]]],
+    modes: list[str],
+    load: list[float],
+    code: dict[str, Any],
+) -> tuple[str, dict[str, Any], dict[str, Any]]:
+    """The table: per column the median (min-max) of each figure and its median's difference
+    from the column without coschedule; then the median of the round-by-round differences
+    (each round ran every column back to back, under the same load)."""
+    columns = [WITHOUT, *modes]
+    runs = len(figures[WITHOUT]["succeeded"])
+    lines = [
+        f"{runs} runs per column, PipelineRun creation -> (median, min-max; "
+        f"commit {code['commit']}{' + changes' if code['modified_files'] else ''}, "
+        f"1-min load {min(load):.2f}-{max(load):.2f}, median {statistics.median(load):.2f})",
+        f"{'':30}" + "".join(f"{c:>26}" for c in columns),
+    ]
+    summaries = {c: {k: summary(figures[c][k]) for k, _ in METRICS} for c in columns}
+    for key, label in METRICS:
+        cells = []
+        for column in columns:
+            s = summaries[column][key]
+            added = s["median"] - summaries[WITHOUT][key]["median"]
+            extra = "" if column == WITHOUT else f" {added:+5.2f}"
+            cells.append(f"{s['median']:6.2f} s ({s['min']:.2f}-{s['max']:.2f}){extra}")
+        lines.append(f"{label:30}" + "".join(f"{cell:>26}" for cell in cells))
+    paired = {
+        c: {k: statistics.median(paired_differences(figures, c, k)) for k, _ in METRICS}
+        for c in modes
+    }
+    for key, label in METRICS:
+        cells = [""] + [f"{paired[c][key]:+5.2f} s" for c in modes]
+        lines.append(f"{label + ', paired':30}" + "".join(f"{cell:>26}" for cell in cells))
+    return "\n".join(lines), summaries, paired
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -154,21 +198,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         stack.stop(cluster)
         shutil.rmtree(workdir, ignore_errors=True)
-    print(
-        f"\n{args.runs} runs per column, PipelineRun creation -> (median, min-max; "
-        f"commit {code['commit']}{' + changes' if code['modified_files'] else ''}, "
-        f"1-min load {min(load):.2f}-{max(load):.2f}, median {statistics.median(load):.2f})"
-    )
-    print(f"{'':20}" + "".join(f"{c:>26}" for c in columns))
-    summaries = {c: {k: summary(figures[c][k]) for k, _ in METRICS} for c in columns}
-    for key, label in METRICS:
-        cells = []
-        for column in columns:
-            s = summaries[column][key]
-            added = s["median"] - summaries[WITHOUT][key]["median"]
-            extra = "" if column == WITHOUT else f" {added:+5.2f}"
-            cells.append(f"{s['median']:6.2f} s ({s['min']:.2f}-{s['max']:.2f}){extra}")
-        print(f"{label:20}" + "".join(f"{cell:>26}" for cell in cells))
+    text, summaries, paired = report(figures, modes, load, code)
+    print(text)
     if args.json:
         args.json.write_text(
             json.dumps(
@@ -179,6 +210,7 @@ def main(argv: list[str] | None = None) -> int:
                     "runs": args.runs,
                     "load": load,
                     "summary": summaries,
+                    "paired_median_added": paired,
                     "figures": figures,
                 },
                 indent=1,
