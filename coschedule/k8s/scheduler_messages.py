@@ -96,6 +96,9 @@ _FIXED: tuple[tuple[str, Cause], ...] = (
     ("node(s) didn't satisfy existing pods anti-affinity rules", Cause.ANTI_AFFINITY),
     ("node(s) didn't match Pod's node affinity", Cause.NODE_AFFINITY),
     ("node(s) didn't match scheduler-enforced node affinity", Cause.NODE_AFFINITY),
+    # 1.36, a pod pinned by name (``matchFields metadata.name``): NodeAffinity's PreFilter
+    # keeps only that node, and every other one is counted with this wording.
+    ("node(s) didn't satisfy plugin(s) [NodeAffinity]", Cause.NODE_AFFINITY),
     ("node(s) had volume node affinity conflict", Cause.VOLUME),
     ("node(s) didn't match PersistentVolume's node affinity", Cause.VOLUME),
     ("node(s) had no available volume zone", Cause.VOLUME),

@@ -264,10 +264,11 @@ def test_one_look_releases_the_gated_and_deletes_the_stranded() -> None:
 # The stuck-run planner's group (tests/reconcile/test_stuck_plan.py): placeholder on
 # worker-1 (full: 0.5 of 2 cpu free), worker-2 empty; the next task asks 1 cpu.
 
+# kube-scheduler 1.36's words (seen on the e2e control plane).
 PIN_CPU_MESSAGE = (
-    "0/2 nodes are available: 1 Insufficient cpu, 1 node(s) didn't match Pod's node "
-    "affinity/selector. preemption: 0/2 nodes are available: 1 No preemption victims found "
-    "for incoming pod, 1 Preemption is not helpful for scheduling."
+    "0/2 nodes are available: 1 Insufficient cpu, 1 node(s) didn't satisfy plugin(s) "
+    "[NodeAffinity]. no new claims to deallocate, preemption: 0/2 nodes are available: 1 No "
+    "preemption victims found for incoming pod, 1 Preemption is not helpful for scheduling."
 )
 
 
