@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import httpx
@@ -56,12 +57,16 @@ def wait_bound(
     not_node: str | None = None,
     not_uid: str | None = None,
     timeout: float = TIMEOUT,
+    remake: Callable[[], object] | None = None,
 ) -> Obj:
     """The pod as stored once the scheduler bound it (to ``node`` when given, to another
-    node than ``not_node``, as another pod than ``not_uid``)."""
+    node than ``not_node``, as another pod than ``not_uid``). ``remake`` is called while the
+    pod is gone: the test plays its engine (``TektonRun.remake``)."""
 
     def probe() -> Obj | None:
         obj = api.get("Pod", pod, namespace)
+        if obj is None and remake is not None:
+            remake()
         if obj is None or obj["metadata"].get("deletionTimestamp"):
             return None
         if not_uid is not None and obj["metadata"]["uid"] == not_uid:

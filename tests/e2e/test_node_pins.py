@@ -52,9 +52,7 @@ def as_admitted(run: TektonRun, manifest: Obj, pin: str | None) -> Obj:
 
 def create(run: TektonRun, task: str, pin: str | None, manifest: Obj | None = None) -> Obj:
     manifest = manifest or run.pod_manifest(task, fixture=NO_WORKSPACE)
-    stored = run.api.create(as_admitted(run, manifest, pin))
-    run.pods[task] = stored
-    return stored
+    return run.submit(task, as_admitted(run, manifest, pin))
 
 
 def pinned_to(pod: Obj) -> str | None:
