@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import enum
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 
 class Cause(enum.StrEnum):
@@ -33,7 +33,9 @@ class Cause(enum.StrEnum):
     UNSCHEDULABLE = "node-unschedulable"
     NODE_AFFINITY = "node-affinity"
     VOLUME = "volume-node-affinity"
-    POD_AFFINITY = "pod-affinity"  # the pin to the placeholder: other nodes, not the group's
+    # The pin to the placeholder (pod affinity; or node name: ``SchedulerMessage.pinned``):
+    # other nodes, not the group's.
+    POD_AFFINITY = "pod-affinity"
     ANTI_AFFINITY = "pod-anti-affinity"
     OTHER = "other"
 
@@ -56,6 +58,26 @@ class SchedulerMessage:
         """Reasons other than the pin to the placeholder: one of them is the group's node's."""
         return tuple(r for r in self.reasons if r.cause is not Cause.POD_AFFINITY)
 
+    def pinned(self) -> SchedulerMessage:
+        """The message of a pod pinned to one node by name (placement by node name): every
+        other node fails the node-affinity filter on the pin, so ``nodes - 1`` of the
+        node-affinity count are the pin to the placeholder (as the pod-affinity count is for
+        a pod tied by pod affinity); what is left is the pinned node's own reason."""
+        if self.nodes is None:
+            return self
+        others = self.nodes - 1
+        reasons: list[Reason] = []
+        for reason in self.reasons:
+            if reason.cause is Cause.NODE_AFFINITY and others > 0:
+                share = min(others, reason.count)
+                others -= share
+                reasons.append(Reason(share, reason.text, Cause.POD_AFFINITY, "pin"))
+                if reason.count > share:
+                    reasons.append(replace(reason, count=reason.count - share))
+                continue
+            reasons.append(reason)
+        return SchedulerMessage(self.nodes, tuple(reasons))
+
 
 _HEAD = re.compile(r"^\s*0/(\d+) nodes are available(?::\s*(.*))?$", re.DOTALL)
 _ITEM = re.compile(r"^(\d+)\s+(.*)$", re.DOTALL)
@@ -74,6 +96,9 @@ _FIXED: tuple[tuple[str, Cause], ...] = (
     ("node(s) didn't satisfy existing pods anti-affinity rules", Cause.ANTI_AFFINITY),
     ("node(s) didn't match Pod's node affinity", Cause.NODE_AFFINITY),
     ("node(s) didn't match scheduler-enforced node affinity", Cause.NODE_AFFINITY),
+    # 1.36, a pod pinned by name (``matchFields metadata.name``): NodeAffinity's PreFilter
+    # keeps only that node, and every other one is counted with this wording.
+    ("node(s) didn't satisfy plugin(s) [NodeAffinity]", Cause.NODE_AFFINITY),
     ("node(s) had volume node affinity conflict", Cause.VOLUME),
     ("node(s) didn't match PersistentVolume's node affinity", Cause.VOLUME),
     ("node(s) had no available volume zone", Cause.VOLUME),

@@ -33,7 +33,7 @@ from coschedule.marks import (
     ClaimTemplate,
     placeholder_claim,
 )
-from coschedule.reconcile import event_keys, shapes, stuck, stuck_facts
+from coschedule.reconcile import event_keys, node_pins, shapes, stuck, stuck_facts
 from coschedule.reconcile import plan as planning
 from coschedule.reconcile.event_keys import BY_NODE, BY_PLACEHOLDER
 from coschedule.reconcile.executor import Executor
@@ -314,6 +314,7 @@ class Controller:
         )
         facts = await gather(self.client, observed, facts, settings, now)
         result = result.then(plan_stuck(observed, facts, settings, now))
+        result = result.then(node_pins.plan_pins(observed, result.actions))
         await self.executor.execute(key, result.actions, sts_obj)
         return result
 

@@ -24,12 +24,14 @@ from coschedule.reconcile.model import (
     DeleteClaim,
     DeletePlaceholderPod,
     DeleteStatefulSet,
+    DeleteStrandedPod,
     DeleteStrayPod,
     HoldPinnedPlaceholder,
     MarkStuck,
     PatchStatefulSet,
     RecordEvent,
     ReleaseClaim,
+    ReleasePod,
     RelocatePlaceholder,
 )
 from coschedule.reconcile.reconciler_metrics import ReconcileMetrics
@@ -39,6 +41,11 @@ log = logging.getLogger("coschedule.reconcile")
 
 PVC_PROTECTION = "kubernetes.io/pvc-protection"
 BACKGROUND = {"apiVersion": "v1", "kind": "DeleteOptions", "propagationPolicy": "Background"}
+JSON_PATCH = "application/json-patch+json"
+# A conditional write that met a newer object than the one planned from: 409 (a delete's
+# preconditions, a resourceVersion), 422 (a JSON patch's ``test``), 404 (gone). The change
+# that made it stale comes through the watch and the group is looked at again.
+STALE = frozenset({404, 409, 422})
 
 
 class NotLeader(Exception):
@@ -149,6 +156,11 @@ class Executor:
                             reason="left-domain",
                         ),
                     )
+            elif isinstance(action, ReleasePod):
+                await self._release_pod(key, action)
+            elif isinstance(action, DeleteStrandedPod):
+                if await self._delete_stranded(key, action):
+                    await self._event(action.event, uid)
             elif isinstance(action, MarkStuck):
                 self._mark_stuck(key, action)
             elif isinstance(action, ClearStuck):
@@ -182,6 +194,55 @@ class Executor:
             return False
         await self.client.delete(object_path("v1", "pods", namespace, name))
         self.deleted[pod_key] = version
+        return True
+
+    async def _release_pod(self, key: str, action: ReleasePod) -> None:
+        """Pin the pod to the placeholder's node and lift our gate, in one JSON patch."""
+        path = object_path("v1", "pods", action.namespace, action.name)
+        try:
+            await self.client.patch(path, list(action.ops), content_type=JSON_PATCH)
+        except ApiError as exc:
+            if exc.status not in STALE:
+                raise
+            log.info(
+                "pod changed since it was seen; looking again",
+                extra=self._extra(key, "release-pod", pod=action.name, code=exc.status),
+            )
+            return
+        log.info(
+            "released pod onto its placeholder's node",
+            extra=self._extra(key, "release-pod", pod=action.name, node=action.node),
+        )
+
+    async def _delete_stranded(self, key: str, action: DeleteStrandedPod) -> bool:
+        """Delete a never-started pod pinned to a node its run left; only the version that
+        was seen (a pod bound since is never deleted). False when it was not deleted."""
+        preconditions = {"uid": action.uid, "resourceVersion": action.resource_version}
+        body = {"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": preconditions}
+        path = object_path("v1", "pods", action.namespace, action.name)
+        try:
+            deleted = await self.client.delete(path, body=body)
+        except ApiError as exc:
+            if exc.status not in STALE:
+                raise
+            deleted = None
+        if deleted is None:
+            log.info(
+                "pod changed since it was seen; not deleted, looking again",
+                extra=self._extra(key, "delete-stranded-pod", pod=action.name),
+            )
+            return False
+        self.metrics.stranded_pods.inc()
+        log.info(
+            "deleted a pending pod pinned to a node its run left",
+            extra=self._extra(
+                key,
+                "delete-stranded-pod",
+                pod=action.name,
+                node=action.node,
+                detail=action.event.message,
+            ),
+        )
         return True
 
     async def _relocate(self, key: str, action: RelocatePlaceholder) -> None:

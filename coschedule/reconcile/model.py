@@ -55,6 +55,16 @@ class MarkedPod:
     live: bool  # phase not Succeeded/Failed and not being deleted
     finished_at: float | None = None  # when its last container ended, for idle grace
     scheduler_name: str = ""  # spec.schedulerName; the placeholder follows it
+    # Placement by node name (``node_pins``): where it is bound, which version was seen (a
+    # delete is conditional on it), the node our pin names, whether its controller
+    # recreates it when deleted before it starts, and, while our scheduling gate holds it,
+    # the pod as ``node_pin.release_ops`` reads it (annotations, gates, affinity).
+    node_name: str = ""  # spec.nodeName ("" while unscheduled)
+    resource_version: str = ""
+    deleting: bool = False
+    pinned_node: str | None = None
+    recreated: bool = False
+    gated: Mapping[str, Any] | None = None  # None: not held by our gate
 
 
 @dataclass(frozen=True, slots=True)
@@ -248,6 +258,35 @@ class DeleteStrayPod:
 
 
 @dataclass(frozen=True, slots=True)
+class ReleasePod:
+    """Lift our scheduling gate from a pod whose placeholder is bound to ``node``: one JSON
+    patch (``node_pin.release_ops``: pin, record the pin, a ``test`` on the gate and its
+    removal). A stale view fails the patch (409/422); the next look decides again."""
+
+    namespace: str
+    name: str
+    statefulset: str
+    node: str
+    ops: tuple[dict[str, Any], ...]  # JSONPatch operations (``wire.jsonpatch.Op``)
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteStrandedPod:
+    """Delete a never-started pod pinned to a node its run left, so that its engine
+    recreates it (pinned to the run's node, or gated until the placeholder is bound). The
+    delete is conditional on the observed uid and resourceVersion: a pod bound meanwhile is
+    never deleted. ``event`` (on the run) is recorded once it is deleted."""
+
+    namespace: str
+    name: str
+    uid: str
+    resource_version: str
+    statefulset: str
+    node: str  # where it was pinned
+    event: RecordEvent
+
+
+@dataclass(frozen=True, slots=True)
 class MarkStuck:
     """The group is stuck (counted in ``coschedule_stuck_groups``). With ``explained``, a
     new explanation: remembered (so that it is given once per change) and logged."""
@@ -283,6 +322,8 @@ Action = (
     | RecordEvent
     | RelocatePlaceholder
     | DeleteStrayPod
+    | ReleasePod
+    | DeleteStrandedPod
     | MarkStuck
     | ClearStuck
 )

@@ -72,6 +72,12 @@ class ReconcileMetrics:
             "move (explained in Events on the pod and the run).",
             registry=self.registry,
         )
+        self.stranded_pods = Counter(
+            "coschedule_stranded_pods_deleted",
+            "Pending pods pinned by node name to a node their run left, deleted so that their "
+            "engine recreates them where the run is (placement auto).",
+            registry=self.registry,
+        )
         for reason in ("cordoned", "tainted"):
             self.evictions.labels(reason)
         for cause in (Cause.RESOURCES, Cause.PODS, Cause.TAINT, Cause.VOLUME):

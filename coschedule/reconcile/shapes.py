@@ -11,10 +11,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from coschedule import marks
+from coschedule.engines import pod_recreated_by_owner
 from coschedule.k8s.constants import TERMINAL_PHASES
 from coschedule.k8s.timefmt import parse_time
 from coschedule.marks import (
     ALL_MARK_ANNOTATIONS,
+    ANNOTATION_PINNED_NODE,
     LABEL_COMPONENT,
     LABEL_INSTANCE,
     LABEL_MANAGED_BY,
@@ -22,6 +24,7 @@ from coschedule.marks import (
     BadMark,
     statefulset_templates,
 )
+from coschedule.mutate import node_pin
 from coschedule.reconcile.model import (
     MarkedPod,
     Obj,
@@ -31,6 +34,7 @@ from coschedule.reconcile.model import (
 )
 
 _PLACEHOLDER_LABELS = frozenset({LABEL_COMPONENT, LABEL_INSTANCE, LABEL_MANAGED_BY})
+_KEPT_ANNOTATIONS = (*ALL_MARK_ANNOTATIONS, ANNOTATION_PINNED_NODE)
 
 
 def _dict(value: Any) -> dict[str, Any]:
@@ -71,7 +75,7 @@ def slim_marked_pod(obj: Obj) -> Obj:
         "resourceVersion": meta.get("resourceVersion"),
         "creationTimestamp": meta.get("creationTimestamp"),
         "labels": {LABEL_PLACEHOLDER: labels.get(LABEL_PLACEHOLDER)},
-        "annotations": {k: annotations[k] for k in ALL_MARK_ANNOTATIONS if k in annotations},
+        "annotations": {k: annotations[k] for k in _KEPT_ANNOTATIONS if k in annotations},
     }
     if meta.get("deletionTimestamp"):
         slim_meta["deletionTimestamp"] = meta["deletionTimestamp"]
@@ -85,6 +89,12 @@ def slim_marked_pod(obj: Obj) -> Obj:
         slim_spec["tolerations"] = spec["tolerations"]
     if spec.get("schedulerName"):
         slim_spec["schedulerName"] = spec["schedulerName"]
+    if spec.get("schedulingGates"):
+        # Kept whole (the release patch tests our gate at its index); and while our gate
+        # holds the pod, its affinity, which the release patch pins into.
+        slim_spec["schedulingGates"] = spec["schedulingGates"]
+        if spec.get("affinity") and node_pin.gate_index(spec) is not None:
+            slim_spec["affinity"] = spec["affinity"]
     slim_status: Obj = {"phase": status.get("phase") or ""}
     finished = _finished_at(status)
     if finished:
@@ -166,6 +176,9 @@ def parse_marked(obj: Mapping[str, Any]) -> MarkedPod | BadMark:
     ):
         owner = OwnerRef(ref["apiVersion"], ref["kind"], ref["name"], ref["uid"])
     selector = _dict(spec.get("nodeSelector"))
+    gated = None
+    if node_pin.gate_index(spec) is not None:
+        gated = {"metadata": {"annotations": _dict(meta.get("annotations"))}, "spec": spec}
     return MarkedPod(
         namespace=str(meta.get("namespace") or ""),
         name=str(meta.get("name") or ""),
@@ -178,6 +191,12 @@ def parse_marked(obj: Mapping[str, Any]) -> MarkedPod | BadMark:
         live=status.get("phase") not in TERMINAL_PHASES and not meta.get("deletionTimestamp"),
         finished_at=parse_time(status.get("finishedAt")),
         scheduler_name=str(spec.get("schedulerName") or ""),
+        node_name=str(spec.get("nodeName") or ""),
+        resource_version=str(meta.get("resourceVersion") or ""),
+        deleting=bool(meta.get("deletionTimestamp")),
+        pinned_node=node_pin.pinned_node(meta),
+        recreated=pod_recreated_by_owner(meta.get("ownerReferences")),
+        gated=gated,
     )
 
 

@@ -28,6 +28,7 @@ from coschedule.k8s.scheduler_messages import Cause, SchedulerMessage, parse
 from coschedule.k8s.taints import untolerated
 from coschedule.k8s.timefmt import parse_time
 from coschedule.k8s.volumes import VolumeTopology
+from coschedule.mutate import node_pin
 from coschedule.reconcile.model import Obj
 
 FACTS = "scheduling"  # where the pod transform keeps a pending pod's scheduling facts
@@ -123,7 +124,8 @@ class PendingPod:
     requests: Mapping[str, Decimal]
     node_selector: Mapping[str, str]
     tolerations: tuple[Mapping[str, Any], ...]
-    terms: tuple[Mapping[str, Any], ...] | None
+    terms: tuple[Mapping[str, Any], ...] | None  # required node affinity, without our pin
+    pinned_node: str | None = None  # the node our pin names (placement by node name)
 
     @property
     def key(self) -> str:
@@ -145,19 +147,48 @@ def pending_pod(obj: Obj, claims: tuple[str, ...] = ()) -> PendingPod | None:
     )
     message = str(condition.get("message") or "") if unschedulable else ""
     terms = facts.get("nodeAffinity")
+    pinned = node_pin.pinned_node(meta)
+    parsed = parse(message)
+    if pinned is not None:
+        # Our pin stands for "the placeholder's node", as the pod-affinity term does: it is
+        # not the pod's own rule (a move takes it along), and the nodes it rules out are
+        # the pin's share of the scheduler's count, not reasons the run is stuck.
+        parsed = parsed.pinned()
+        if isinstance(terms, list):
+            terms = unpinned(terms, pinned)
     return PendingPod(
         namespace=str(meta.get("namespace") or ""),
         name=str(meta.get("name") or ""),
         uid=str(meta.get("uid") or ""),
         claims=claims,
         since=parse_time(condition.get("lastTransitionTime")) if unschedulable else None,
-        message=parse(message),
+        message=parsed,
         raw_message=message,
         requests=resources(facts.get("requests")),
         node_selector={str(k): str(v) for k, v in (spec.get("nodeSelector") or {}).items()},
         tolerations=tuple(t for t in spec.get("tolerations") or () if isinstance(t, dict)),
         terms=tuple(terms) if isinstance(terms, list) else None,
+        pinned_node=pinned,
     )
+
+
+def unpinned(terms: Sequence[Any], node: str) -> list[Any] | None:
+    """Required node-selector terms without our pin to ``node`` (``node_pin.pin_ops`` ANDs it
+    into every term); a term that was only the pin goes, and with no term left, None (no
+    requirement: the pin was all of it)."""
+    pin = node_pin.pin_requirement(node)
+    kept: list[Any] = []
+    for term in terms:
+        if not isinstance(term, Mapping) or pin not in (term.get("matchFields") or ()):
+            kept.append(term)
+            continue
+        fields = [f for f in term.get("matchFields") or () if f != pin]
+        rest = {k: v for k, v in term.items() if k != "matchFields"}
+        if fields:
+            rest["matchFields"] = fields
+        if fields or rest.get("matchExpressions"):
+            kept.append(rest)
+    return kept or None
 
 
 @dataclass(frozen=True, slots=True)

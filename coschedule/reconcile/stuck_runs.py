@@ -140,10 +140,13 @@ def _step(observed: Observed, facts: StuckFacts, settings: Settings, now: float)
             Requeue(state.at + grace - now + RECHECK_MARGIN, "moved: the scheduler's grace"),
         )
     claims_of = {p.name: p.marks.claims for p in observed.pods}
+    # A pod pinned to another node than the group's is stranded there, not stuck: it is
+    # deleted for its engine to recreate it (``node_pins``), never a reason to move the run.
     pending = [
         found
         for name, obj in facts.pods.items()
         if (found := stuck.pending_pod(obj, claims_of.get(name, ()))) is not None
+        and found.pinned_node in (None, node.name)
     ]
     pod, wait = stuck.find_stuck(pending, now, grace)
     requeue = (

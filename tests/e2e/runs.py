@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import datetime
 from typing import TYPE_CHECKING
 
@@ -59,12 +59,16 @@ def wait_bound(
     not_node: str | None = None,
     not_uid: str | None = None,
     timeout: float = TIMEOUT,
+    remake: Callable[[], object] | None = None,
 ) -> Obj:
     """The pod as stored once the scheduler bound it (to ``node`` when given, to another
-    node than ``not_node``, as another pod than ``not_uid``)."""
+    node than ``not_node``, as another pod than ``not_uid``). ``remake`` is called while the
+    pod is gone: the test plays its engine (``TektonRun.remake``)."""
 
     def probe() -> Obj | None:
         obj = api.get("Pod", pod, namespace)
+        if obj is None and remake is not None:
+            remake()
         if obj is None or obj["metadata"].get("deletionTimestamp"):
             return None
         if not_uid is not None and obj["metadata"]["uid"] == not_uid:

@@ -42,6 +42,7 @@ WEBHOOK_DENIED: list[Check] = [
 RECONCILER_ALLOWED: list[Check] = [
     ("watch", "", "pods", ""),
     ("delete", "", "pods", "team-a"),
+    ("patch", "", "pods", "team-a"),  # releases a pod held by our gate (placement auto)
     ("watch", "", "nodes", ""),
     ("create", "apps", "statefulsets", "team-a"),
     ("delete", "apps", "statefulsets", "team-a"),

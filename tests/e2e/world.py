@@ -4,6 +4,7 @@ provisioner, and Tekton-shaped runs built from the realistic pod fixtures."""
 from __future__ import annotations
 
 import contextlib
+import copy
 import threading
 import time
 import uuid
@@ -585,6 +586,7 @@ class TektonRun:
     pipeline_run: Obj = field(default_factory=dict)
     task_runs: dict[str, Obj] = field(default_factory=dict)
     pods: dict[str, Obj] = field(default_factory=dict)  # task -> stored pod
+    manifests: dict[str, Obj] = field(default_factory=dict)  # task -> what its pod was made from
 
     def create(self) -> TektonRun:
         self.pipeline_run = self.api.create(
@@ -705,9 +707,23 @@ class TektonRun:
         return pod
 
     def create_pod(self, task: str, **kwargs: Any) -> Obj:
-        stored = create_pod(self.api, self.pod_manifest(task, **kwargs))
+        return self.submit(task, self.pod_manifest(task, **kwargs))
+
+    def submit(self, task: str, manifest: Obj) -> Obj:
+        """Create the task's pod from ``manifest``, kept to make the pod again (``remake``)."""
+        self.manifests[task] = copy.deepcopy(manifest)
+        stored = create_pod(self.api, manifest)
         self.pods[task] = stored
         return stored
+
+    def remake(self, task: str) -> Obj | None:
+        """What Tekton's TaskRun reconciler does when the pod of an unfinished TaskRun is
+        gone: create it again (through the webhook). With placement by node name the
+        reconciler deletes a pending pod pinned to a node its run left, for this. None while
+        the pod is there."""
+        if self.api.get("Pod", self.pod_name(task), self.namespace) is not None:
+            return None
+        return self.submit(task, copy.deepcopy(self.manifests[task]))
 
     def pod_name(self, task: str) -> str:
         return f"{self.name}-{task}-pod"

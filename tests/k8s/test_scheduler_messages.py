@@ -53,3 +53,48 @@ def test_empty_and_odd_messages_do_not_raise() -> None:
     assert parse("").nodes is None
     assert parse("0/3 nodes are available").reasons == ()
     assert parse("0/3 nodes are available: .").reasons == ()
+
+
+# A pod pinned to one node by name: kube-scheduler 1.36's words for the other nodes (its
+# NodeAffinity PreFilter keeps the one node; seen on the e2e control plane), and the
+# Filter's words (a node the pin and the user's own rules both count).
+PIN = "node(s) didn't satisfy plugin(s) [NodeAffinity]"
+FILTER = "node(s) didn't match Pod's node affinity/selector"
+
+
+@pytest.mark.parametrize(
+    ("message", "blocking"),
+    [
+        # Its node is full; the five others fail on the pin: only the cpu counts.
+        (
+            f"0/6 nodes are available: 1 Insufficient cpu, 5 {PIN}. no new claims to "
+            "deallocate, preemption: 0/6 nodes are available: 1 No preemption victims found "
+            "for incoming pod, 5 Preemption is not helpful for scheduling.",
+            [(1, Cause.RESOURCES)],
+        ),
+        (f"0/6 nodes are available: 1 Insufficient cpu, 5 {FILTER}.", [(1, Cause.RESOURCES)]),
+        # Its node is cordoned (that filter runs first there).
+        (
+            f"0/3 nodes are available: 1 node(s) were unschedulable, 2 {PIN}.",
+            [(1, Cause.UNSCHEDULABLE)],
+        ),
+        # Every node fails node affinity: one of them is its own node (the user's rules
+        # exclude it, or the pin names a node the run left): that one still counts.
+        (f"0/6 nodes are available: 6 {FILTER}. preemption: 0/6 ...", [(1, Cause.NODE_AFFINITY)]),
+        (
+            f"0/6 nodes are available: 1 {FILTER}, 5 {PIN}.",
+            [(1, Cause.NODE_AFFINITY)],
+        ),
+        # One node in the cluster: nothing to take away.
+        ("0/1 nodes are available: 1 Insufficient memory.", [(1, Cause.RESOURCES)]),
+        ("not the scheduler's shape", []),
+    ],
+)
+def test_a_pinned_pods_message_counts_the_pin_as_the_pin_to_the_placeholder(
+    message: str, blocking: list[tuple[int, Cause]]
+) -> None:
+    pinned = parse(message).pinned()
+    assert [(r.count, r.cause) for r in pinned.blocking] == blocking
+    # The counts still add up to the nodes the scheduler looked at.
+    if pinned.nodes is not None:
+        assert sum(r.count for r in pinned.reasons) == pinned.nodes

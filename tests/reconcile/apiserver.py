@@ -28,6 +28,8 @@ from typing import Any
 
 import kmock
 
+from coschedule.wire import jsonpatch
+
 Obj = dict[str, Any]
 Key = tuple[str, str | None, str]  # (resource path, namespace, name)
 
@@ -284,9 +286,21 @@ class MiniApi:
         if current is None:
             raise kmock.KubernetesError(status=404, reason="NotFound", message=f"{name}")
         if method == "DELETE":
+            preconditions = (request.data or {}).get("preconditions") or {}
+            for field_name in ("uid", "resourceVersion"):
+                wanted = preconditions.get(field_name)
+                if wanted and wanted != current["metadata"].get(field_name):
+                    raise kmock.KubernetesError(
+                        status=409,
+                        reason="Conflict",
+                        message=f"Precondition failed: {field_name} in precondition: {wanted}, "
+                        f"{field_name} in object meta: {current['metadata'].get(field_name)}",
+                    )
             self.deletes.append((plural, ns, str(name), request.data))
             self.remove(plural, ns, str(name))
             return {"kind": "Status", "status": "Success"}
+        if method == "PATCH" and "json-patch" in str(request.headers.get("Content-Type")):
+            return self._json_patch(plural, current, request.data)
         body = request.data or {}
         wanted = (body.get("metadata") or {}).get("resourceVersion")
         if wanted and wanted != current["metadata"]["resourceVersion"]:
@@ -304,6 +318,24 @@ class MiniApi:
             patch.get("metadata", {}).pop("resourceVersion", None)
             return self.put(plural, _merge(current, patch))
         raise kmock.KubernetesError(status=405, reason="MethodNotAllowed", message=method)
+
+    def _json_patch(self, plural: str, current: Obj, ops: Any) -> Obj:
+        """RFC 6902 as kube-apiserver applies it: a failed ``test`` (or a path that is not
+        there) is 422 and changes nothing; a pod's node affinity may change only while a
+        scheduling gate holds it (the KEP-3838 rule), else 422 too."""
+        try:
+            patched = jsonpatch.apply(current, ops)
+        except (jsonpatch.PatchTestFailed, KeyError, IndexError, ValueError, TypeError) as exc:
+            raise kmock.KubernetesError(status=422, reason="Invalid", message=str(exc)) from exc
+        if plural == "pods":
+            old, new = current.get("spec") or {}, patched.get("spec") or {}
+            if old.get("affinity") != new.get("affinity") and not old.get("schedulingGates"):
+                raise kmock.KubernetesError(
+                    status=422,
+                    reason="Invalid",
+                    message="spec: Forbidden: pod updates may not change fields other than ...",
+                )
+        return self.put(plural, patched)
 
     def _list(self, plural: str, ns: str | None, params: dict[str, str]) -> Obj:
         selector = params.get("labelSelector")

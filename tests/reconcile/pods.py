@@ -12,6 +12,7 @@ from typing import Any
 
 from coschedule.config.settings import Settings
 from coschedule.marks import LABEL_ENABLED, BadMark, Mode
+from coschedule.mutate import node_pin
 from coschedule.mutate.decision import AdmissionContext, NamespaceInfo, decide
 from coschedule.reconcile import shapes
 from coschedule.reconcile.model import MarkedPod
@@ -79,3 +80,28 @@ def unschedulable(message: str, since: float) -> dict[str, Any]:
         "lastProbeTime": None,
         "lastTransitionTime": datetime.fromtimestamp(since, UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
     }
+
+
+def by_node_name(pod: dict[str, Any], node: str | None = None) -> dict[str, Any]:
+    """``pod`` as the webhook leaves it with ``placement: auto``: no pod-affinity term to
+    the placeholder; pinned to ``node`` (with the pinned-node mark) when its placeholder is
+    bound there, else held behind the placeholder's scheduling gate."""
+    pod = copy.deepcopy(pod)
+    spec = pod["spec"]
+    affinity = spec.get("affinity") or {}
+    affinity.pop("podAffinity", None)
+    if affinity:
+        spec["affinity"] = affinity
+    else:
+        spec.pop("affinity", None)
+    if node is None:
+        ops = node_pin.gate_ops(spec)
+    else:
+        ops = [*node_pin.pin_ops(spec, node), *node_pin.pinned_node_op(pod["metadata"], node)]
+    result: dict[str, Any] = apply(pod, ops)
+    return result
+
+
+def condition(reason: str, message: str, since: float) -> dict[str, Any]:
+    """A PodScheduled=False condition (reason ``SchedulingGated`` while a gate holds it)."""
+    return {**unschedulable(message, since), "reason": reason}

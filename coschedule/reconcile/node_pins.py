@@ -1,0 +1,130 @@
+"""Pods placed by node name, planned: ``plan_pins(observed, earlier) -> Plan``. Pure.
+
+With ``placement: auto`` the webhook ties a run's pod to its placeholder by node name: it
+pins the pod to the node the placeholder pod is bound to, or, before that, holds it behind
+the placeholder's scheduling gate. Here the reconciler finishes the protocol:
+
+- **release**: a pod held by our gate whose placeholder pod is bound (and staying) gets one
+  JSON patch that pins it to that node, records the pin and lifts the gate;
+- **stranded**: a pod pinned by us to node P that never started (unbound, not gated, not
+  being deleted) while its run's placeholder is on another node M, or is leaving P, can
+  never follow (a pod's node affinity is immutable once it is not gated). When its
+  controller recreates a deleted never-started pod (``engines.pod_recreated_by_owner``:
+  Tekton's TaskRun does), it is deleted, conditionally on the uid and resourceVersion seen,
+  so a pod that got bound meanwhile is never deleted; the engine's new pod is pinned to M
+  (or gated until the placeholder is bound). One Event on the run says so.
+
+``earlier`` are the actions already planned for the group in this pass (placeholder
+evictions, relocation, strays): a placeholder pod they delete is leaving its node, so no pod
+is released onto it, and a pod pinned there is stranded.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from coschedule.k8s.constants import HOSTNAME
+from coschedule.mutate import node_pin
+from coschedule.reconcile import relocation
+from coschedule.reconcile.model import (
+    Action,
+    DeletePlaceholderPod,
+    DeleteStrandedPod,
+    DeleteStrayPod,
+    MarkedPod,
+    Observed,
+    OwnerRef,
+    Plan,
+    RecordEvent,
+    ReleasePod,
+    RelocatePlaceholder,
+)
+
+REASON_STRANDED = "PodRecreated"
+
+
+def plan_pins(observed: Observed, earlier: Sequence[Action] = ()) -> Plan:
+    """Release the gated pods onto the placeholder's node; delete pinned pods stranded on a
+    node the run left. Pure."""
+    leaving = _leaving(observed, earlier)
+    staying = sorted(
+        {
+            p.node_name
+            for p in observed.placeholder_pods
+            if p.node_name and not p.deleting and p.name not in leaving
+        }
+    )
+    # One placeholder pod per run; two bound (a stray being deleted) decide nothing.
+    node = staying[0] if len(staying) == 1 else None
+    left = _left_nodes(observed, leaving)
+    actions: list[Action] = []
+    for pod in observed.pods:
+        if not pod.live or pod.deleting or pod.node_name:
+            continue
+        if pod.gated is not None:
+            if node is not None:
+                ops = node_pin.release_ops(pod.gated, node)
+                if ops:
+                    actions.append(
+                        ReleasePod(pod.namespace, pod.name, observed.name, node, tuple(ops))
+                    )
+            continue
+        pinned = pod.pinned_node
+        if pinned is None or not pod.recreated or pinned == node:
+            continue
+        if node is not None or pinned in left:
+            actions.append(_stranded(observed, pod, pinned, node))
+    return Plan(tuple(actions))
+
+
+def _leaving(observed: Observed, earlier: Sequence[Action]) -> set[str]:
+    """Placeholder pods this pass deletes (evicted, relocated, strays)."""
+    names: set[str] = set()
+    for action in earlier:
+        if isinstance(action, DeletePlaceholderPod | DeleteStrayPod):
+            names.add(action.name)
+        elif isinstance(action, RelocatePlaceholder):
+            names.update(action.pods)
+    return names
+
+
+def _left_nodes(observed: Observed, leaving: set[str]) -> set[str]:
+    """Nodes the run's placeholder is leaving or has left: where a placeholder pod is
+    deleted (now or in this pass), and the hostnames a relocation left behind."""
+    nodes = {
+        p.node_name
+        for p in observed.placeholder_pods
+        if p.node_name and (p.deleting or p.name in leaving)
+    }
+    sts = observed.statefulset
+    state = relocation.parse(sts.annotations) if sts is not None else None
+    if state is not None and state.topology_key == HOSTNAME:
+        nodes.update(state.left)
+    return nodes
+
+
+def _stranded(observed: Observed, pod: MarkedPod, pinned: str, node: str | None) -> Action:
+    owner = pod.owner
+    engine = f"its {owner.kind} {owner.name}" if owner is not None else "its controller"
+    where = f"left for node {node}" if node is not None else "is leaving"
+    message = (
+        f"pod {pod.name} was pending on node {pinned}, which its run {where}; deleted for "
+        f"{engine} to recreate it there"
+    )
+    run: OwnerRef | None = observed.owner.root if observed.owner is not None else None
+    event = RecordEvent(
+        observed.namespace,
+        observed.name,
+        REASON_STRANDED,
+        message,
+        involved=run if run is not None else owner,
+    )
+    return DeleteStrandedPod(
+        pod.namespace,
+        pod.name,
+        pod.uid,
+        pod.resource_version,
+        observed.name,
+        pinned,
+        event,
+    )
