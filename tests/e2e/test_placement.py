@@ -14,8 +14,7 @@ import pytest
 from coschedule.marks import ANNOTATION_PINNED_NODE, GATE_PLACEHOLDER, run_placeholder
 from tests.e2e.conftest import E2E
 from tests.e2e.kube import Api, Obj, dump, wait_for
-from tests.e2e.runs import node, wait_bound, wait_placeholder_bound
-from tests.e2e.test_stuck import topology_key
+from tests.e2e.runs import node, topology_key, wait_bound, wait_placeholder_bound
 from tests.e2e.world import ZONE, TektonRun, bound_claim, unique
 
 pytestmark = pytest.mark.e2e
