@@ -45,7 +45,7 @@ class PodEndpoint(AdmissionEndpoint):
         claims: ClaimCacheView | None = None,
         volumes: VolumeView | None = None,
     ) -> None:
-        super().__init__(metrics, lean.decode, mode="none", log_bad_requests=True)
+        super().__init__(metrics, lean.decode, mode="none", path="/mutate", object_field="pod")
         self.settings = settings
         self.namespaces = namespaces
         self.claims = claims
