@@ -391,11 +391,7 @@ class ConcurrencyController:
             )
             await run_event(self.client, run, "Cancelled", message)
         elif isinstance(action, StartRun):
-            await start_run(self.client, run, action.why)
-            created = run.created_at
-            if created:
-                self.metrics.start_delay.observe(max(0.0, self.clock() - created))
-            self.metrics.starts.inc()
+            await start_run(self.client, run, action.why, started=self._count_start)
         elif isinstance(action, MarkWaiting):
             # Written only when the reason changed (the plan compares it with the run's): one
             # Event per change, and nothing when a look changes nothing.
@@ -403,16 +399,28 @@ class ConcurrencyController:
             await run_event(self.client, run, "Waiting", action.why)
 
 
+    def _count_start(self, run: Run) -> None:
+        created = run.created_at
+        if created:
+            self.metrics.start_delay.observe(max(0.0, self.clock() - created))
+        self.metrics.starts.inc()
+
+
 def run_path(run: Run) -> str:
     engine = RUN_ENGINES[run.kind]
     return object_path(engine.api_version, engine.plural, run.namespace, run.name)
 
 
-async def start_run(client: KubeClient, run: Run, why: str) -> None:
+async def start_run(
+    client: KubeClient, run: Run, why: str, *, started: Callable[[Run], None] | None = None
+) -> None:
     """Let a run held pending by coschedule start: its engine's start patch, only if the run
-    is unchanged since ``run`` was read (a stale one is 409), a log line and a ``Started``
-    Event. The one start path: the reconciler's plans and ``coschedule release-held``."""
+    is unchanged since ``run`` was read (a stale one is 409), then ``started`` (the
+    reconciler's metrics), a log line and a ``Started`` Event. The one start path: the
+    reconciler's plans and ``coschedule release-held``."""
     await client.patch(run_path(run), start_patch(run))
+    if started is not None:
+        started(run)
     message = f"started by coschedule: {why}"
     log.info(
         "started run",
