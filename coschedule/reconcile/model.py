@@ -55,6 +55,9 @@ class MarkedPod:
     live: bool  # phase not Succeeded/Failed and not being deleted
     finished_at: float | None = None  # when its last container ended, for idle grace
     scheduler_name: str = ""  # spec.schedulerName; the placeholder follows it
+    # Other placeholders its required pod affinity pins it to: Tekton's own Affinity
+    # Assistant's, when that is on too (``assistant_conflict``).
+    other_assistants: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,6 +141,20 @@ class RecordEvent:
     message: str
     type: str = "Normal"
     involved: OwnerRef | None = None  # None: the placeholder StatefulSet itself
+
+
+@dataclass(frozen=True, slots=True)
+class ReportAssistantConflict:
+    """A pod of the group is pinned to Tekton's own Affinity Assistant as well as to our
+    placeholder: ``event`` (a Warning on the pod, or on its run) once per ``subject``; a pod
+    subject is counted in ``coschedule_tekton_assistant_conflicts_total`` and logged."""
+
+    namespace: str
+    name: str  # the group's placeholder
+    subject: str  # "pod <uid>" or "run <kind>/<name>": what is told, once
+    pod: str  # the pod found pinned twice
+    assistants: tuple[str, ...]  # the other placeholders it is pinned to
+    event: RecordEvent
 
 
 @dataclass(frozen=True, slots=True)
@@ -282,6 +299,7 @@ Action = (
     | DeleteStrayPod
     | MarkStuck
     | ClearStuck
+    | ReportAssistantConflict
 )
 
 
