@@ -425,3 +425,15 @@ def test_scheduler_bench_runs_on_a_real_scheduler() -> None:
         assert row[key] > 0
     table = scheduler_bench.render([result])
     assert "| 12 | pod affinity (today) |" in table
+
+
+def test_webhook_memory_bench_fills_the_real_caches() -> None:
+    """bench.webhook_memory on 400 claims: the caches hold every claim and volume, and the
+    figure is per claim (no speed or size asserted)."""
+    from bench import webhook_memory
+
+    figures = asyncio.run(webhook_memory.measure(400, rss=False))
+    assert figures["claims"] == 400
+    assert figures["bytes_per_claim"] > 0
+    per_10k = figures["bytes_per_claim"] * 10_000 / 2**20
+    assert figures["mb_per_10k_claims"] == pytest.approx(per_10k, abs=0.1)
