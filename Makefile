@@ -33,7 +33,9 @@ $(INTERPRETER): FORCE
 	@want=$$($(PYTHON) -c '$(VENV_ID)'); \
 	have=$$($(BIN)/python -c '$(VENV_OK); $(VENV_ID)' 2>/dev/null || true); \
 	if [ "$$want" != "$$have" ] || [ ! -f $@ ]; then \
-		if [ -d $(VENV) ]; then \
+		if [ -d $(VENV) ] && [ "$$want" = "$$have" ]; then \
+			echo "$(VENV) has no record of the interpreter that made it: making it again"; \
+		elif [ -d $(VENV) ]; then \
 			echo "$(VENV) was made by $${have:-an interpreter that no longer runs}, not by $(PYTHON) ($$want): making it again"; \
 		fi; \
 		rm -rf $(VENV) && $(PYTHON) -m venv $(VENV) && echo "$$want" > $@; \

@@ -229,6 +229,11 @@ class Engine:
     # The kinds whose owner walk goes on up to this kind (a TaskRun's PipelineRun).
     above: frozenset[str] = frozenset()
     run: RunControl | None = None  # a run engine: concurrency control holds and starts it
+    # The engine recreates a pod of its own that was deleted before it started (Tekton's
+    # TaskRun reconciler does; Argo fails the step; the Job controller counts a failure), so
+    # its pods may be pinned by node name: one left pending on a node its placeholder left is
+    # deleted, and comes back pinned to the new node.
+    recreates_pods: bool = False
 
     @property
     def api_version(self) -> str:
@@ -264,7 +269,7 @@ ENGINES: tuple[Engine, ...] = (
         run_label="buildrun.shipwright.io/name",
         above=frozenset({"TaskRun"}),
     ),
-    Engine("TaskRun", "tekton.dev", "v1", "taskruns", succeeded_condition),
+    Engine("TaskRun", "tekton.dev", "v1", "taskruns", succeeded_condition, recreates_pods=True),
     # A Job's own owner (a CronJob) never completes: the walk stops at the Job.
     Engine("Job", "batch", "v1", "jobs", job_condition),
 )
@@ -285,6 +290,25 @@ WALK_UP: Mapping[str, frozenset[str]] = {
 RUN_SPEC_FIELDS: tuple[str, ...] = tuple(
     dict.fromkeys(f for e in RUN_ENGINES.values() if e.run for f in e.run.spec_fields)
 )
+
+
+# (API group, kind) of the pod owners that recreate a deleted, never-started pod.
+RECREATING_OWNERS: frozenset[tuple[str, str]] = frozenset(
+    (e.group, e.kind) for e in ENGINES if e.recreates_pods
+)
+
+
+def pod_recreated_by_owner(owner_references: Any) -> bool:
+    """Whether the pod's controller (its ownerReference with ``controller: true``) is an
+    engine that recreates it when it is deleted before it starts."""
+    if not isinstance(owner_references, list):
+        return False
+    for ref in owner_references:
+        if not isinstance(ref, dict) or ref.get("controller") is not True:
+            continue
+        group, slash, _ = str(ref.get("apiVersion", "")).partition("/")
+        return (group if slash else "", ref.get("kind")) in RECREATING_OWNERS
+    return False
 
 
 def run_kind_of(group: str, kind: str) -> Kind | None:

@@ -54,6 +54,12 @@ PENDING_BY_CONCURRENCY = "concurrency"
 # On a run held pending by a Queue or Replace control: why it waits (its place, the run ahead),
 # written by the reconciler when that changes; removed when the run starts or is cancelled.
 ANNOTATION_WAITING = "coschedule.dev/waiting"
+# Placement by node name (the `placement` key, `auto`): a pod whose placeholder is not bound
+# yet waits behind this scheduling gate; the reconciler pins it to the placeholder's node and
+# lifts the gate in one patch. A pinned pod names its node in the annotation, so the pin is
+# told apart from a user's own `matchFields` and a pod left behind by a move is found.
+GATE_PLACEHOLDER = "coschedule.dev/placeholder"
+ANNOTATION_PINNED_NODE = "coschedule.dev/pinned-node"
 # On each volumeClaimTemplate of a placeholder: the original claim it stands for.
 TEMPLATE_CLAIM = "coschedule.dev/claim"
 
@@ -87,6 +93,26 @@ class Mode(enum.StrEnum):
     def per_run(self) -> bool:
         """Modes whose group is a whole run rather than a claim."""
         return self is Mode.PIPELINERUNS or self is Mode.ISOLATE_PIPELINERUN
+
+
+class Placement(enum.StrEnum):
+    """How a run's pods are tied to their placeholder (the `placement` key)."""
+
+    # Pin by node name where it is safe: the pod's engine recreates a deleted, never-started
+    # pod (a pod left pending on a node its placeholder left is deleted for it) and the
+    # topology key is the hostname. Elsewhere, pod affinity.
+    AUTO = "auto"
+    POD_AFFINITY = "pod-affinity"  # every pod: a required pod-affinity term to the placeholder
+
+    @classmethod
+    def parse(cls, text: str) -> Placement | None:
+        try:
+            return cls(text.strip().lower())
+        except ValueError:
+            return None
+
+
+PLACEMENT_CHOICES = ", ".join(p.value for p in Placement)
 
 
 MODE_CHOICES = ", ".join(m.value for m in Mode)

@@ -117,6 +117,24 @@ def test_a_venv_made_by_another_python_is_made_again(tmp_path: Path) -> None:
     assert stamp.stat().st_mtime_ns == before, "an unchanged venv must not reinstall"
 
 
+@needs_make
+def test_a_venv_with_no_record_of_its_python_says_so(tmp_path: Path) -> None:
+    """A venv made before the record existed is made again, and the message does not claim
+    that the same interpreter is another one."""
+    work = _copy(tmp_path)
+    bin_dir = work / ".venv" / "bin"
+    bin_dir.mkdir(parents=True)
+    same = f"{sys.version_info[0]}.{sys.version_info[1]} {sys.base_prefix}"
+    (bin_dir / "python").write_text(f'#!/bin/sh\necho "{same}"\n')
+    (bin_dir / "python").chmod(0o755)
+
+    made = _make(work, f"PYTHON={sys.executable}", ".venv/.interpreter")
+    assert made.returncode == 0, made.stderr
+    assert "has no record of the interpreter that made it: making it again" in made.stdout
+    assert "was made by" not in made.stdout
+    assert (work / ".venv" / ".interpreter").read_text().strip() == same
+
+
 def test_serving_needs_no_dev_dependency() -> None:
     """Every coschedule module imports with the [dev] extra's packages unimportable, and
     ``serve --help`` runs: ``make run``'s runtime-only venv serves."""

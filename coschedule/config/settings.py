@@ -28,7 +28,7 @@ from coschedule.config.scheduling_defaults import DefaultsRule, parse_scheduling
 from coschedule.k8s.constants import HOSTNAME
 from coschedule.k8s.names import valid_dns_subdomain, valid_label_key
 from coschedule.k8s.quantity import quantity
-from coschedule.marks import LABEL_GROUP, Mode
+from coschedule.marks import LABEL_GROUP, PLACEMENT_CHOICES, Mode, Placement
 
 # Ours first, then each engine's run label: config shares a floor with coschedule.engines
 # and does not import it; tests/test_engines.py holds these equal to its run_label entries.
@@ -54,6 +54,7 @@ KNOWN_KEYS: frozenset[str] = frozenset(
         "coschedule",
         "disable-affinity-assistant",
         "topology-key",
+        "placement",
         "group-labels",
         "placeholder-image",
         "placeholder-resources",
@@ -110,6 +111,9 @@ class Settings:
 
     mode: Mode = Mode.WORKSPACES
     topology_key: str = DEFAULT_TOPOLOGY_KEY
+    # How pods are tied to their placeholder: by node name where that is safe (`auto`), or
+    # by a required pod-affinity term (`pod-affinity`, the only way before issue 20).
+    placement: Placement = Placement.POD_AFFINITY
     group_labels: tuple[str, ...] = DEFAULT_GROUP_LABELS
     placeholder_image: str = DEFAULT_PLACEHOLDER_IMAGE
     placeholder_resources: Mapping[str, Mapping[str, str]] = field(
@@ -317,6 +321,15 @@ def _parse_topology_key(text: str) -> str:
     return key
 
 
+def _parse_placement(text: str) -> Placement:
+    placement = Placement.parse(text)
+    if placement is None:
+        raise ConfigError(
+            f'config key "placement": {text.strip()!r} is not one of {PLACEMENT_CHOICES}'
+        )
+    return placement
+
+
 def _parse_seconds(key: str, text: str) -> int:
     try:
         seconds = int(text.strip())
@@ -359,6 +372,8 @@ def parse_settings(raw: Mapping[str, str]) -> Settings:
         kwargs["mode"], kwargs["mode_reason"] = resolved
     if (topology := raw.get("topology-key")) is not None and topology.strip():
         kwargs["topology_key"] = check(lambda: _parse_topology_key(topology))
+    if (placement := raw.get("placement")) is not None and placement.strip():
+        kwargs["placement"] = check(lambda: _parse_placement(placement))
     if (labels := raw.get("group-labels")) is not None:
         kwargs["group_labels"] = check(lambda: _parse_group_labels(labels))
     if (text := raw.get("placeholder-image")) is not None and text.strip():

@@ -32,12 +32,21 @@ def remove(path: str) -> Op:
     return {"op": "remove", "path": path}
 
 
+def test(path: str, value: Any) -> Op:
+    """Fail the whole patch unless ``path`` holds ``value`` (a guard on a stale view)."""
+    return {"op": "test", "path": path, "value": value}
+
+
+class PatchTestFailed(ValueError):
+    """A ``test`` operation did not hold (kube-apiserver answers 422)."""
+
+
 def unescape(token: str) -> str:
     return token.replace("~1", "/").replace("~0", "~")
 
 
 def apply(doc: Any, ops: list[Op]) -> Any:
-    """Apply add/remove/replace ops to a deep copy of ``doc``. For ``explain``, not the hot
+    """Apply add/remove/replace/test ops to a deep copy of ``doc``. For ``explain``, not the hot
     path: kube-apiserver applies the patch in the cluster."""
     import copy
 
@@ -52,6 +61,11 @@ def apply(doc: Any, ops: list[Op]) -> Any:
             parent = parent[int(token)] if isinstance(parent, list) else parent[token]
         last = tokens[-1]
         kind = op["op"]
+        if kind == "test":
+            here = parent[int(last)] if isinstance(parent, list) else parent.get(last)
+            if here != op["value"]:
+                raise PatchTestFailed(f"test failed at {op['path']}: {here!r} != {op['value']!r}")
+            continue
         if isinstance(parent, list):
             if kind == "remove":
                 del parent[int(last)]

@@ -15,7 +15,7 @@ from coschedule.config.settings import (
     read_raw_config,
 )
 from coschedule.config.store import SettingsStore
-from coschedule.marks import Mode
+from coschedule.marks import Mode, Placement
 
 # (disable-affinity-assistant, coschedule) -> (with both keys, coschedule alone); None: invalid.
 MATRIX = [
@@ -82,6 +82,7 @@ def test_deprecated_key_alone_uses_default_coschedule() -> None:
         ({"placeholder-resources": "limits: [1]"}, "mapping"),
         ({"placeholder-resources": "burst: {cpu: 1m}"}, "unknown section"),
         ({"placeholder-priority-class": "Not_Valid"}, "placeholder-priority-class"),
+        ({"placement": "node-name"}, 'key "placement": .* not one of auto, pod-affinity'),
         ({"topologykey": "kubernetes.io/hostname"}, "unknown config key"),
     ],
 )
@@ -101,6 +102,7 @@ def test_every_key_parses() -> None:
             "placeholder-priority-class": "ci-high",
             "idle-grace-seconds": "60",
             "rewrite-claims": "false",
+            "placement": " Auto\n",
         }
     )
     assert settings.mode is Mode.ISOLATE_PIPELINERUN
@@ -114,6 +116,8 @@ def test_every_key_parses() -> None:
     assert settings.placeholder_priority_class == "ci-high"
     assert settings.idle_grace_seconds == 60
     assert settings.rewrite_claims is False
+    assert settings.placement is Placement.AUTO
+    assert parse_settings({"placement": ""}).placement is Settings().placement
 
 
 def test_folder_wins_over_environment(tmp_path: Path) -> None:
