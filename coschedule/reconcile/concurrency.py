@@ -398,7 +398,6 @@ class ConcurrencyController:
             await self.client.patch(path, waiting_patch(run, action.why))
             await run_event(self.client, run, "Waiting", action.why)
 
-
     def _count_start(self, run: Run) -> None:
         created = run.created_at
         if created:
