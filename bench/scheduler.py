@@ -712,6 +712,9 @@ class BatchResult:
     wall_s: float
     colocated: int | None = None  # groups whose pods all share their placeholder's node
     groups: int = 0
+    # Distinct nodes the batch's placeholders are bound to: every run on a node of its own
+    # when it equals ``groups`` (what keeping placeholders apart is for).
+    holder_nodes: int | None = None
 
     def to_json(self) -> Obj:
         return {
@@ -721,6 +724,7 @@ class BatchResult:
             "wall_s": round(self.wall_s, 3),
             "colocated": self.colocated,
             "groups": self.groups,
+            "holder_nodes": self.holder_nodes,
         }
 
 
@@ -792,6 +796,7 @@ async def run_batch(client: Client, scheduler: Proc, batch: Batch, plan: Plan) -
             for holder, members in batch.groups.items()
             if all(bound.get(member) == bound.get(holder) for member in members)
         )
+        result.holder_nodes = len({bound[holder] for holder in batch.groups if holder in bound})
     return result
 
 
@@ -947,6 +952,11 @@ def summarize(
                 "throughput_ratio": _ratio(co["pods_per_s"], plain["pods_per_s"]),
                 "spillover_ratio": _ratio(beside["cpu_ms_per_pod"], plain["cpu_ms_per_pod"]),
                 "colocated": f"{sum(r.colocated or 0 for r in mine)}/{sum(r.groups for r in mine)}",
+                # Distinct nodes the placeholders took per batch, summed, over the runs: 90/90
+                # is every run on a node of its own (the fewest in one batch: the worst stack).
+                "distinct_nodes": f"{sum(r.holder_nodes or 0 for r in mine)}/"
+                f"{sum(r.groups for r in mine)}",
+                "fewest_nodes": min((r.holder_nodes or 0 for r in mine), default=0),
             }
         )
     return {
@@ -985,8 +995,8 @@ def render(results: Sequence[Obj]) -> str:
         "included) and of plain pods beside them, as ratios to plain pods in the same run:",
         "",
         "| nodes | encoding | ms/pod (plain) | CPU x plain | throughput x plain "
-        "| plain beside it (spillover) | runs co-located |",
-        "|---:|---|---:|---:|---:|---:|---|",
+        "| plain beside it (spillover) | runs co-located | placeholders on distinct nodes |",
+        "|---:|---|---:|---:|---:|---:|---|---|",
     ]
     for result in results:
         if not result.get("available"):
@@ -997,7 +1007,7 @@ def render(results: Sequence[Obj]) -> str:
                 f"| {result['nodes']:,} | {row['title']} | {row['cpu_ms_per_pod']:.2f} "
                 f"({result['plain']['cpu_ms_per_pod']:.2f}) | {_x(row['cpu_ratio'])} | "
                 f"{_x(row['throughput_ratio'])} | {_x(row['spillover_ratio'])} | "
-                f"{row['colocated']} |"
+                f"{row['colocated']} | {row['distinct_nodes']} (fewest {row['fewest_nodes']}) |"
             )
     lines.append("")
     for result in results:

@@ -407,6 +407,25 @@ def test_scheduler_bench_coscheduled_pods_are_decided_and_placeholders_rendered(
     assert all("affinity" not in pod["spec"] for pod in plain.steps[0]({}).create)
 
 
+def test_scheduler_bench_counts_the_nodes_placeholders_took() -> None:
+    """Per encoding: distinct placeholder nodes summed over its batches, out of its runs,
+    and the fewest in one batch (a stack shows there even when other batches spread)."""
+    plan = replace(scheduler_bench.QUICK, encodings=("gate-pin",), rounds=2)
+    rows = [
+        scheduler_bench.BatchResult("plain", 50, 0.1, 1.0),
+        scheduler_bench.BatchResult("gate-pin", 50, 0.1, 1.0, 5, 5, holder_nodes=5),
+        scheduler_bench.BatchResult("beside:gate-pin", 50, 0.1, 1.0),
+        scheduler_bench.BatchResult("plain", 50, 0.1, 1.0),
+        scheduler_bench.BatchResult("gate-pin", 50, 0.1, 1.0, 5, 5, holder_nodes=2),
+        scheduler_bench.BatchResult("beside:gate-pin", 50, 0.1, 1.0),
+    ]
+    result = scheduler_bench.summarize(50, plan, rows, 1.0, 0.0, 0.0)
+    [row] = result["encodings"]
+    assert (row["colocated"], row["distinct_nodes"], row["fewest_nodes"]) == ("10/10", "7/10", 2)
+    assert [b["holder_nodes"] for b in result["batches"]] == [None, 5, None, None, 2, None]
+    assert "| 10/10 | 7/10 (fewest 2) |" in scheduler_bench.render([result])
+
+
 @pytest.mark.skipif(find_binaries()[0] is None, reason="no kube-apiserver/kube-scheduler binaries")
 def test_scheduler_bench_runs_on_a_real_scheduler() -> None:
     """A few nodes, one round: every batch binds, every run lands on its placeholder's
@@ -421,6 +440,9 @@ def test_scheduler_bench_runs_on_a_real_scheduler() -> None:
     assert all(b["pods"] == 30 and b["wall_s"] > 0 for b in result["batches"])
     [row] = result["encodings"]
     assert row["colocated"] == "3/3"
+    # The placeholders' preferred anti-affinity (weight 100) keeps three runs on 12 nodes
+    # apart.
+    assert (row["distinct_nodes"], row["fewest_nodes"]) == ("3/3", 3)
     for key in ("cpu_ratio", "throughput_ratio", "spillover_ratio"):
         assert row[key] > 0
     table = scheduler_bench.render([result])
