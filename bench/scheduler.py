@@ -535,6 +535,7 @@ class _Conn(asyncio.Protocol):
         self.transport: asyncio.WriteTransport | None = None
         self.waiter: asyncio.Future[tuple[int, bytes]] | None = None
         self.body: list[bytes] = []
+        self.closed = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.WriteTransport, transport)
@@ -550,11 +551,14 @@ class _Conn(asyncio.Protocol):
             self.waiter.set_result((self.parser.get_status_code(), b"".join(self.body)))
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
         if self.waiter is not None and not self.waiter.done():
             self.waiter.set_exception(ConnectionError(f"apiserver connection lost: {exc}"))
 
     async def send(self, raw: bytes) -> tuple[int, bytes]:
         assert self.transport is not None
+        if self.closed or self.transport.is_closing():
+            raise ConnectionError("apiserver connection closed")
         self.body = []
         self.waiter = asyncio.get_running_loop().create_future()
         self.transport.write(raw)
@@ -575,17 +579,19 @@ class Client:
 
     async def _pool(self) -> asyncio.Queue[_Conn]:
         if self.pool is None:
-            url = httpx.URL(self.server)
-            loop = asyncio.get_running_loop()
             pool: asyncio.Queue[_Conn] = asyncio.Queue()
             for _ in range(self.concurrency):
-                _, conn = await loop.create_connection(
-                    _Conn, url.host, url.port or 443, ssl=self.context, server_hostname=url.host
-                )
-                self.conns.append(conn)
-                pool.put_nowait(conn)
+                pool.put_nowait(await self._connect())
             self.pool = pool
         return self.pool
+
+    async def _connect(self) -> _Conn:
+        url = httpx.URL(self.server)
+        _, conn = await asyncio.get_running_loop().create_connection(
+            _Conn, url.host, url.port or 443, ssl=self.context, server_hostname=url.host
+        )
+        self.conns.append(conn)
+        return conn
 
     async def close(self) -> None:
         for conn in self.conns:
@@ -610,10 +616,25 @@ class Client:
         )
         pool = await self._pool()
         conn = await pool.get()
+        retried = False
         try:
-            status, answer = await conn.send(head.encode() + content)
+            # kube-apiserver closes a keep-alive connection idle for 90 s (a long batch leaves
+            # most of the pool idle): such a one is replaced, and a request it loses is sent
+            # once more on a new one.
+            while True:
+                if conn.closed:
+                    conn = await self._connect()
+                try:
+                    status, answer = await conn.send(head.encode() + content)
+                    break
+                except ConnectionError:
+                    if retried:
+                        raise
+                    retried = True
         finally:
             pool.put_nowait(conn)
+        if retried and method == "POST" and status == 409:
+            return {}  # the lost create had landed
         if status >= 300:
             raise RuntimeError(f"{method} {path}: HTTP {status}: {answer[:500].decode()}")
         doc = orjson.loads(answer) if answer else {}
@@ -735,32 +756,55 @@ async def watch_bound(
     bound: dict[str, str],
     changed: asyncio.Event,
 ) -> None:
-    """Record each pod of the batch as it is bound (name -> node)."""
-    params = {
-        "watch": "true",
-        "labelSelector": f"{BATCH_LABEL}={batch.name}",
-        "resourceVersion": resource_version,
-        "allowWatchBookmarks": "false",
-    }
+    """Record each pod of the batch as it is bound (name -> node). A watch the apiserver
+    ends (a slow reader on a loaded machine is dropped) is opened again from the last event
+    seen, or from a fresh list when that version is gone."""
+    selector = f"{BATCH_LABEL}={batch.name}"
+    version: str | None = resource_version
     # A client of its own: cancelling a stream can leave a shared pool's connection stuck.
-    async with (
-        httpx.AsyncClient(
-            base_url=client.server,
-            verify=client.context,
-            headers={"Authorization": f"Bearer {client.token}"},
-            timeout=httpx.Timeout(None),
-        ) as http,
-        http.stream("GET", pods_path(batch.namespace), params=params) as response,
-    ):
-        async for line in response.aiter_lines():
-            if not line:
-                continue
-            event = orjson.loads(line)
-            obj = event.get("object") or {}
-            node_name = (obj.get("spec") or {}).get("nodeName")
-            if event.get("type") in ("ADDED", "MODIFIED") and node_name:
-                bound[obj["metadata"]["name"]] = node_name
-                changed.set()
+    async with httpx.AsyncClient(
+        base_url=client.server,
+        verify=client.context,
+        headers={"Authorization": f"Bearer {client.token}"},
+        timeout=httpx.Timeout(None),
+    ) as http:
+        while True:
+            if version is None:
+                listed = await client.request(
+                    "GET", pods_path(batch.namespace), params={"labelSelector": selector}
+                )
+                for obj in listed.get("items") or []:
+                    _record_bound(obj, bound, changed)
+                version = str(listed["metadata"]["resourceVersion"])
+            params = {
+                "watch": "true",
+                "labelSelector": selector,
+                "resourceVersion": version,
+                "allowWatchBookmarks": "false",
+            }
+            async with http.stream("GET", pods_path(batch.namespace), params=params) as response:
+                if response.status_code != 200:
+                    await response.aread()
+                    raise RuntimeError(f"watch {batch.name}: HTTP {response.status_code}")
+                async for line in response.aiter_lines():
+                    if not line:
+                        continue
+                    event = orjson.loads(line)
+                    obj = event.get("object") or {}
+                    if event.get("type") == "ERROR":  # 410 Gone: list again
+                        version = None
+                        break
+                    version = obj["metadata"]["resourceVersion"]
+                    if event.get("type") in ("ADDED", "MODIFIED"):
+                        _record_bound(obj, bound, changed)
+            await asyncio.sleep(0.2)
+
+
+def _record_bound(obj: Obj, bound: dict[str, str], changed: asyncio.Event) -> None:
+    node_name = (obj.get("spec") or {}).get("nodeName")
+    if node_name:
+        bound[obj["metadata"]["name"]] = node_name
+        changed.set()
 
 
 async def run_batch(client: Client, scheduler: Proc, batch: Batch, plan: Plan) -> BatchResult:
