@@ -28,6 +28,7 @@ from bench.openloop import LoadConfig, percentiles
 from bench.payloads import tekton_pod
 from bench.servers import Server, expected_answer
 from bench.target import FLOOR_RESPONSE, floor_context, https_config
+from coschedule.certs import CA_FILE
 from coschedule.config.settings import DEFAULT_TOPOLOGY_KEY, Settings
 from coschedule.config.store import SettingsStore
 from coschedule.marks import (
@@ -424,6 +425,46 @@ def test_scheduler_bench_counts_the_nodes_placeholders_took() -> None:
     assert (row["colocated"], row["distinct_nodes"], row["fewest_nodes"]) == ("10/10", "7/10", 2)
     assert [b["holder_nodes"] for b in result["batches"]] == [None, 5, None, None, 2, None]
     assert "| 10/10 | 7/10 (fewest 2) |" in scheduler_bench.render([result])
+
+
+@pytest.mark.parametrize("answer_first", [True, False])
+def test_scheduler_bench_client_survives_connections_the_server_closes(
+    ws: suite.Workspace, answer_first: bool
+) -> None:
+    """kube-apiserver closes a keep-alive connection idle for 90 s; a request on it must
+    go out on a new connection, not hang. ``answer_first``: the server answers, then closes
+    (idle); otherwise it closes a connection with the request unanswered (the race), and the
+    client sends it once more."""
+    connections: list[int] = []
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connections.append(len(connections))
+        await reader.readuntil(b"\r\n\r\n")
+        if answer_first or len(connections) > 1:
+            body = b'{"n": %d}' % len(connections)
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+            await writer.drain()
+        writer.close()
+
+    async def scenario() -> list[dict[str, Any]]:
+        server = await asyncio.start_server(handle, "127.0.0.1", 0, ssl=floor_context(ws.cert_dir))
+        port = server.sockets[0].getsockname()[1]
+        client = scheduler_bench.Client(
+            f"https://127.0.0.1:{port}", ws.cert_dir / CA_FILE, "token", concurrency=1
+        )
+        try:
+            answers = []
+            for _ in range(2 if answer_first else 1):
+                answers.append(await asyncio.wait_for(client.request("GET", "/api"), 10))
+                await asyncio.sleep(0.2)  # the close has arrived
+            return answers
+        finally:
+            await client.close()
+            server.close()
+
+    answers = asyncio.run(scenario())
+    assert answers == ([{"n": 1}, {"n": 2}] if answer_first else [{"n": 2}])
+    assert len(connections) == 2
 
 
 @pytest.mark.skipif(find_binaries()[0] is None, reason="no kube-apiserver/kube-scheduler binaries")
