@@ -66,6 +66,7 @@ from coschedule.marks import (
     BadMark,
     Mode,
 )
+from coschedule.mutate import node_pin
 from coschedule.mutate.decision import AdmissionContext, Decision, decide
 from coschedule.reconcile.placeholder import build_statefulset, group_spec
 from coschedule.reconcile.shapes import parse_marked
@@ -89,13 +90,9 @@ SERVICE_ACCOUNTS: Final = ("default", "ci-builder")
 SETTLE_S: Final = 0.3
 MERGE_PATCH: Final = "application/merge-patch+json"
 JSON_PATCH: Final = "application/json-patch+json"
-REQUIRED: Final = "requiredDuringSchedulingIgnoredDuringExecution"
 GOAL_COSCHEDULED: Final = 1.2  # x plain scheduler CPU per pod, at 5,000 nodes
 GOAL_SPILLOVER: Final = 1.05
 GOAL_NODES: Final = 5000
-
-
-GATE: Final = "coschedule.dev/placeholder"  # the candidates' scheduling gate
 
 
 @dataclass(frozen=True, slots=True)
@@ -331,39 +328,27 @@ def placeholder_selector_all() -> dict[str, str]:
     return {LABEL_COMPONENT: COMPONENT_AFFINITY_ASSISTANT}
 
 
-def pinned(pod: Obj, node_name: str) -> Obj:
-    """The pod with its placeholder term swapped for a required node affinity to the
-    node's name (``matchFields``: the scheduler evaluates that one node)."""
+def unplaced(pod: Obj) -> Obj:
+    """The decided pod without its placeholder term (the only affinity a fixture pod has)."""
     result = copy.deepcopy(pod)
-    result["spec"]["affinity"] = {
-        "nodeAffinity": {REQUIRED: {"nodeSelectorTerms": [pin_term(node_name)]}}
-    }
+    del result["spec"]["affinity"]
     return result
 
 
-def pin_term(node_name: str) -> Obj:
-    return {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node_name]}]}
+def pinned(pod: Obj, node_name: str) -> Obj:
+    """The pod with its placeholder term swapped for the pin the webhook makes
+    (``mutate/node_pin.py``: ``matchFields metadata.name``, the scheduler evaluates that
+    one node)."""
+    result = unplaced(pod)
+    applied: Obj = jsonpatch.apply_patch(result, node_pin.pin_ops(result["spec"], node_name))
+    return applied
 
 
 def gated(pod: Obj) -> Obj:
-    """The pod without its placeholder term, held by a scheduling gate."""
-    result = copy.deepcopy(pod)
-    del result["spec"]["affinity"]
-    result["spec"]["schedulingGates"] = [{"name": GATE}]
-    return result
-
-
-def ungate_and_pin(node_name: str) -> list[Obj]:
-    """What the reconciler would send once the placeholder is bound: a gated pod's node
-    affinity may still be set (mutable scheduling directives), and the gate lifted."""
-    return [
-        {
-            "op": "add",
-            "path": "/spec/affinity",
-            "value": {"nodeAffinity": {REQUIRED: {"nodeSelectorTerms": [pin_term(node_name)]}}},
-        },
-        {"op": "remove", "path": "/spec/schedulingGates"},
-    ]
+    """The pod without its placeholder term, held by the placeholder's scheduling gate."""
+    result = unplaced(pod)
+    applied: Obj = jsonpatch.apply_patch(result, node_pin.gate_ops(result["spec"]))
+    return applied
 
 
 def coscheduled_batch(name: str, plan: Plan, encoding: Encoding) -> Batch:
@@ -395,8 +380,9 @@ def coscheduled_batch(name: str, plan: Plan, encoding: Encoding) -> Batch:
             now.extend([holder, *pods[: plan.first_pods]])
             later.extend((holder_name, pod) for pod in pods[plan.first_pods :])
         elif encoding.pods == "gate-pin":
-            now.extend([holder, *(gated(pod) for pod in pods)])
-            later.extend((holder_name, pod) for pod in pods)
+            held = [gated(pod) for pod in pods]
+            now.extend([holder, *held])
+            later.extend((holder_name, pod) for pod in held)
         else:
             raise ValueError(f"unknown encoding {encoding.pods!r}")
     first_wave = [pod["metadata"]["name"] for pod in now if not pod["spec"].get("schedulingGates")]
@@ -408,7 +394,9 @@ def coscheduled_batch(name: str, plan: Plan, encoding: Encoding) -> Batch:
                 lambda bound: Work(
                     [],
                     [
-                        (pod["metadata"]["name"], ungate_and_pin(bound[holder]))
+                        # The reconciler's one patch: pin, record the pin, lift the gate
+                        # (node affinity of a gated pod may still be set).
+                        (pod["metadata"]["name"], node_pin.release_ops(pod, bound[holder]))
                         for holder, pod in later
                     ],
                     names,

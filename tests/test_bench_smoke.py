@@ -17,6 +17,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import jsonpatch
 import pytest
 import uvicorn
 
@@ -32,12 +33,14 @@ from coschedule.certs import CA_FILE
 from coschedule.config.settings import DEFAULT_TOPOLOGY_KEY, Settings
 from coschedule.config.store import SettingsStore
 from coschedule.marks import (
+    GATE_PLACEHOLDER,
     LABEL_INSTANCE,
     Mode,
     affinity_term,
     placeholder_claim,
     run_placeholder,
 )
+from coschedule.mutate import node_pin
 from coschedule.mutate.decision import AdmissionContext, decide
 from coschedule.server import serve as serve_module
 from coschedule.server.serve import ServeOptions, build_webhook
@@ -408,6 +411,43 @@ def test_scheduler_bench_coscheduled_pods_are_decided_and_placeholders_rendered(
     assert all("affinity" not in pod["spec"] for pod in plain.steps[0]({}).create)
 
 
+def test_scheduler_bench_gate_pin_holds_pods_and_releases_them_as_the_reconciler_does() -> None:
+    """``gate-pin``: the run pods are created behind the placeholder's gate with no
+    placeholder term (only the placeholders are waited for); once those are bound, the
+    reconciler's patch (``node_pin.release_ops``) pins each pod to its placeholder's node
+    and lifts the gate. ``-spread``: the placeholders carry a topology spread constraint
+    instead of their anti-affinity."""
+    plan = replace(scheduler_bench.QUICK, groups=2, per_group=3)
+    batch = scheduler_bench.coscheduled_batch(
+        "co-0", plan, scheduler_bench.ENCODINGS["gate-pin-spread"]
+    )
+    first, release = batch.steps
+    work = first({})
+    assert work.expect == list(batch.groups)
+    for pod in work.create:
+        spec = pod["spec"]
+        if pod["metadata"]["name"] in batch.groups:
+            assert "schedulingGates" not in spec
+            assert "affinity" not in spec
+            [constraint] = spec["topologySpreadConstraints"]
+            assert constraint["whenUnsatisfiable"] == "ScheduleAnyway"
+        else:
+            assert spec["schedulingGates"] == [{"name": GATE_PLACEHOLDER}]
+            assert "affinity" not in spec
+    nodes = {holder: f"node-{i}" for i, holder in enumerate(batch.groups)}
+    patches = dict(release(nodes).patch)
+    created = {pod["metadata"]["name"]: pod for pod in work.create}
+    for holder, members in batch.groups.items():
+        for name in members:
+            released = jsonpatch.apply_patch(created[name], patches[name])
+            assert not released["spec"].get("schedulingGates")
+            assert node_pin.pinned_node(released["metadata"]) == nodes[holder]
+            [term] = released["spec"]["affinity"]["nodeAffinity"][
+                "requiredDuringSchedulingIgnoredDuringExecution"
+            ]["nodeSelectorTerms"]
+            assert term["matchFields"] == [node_pin.pin_requirement(nodes[holder])]
+
+
 def test_scheduler_bench_counts_the_nodes_placeholders_took() -> None:
     """Per encoding: distinct placeholder nodes summed over its batches, out of its runs,
     and the fewest in one batch (a stack shows there even when other batches spread)."""
@@ -472,19 +512,29 @@ def test_scheduler_bench_runs_on_a_real_scheduler() -> None:
     """A few nodes, one round: every batch binds, every run lands on its placeholder's
     node, and the figures and ratios come out (their values are not asserted)."""
     plan = replace(
-        scheduler_bench.QUICK, nodes=(12,), groups=3, per_group=10, background_per_node=2
+        scheduler_bench.QUICK,
+        nodes=(12,),
+        groups=3,
+        per_group=10,
+        background_per_node=2,
+        encodings=("affinity", "gate-pin-spread"),
     )
     [result] = scheduler_bench.measure(plan, log=lambda _: None)
     assert result["available"], result
     kinds = [b["kind"] for b in result["batches"]]
-    assert kinds == ["plain", "affinity", "beside:affinity"]
+    assert kinds == [
+        *("plain", "affinity", "beside:affinity"),
+        *("plain", "gate-pin-spread", "beside:gate-pin-spread"),
+    ]
     assert all(b["pods"] == 30 and b["wall_s"] > 0 for b in result["batches"])
-    [row] = result["encodings"]
-    assert row["colocated"] == "3/3"
-    # The placeholders' preferred anti-affinity (weight 100) keeps three runs on 12 nodes
-    # apart.
-    assert (row["distinct_nodes"], row["fewest_nodes"]) == ("3/3", 3)
-    for key in ("cpu_ratio", "throughput_ratio", "spillover_ratio"):
-        assert row[key] > 0
+    for row in result["encodings"]:
+        # kube-apiserver accepted the reconciler's release patch on every gated pod, and
+        # every run's pods ended on its placeholder's node.
+        assert row["colocated"] == "3/3", row
+        # The placeholders' preferred anti-affinity (weight 100), or their spread
+        # constraint, keeps three runs on 12 nodes apart.
+        assert (row["distinct_nodes"], row["fewest_nodes"]) == ("3/3", 3), row
+        for key in ("cpu_ratio", "throughput_ratio", "spillover_ratio"):
+            assert row[key] > 0
     table = scheduler_bench.render([result])
     assert "| 12 | pod affinity (today) |" in table
