@@ -66,6 +66,7 @@ from coschedule.marks import (
     BadMark,
     Mode,
 )
+from coschedule.mutate import node_pin
 from coschedule.mutate.decision import AdmissionContext, Decision, decide
 from coschedule.reconcile.placeholder import build_statefulset, group_spec
 from coschedule.reconcile.shapes import parse_marked
@@ -89,13 +90,9 @@ SERVICE_ACCOUNTS: Final = ("default", "ci-builder")
 SETTLE_S: Final = 0.3
 MERGE_PATCH: Final = "application/merge-patch+json"
 JSON_PATCH: Final = "application/json-patch+json"
-REQUIRED: Final = "requiredDuringSchedulingIgnoredDuringExecution"
 GOAL_COSCHEDULED: Final = 1.2  # x plain scheduler CPU per pod, at 5,000 nodes
 GOAL_SPILLOVER: Final = 1.05
 GOAL_NODES: Final = 5000
-
-
-GATE: Final = "coschedule.dev/placeholder"  # the candidates' scheduling gate
 
 
 @dataclass(frozen=True, slots=True)
@@ -331,39 +328,27 @@ def placeholder_selector_all() -> dict[str, str]:
     return {LABEL_COMPONENT: COMPONENT_AFFINITY_ASSISTANT}
 
 
-def pinned(pod: Obj, node_name: str) -> Obj:
-    """The pod with its placeholder term swapped for a required node affinity to the
-    node's name (``matchFields``: the scheduler evaluates that one node)."""
+def unplaced(pod: Obj) -> Obj:
+    """The decided pod without its placeholder term (the only affinity a fixture pod has)."""
     result = copy.deepcopy(pod)
-    result["spec"]["affinity"] = {
-        "nodeAffinity": {REQUIRED: {"nodeSelectorTerms": [pin_term(node_name)]}}
-    }
+    del result["spec"]["affinity"]
     return result
 
 
-def pin_term(node_name: str) -> Obj:
-    return {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node_name]}]}
+def pinned(pod: Obj, node_name: str) -> Obj:
+    """The pod with its placeholder term swapped for the pin the webhook makes
+    (``mutate/node_pin.py``: ``matchFields metadata.name``, the scheduler evaluates that
+    one node)."""
+    result = unplaced(pod)
+    applied: Obj = jsonpatch.apply_patch(result, node_pin.pin_ops(result["spec"], node_name))
+    return applied
 
 
 def gated(pod: Obj) -> Obj:
-    """The pod without its placeholder term, held by a scheduling gate."""
-    result = copy.deepcopy(pod)
-    del result["spec"]["affinity"]
-    result["spec"]["schedulingGates"] = [{"name": GATE}]
-    return result
-
-
-def ungate_and_pin(node_name: str) -> list[Obj]:
-    """What the reconciler would send once the placeholder is bound: a gated pod's node
-    affinity may still be set (mutable scheduling directives), and the gate lifted."""
-    return [
-        {
-            "op": "add",
-            "path": "/spec/affinity",
-            "value": {"nodeAffinity": {REQUIRED: {"nodeSelectorTerms": [pin_term(node_name)]}}},
-        },
-        {"op": "remove", "path": "/spec/schedulingGates"},
-    ]
+    """The pod without its placeholder term, held by the placeholder's scheduling gate."""
+    result = unplaced(pod)
+    applied: Obj = jsonpatch.apply_patch(result, node_pin.gate_ops(result["spec"]))
+    return applied
 
 
 def coscheduled_batch(name: str, plan: Plan, encoding: Encoding) -> Batch:
@@ -395,8 +380,9 @@ def coscheduled_batch(name: str, plan: Plan, encoding: Encoding) -> Batch:
             now.extend([holder, *pods[: plan.first_pods]])
             later.extend((holder_name, pod) for pod in pods[plan.first_pods :])
         elif encoding.pods == "gate-pin":
-            now.extend([holder, *(gated(pod) for pod in pods)])
-            later.extend((holder_name, pod) for pod in pods)
+            held = [gated(pod) for pod in pods]
+            now.extend([holder, *held])
+            later.extend((holder_name, pod) for pod in held)
         else:
             raise ValueError(f"unknown encoding {encoding.pods!r}")
     first_wave = [pod["metadata"]["name"] for pod in now if not pod["spec"].get("schedulingGates")]
@@ -408,7 +394,9 @@ def coscheduled_batch(name: str, plan: Plan, encoding: Encoding) -> Batch:
                 lambda bound: Work(
                     [],
                     [
-                        (pod["metadata"]["name"], ungate_and_pin(bound[holder]))
+                        # The reconciler's one patch: pin, record the pin, lift the gate
+                        # (node affinity of a gated pod may still be set).
+                        (pod["metadata"]["name"], node_pin.release_ops(pod, bound[holder]))
                         for holder, pod in later
                     ],
                     names,
@@ -535,6 +523,7 @@ class _Conn(asyncio.Protocol):
         self.transport: asyncio.WriteTransport | None = None
         self.waiter: asyncio.Future[tuple[int, bytes]] | None = None
         self.body: list[bytes] = []
+        self.closed = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.WriteTransport, transport)
@@ -550,11 +539,14 @@ class _Conn(asyncio.Protocol):
             self.waiter.set_result((self.parser.get_status_code(), b"".join(self.body)))
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
         if self.waiter is not None and not self.waiter.done():
             self.waiter.set_exception(ConnectionError(f"apiserver connection lost: {exc}"))
 
     async def send(self, raw: bytes) -> tuple[int, bytes]:
         assert self.transport is not None
+        if self.closed or self.transport.is_closing():
+            raise ConnectionError("apiserver connection closed")
         self.body = []
         self.waiter = asyncio.get_running_loop().create_future()
         self.transport.write(raw)
@@ -575,17 +567,19 @@ class Client:
 
     async def _pool(self) -> asyncio.Queue[_Conn]:
         if self.pool is None:
-            url = httpx.URL(self.server)
-            loop = asyncio.get_running_loop()
             pool: asyncio.Queue[_Conn] = asyncio.Queue()
             for _ in range(self.concurrency):
-                _, conn = await loop.create_connection(
-                    _Conn, url.host, url.port or 443, ssl=self.context, server_hostname=url.host
-                )
-                self.conns.append(conn)
-                pool.put_nowait(conn)
+                pool.put_nowait(await self._connect())
             self.pool = pool
         return self.pool
+
+    async def _connect(self) -> _Conn:
+        url = httpx.URL(self.server)
+        _, conn = await asyncio.get_running_loop().create_connection(
+            _Conn, url.host, url.port or 443, ssl=self.context, server_hostname=url.host
+        )
+        self.conns.append(conn)
+        return conn
 
     async def close(self) -> None:
         for conn in self.conns:
@@ -610,10 +604,25 @@ class Client:
         )
         pool = await self._pool()
         conn = await pool.get()
+        retried = False
         try:
-            status, answer = await conn.send(head.encode() + content)
+            # kube-apiserver closes a keep-alive connection idle for 90 s (a long batch leaves
+            # most of the pool idle): such a one is replaced, and a request it loses is sent
+            # once more on a new one.
+            while True:
+                if conn.closed:
+                    conn = await self._connect()
+                try:
+                    status, answer = await conn.send(head.encode() + content)
+                    break
+                except ConnectionError:
+                    if retried:
+                        raise
+                    retried = True
         finally:
             pool.put_nowait(conn)
+        if retried and method == "POST" and status == 409:
+            return {}  # the lost create had landed
         if status >= 300:
             raise RuntimeError(f"{method} {path}: HTTP {status}: {answer[:500].decode()}")
         doc = orjson.loads(answer) if answer else {}
@@ -712,6 +721,9 @@ class BatchResult:
     wall_s: float
     colocated: int | None = None  # groups whose pods all share their placeholder's node
     groups: int = 0
+    # Distinct nodes the batch's placeholders are bound to: every run on a node of its own
+    # when it equals ``groups`` (what keeping placeholders apart is for).
+    holder_nodes: int | None = None
 
     def to_json(self) -> Obj:
         return {
@@ -721,6 +733,7 @@ class BatchResult:
             "wall_s": round(self.wall_s, 3),
             "colocated": self.colocated,
             "groups": self.groups,
+            "holder_nodes": self.holder_nodes,
         }
 
 
@@ -731,32 +744,55 @@ async def watch_bound(
     bound: dict[str, str],
     changed: asyncio.Event,
 ) -> None:
-    """Record each pod of the batch as it is bound (name -> node)."""
-    params = {
-        "watch": "true",
-        "labelSelector": f"{BATCH_LABEL}={batch.name}",
-        "resourceVersion": resource_version,
-        "allowWatchBookmarks": "false",
-    }
+    """Record each pod of the batch as it is bound (name -> node). A watch the apiserver
+    ends (a slow reader on a loaded machine is dropped) is opened again from the last event
+    seen, or from a fresh list when that version is gone."""
+    selector = f"{BATCH_LABEL}={batch.name}"
+    version: str | None = resource_version
     # A client of its own: cancelling a stream can leave a shared pool's connection stuck.
-    async with (
-        httpx.AsyncClient(
-            base_url=client.server,
-            verify=client.context,
-            headers={"Authorization": f"Bearer {client.token}"},
-            timeout=httpx.Timeout(None),
-        ) as http,
-        http.stream("GET", pods_path(batch.namespace), params=params) as response,
-    ):
-        async for line in response.aiter_lines():
-            if not line:
-                continue
-            event = orjson.loads(line)
-            obj = event.get("object") or {}
-            node_name = (obj.get("spec") or {}).get("nodeName")
-            if event.get("type") in ("ADDED", "MODIFIED") and node_name:
-                bound[obj["metadata"]["name"]] = node_name
-                changed.set()
+    async with httpx.AsyncClient(
+        base_url=client.server,
+        verify=client.context,
+        headers={"Authorization": f"Bearer {client.token}"},
+        timeout=httpx.Timeout(None),
+    ) as http:
+        while True:
+            if version is None:
+                listed = await client.request(
+                    "GET", pods_path(batch.namespace), params={"labelSelector": selector}
+                )
+                for obj in listed.get("items") or []:
+                    _record_bound(obj, bound, changed)
+                version = str(listed["metadata"]["resourceVersion"])
+            params = {
+                "watch": "true",
+                "labelSelector": selector,
+                "resourceVersion": version,
+                "allowWatchBookmarks": "false",
+            }
+            async with http.stream("GET", pods_path(batch.namespace), params=params) as response:
+                if response.status_code != 200:
+                    await response.aread()
+                    raise RuntimeError(f"watch {batch.name}: HTTP {response.status_code}")
+                async for line in response.aiter_lines():
+                    if not line:
+                        continue
+                    event = orjson.loads(line)
+                    obj = event.get("object") or {}
+                    if event.get("type") == "ERROR":  # 410 Gone: list again
+                        version = None
+                        break
+                    version = obj["metadata"]["resourceVersion"]
+                    if event.get("type") in ("ADDED", "MODIFIED"):
+                        _record_bound(obj, bound, changed)
+            await asyncio.sleep(0.2)
+
+
+def _record_bound(obj: Obj, bound: dict[str, str], changed: asyncio.Event) -> None:
+    node_name = (obj.get("spec") or {}).get("nodeName")
+    if node_name:
+        bound[obj["metadata"]["name"]] = node_name
+        changed.set()
 
 
 async def run_batch(client: Client, scheduler: Proc, batch: Batch, plan: Plan) -> BatchResult:
@@ -792,6 +828,7 @@ async def run_batch(client: Client, scheduler: Proc, batch: Batch, plan: Plan) -
             for holder, members in batch.groups.items()
             if all(bound.get(member) == bound.get(holder) for member in members)
         )
+        result.holder_nodes = len({bound[holder] for holder in batch.groups if holder in bound})
     return result
 
 
@@ -947,6 +984,11 @@ def summarize(
                 "throughput_ratio": _ratio(co["pods_per_s"], plain["pods_per_s"]),
                 "spillover_ratio": _ratio(beside["cpu_ms_per_pod"], plain["cpu_ms_per_pod"]),
                 "colocated": f"{sum(r.colocated or 0 for r in mine)}/{sum(r.groups for r in mine)}",
+                # Distinct nodes the placeholders took per batch, summed, over the runs: 90/90
+                # is every run on a node of its own (the fewest in one batch: the worst stack).
+                "distinct_nodes": f"{sum(r.holder_nodes or 0 for r in mine)}/"
+                f"{sum(r.groups for r in mine)}",
+                "fewest_nodes": min((r.holder_nodes or 0 for r in mine), default=0),
             }
         )
     return {
@@ -985,8 +1027,8 @@ def render(results: Sequence[Obj]) -> str:
         "included) and of plain pods beside them, as ratios to plain pods in the same run:",
         "",
         "| nodes | encoding | ms/pod (plain) | CPU x plain | throughput x plain "
-        "| plain beside it (spillover) | runs co-located |",
-        "|---:|---|---:|---:|---:|---:|---|",
+        "| plain beside it (spillover) | runs co-located | placeholders on distinct nodes |",
+        "|---:|---|---:|---:|---:|---:|---|---|",
     ]
     for result in results:
         if not result.get("available"):
@@ -997,7 +1039,7 @@ def render(results: Sequence[Obj]) -> str:
                 f"| {result['nodes']:,} | {row['title']} | {row['cpu_ms_per_pod']:.2f} "
                 f"({result['plain']['cpu_ms_per_pod']:.2f}) | {_x(row['cpu_ratio'])} | "
                 f"{_x(row['throughput_ratio'])} | {_x(row['spillover_ratio'])} | "
-                f"{row['colocated']} |"
+                f"{row['colocated']} | {row['distinct_nodes']} (fewest {row['fewest_nodes']}) |"
             )
     lines.append("")
     for result in results:

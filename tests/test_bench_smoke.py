@@ -17,6 +17,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import jsonpatch
 import pytest
 import uvicorn
 
@@ -28,6 +29,7 @@ from bench.openloop import LoadConfig, percentiles
 from bench.payloads import tekton_pod
 from bench.servers import Server, expected_answer
 from bench.target import FLOOR_RESPONSE, floor_context, https_config
+from coschedule.certs import CA_FILE
 from coschedule.config.settings import DEFAULT_TOPOLOGY_KEY, Settings
 from coschedule.config.store import SettingsStore
 from coschedule.marks import (
@@ -39,6 +41,7 @@ from coschedule.marks import (
     placeholder_claim,
     run_placeholder,
 )
+from coschedule.mutate import node_pin
 from coschedule.mutate.decision import AdmissionContext, decide
 from coschedule.server import serve as serve_module
 from coschedule.server.serve import ServeOptions, build_webhook
@@ -409,22 +412,131 @@ def test_scheduler_bench_coscheduled_pods_are_decided_and_placeholders_rendered(
     assert all("affinity" not in pod["spec"] for pod in plain.steps[0]({}).create)
 
 
+def test_scheduler_bench_gate_pin_holds_pods_and_releases_them_as_the_reconciler_does() -> None:
+    """``gate-pin``: the run pods are created behind the placeholder's gate with no
+    placeholder term (only the placeholders are waited for); once those are bound, the
+    reconciler's patch (``node_pin.release_ops``) pins each pod to its placeholder's node
+    and lifts the gate. ``-spread``: the placeholders carry a topology spread constraint
+    instead of their anti-affinity."""
+    plan = replace(scheduler_bench.QUICK, groups=2, per_group=3)
+    batch = scheduler_bench.coscheduled_batch(
+        "co-0", plan, scheduler_bench.ENCODINGS["gate-pin-spread"]
+    )
+    first, release = batch.steps
+    work = first({})
+    assert work.expect == list(batch.groups)
+    for pod in work.create:
+        spec = pod["spec"]
+        if pod["metadata"]["name"] in batch.groups:
+            assert "schedulingGates" not in spec
+            assert "affinity" not in spec
+            [constraint] = spec["topologySpreadConstraints"]
+            assert constraint["whenUnsatisfiable"] == "ScheduleAnyway"
+        else:
+            assert spec["schedulingGates"] == [{"name": GATE_PLACEHOLDER}]
+            assert "affinity" not in spec
+    nodes = {holder: f"node-{i}" for i, holder in enumerate(batch.groups)}
+    patches = dict(release(nodes).patch)
+    created = {pod["metadata"]["name"]: pod for pod in work.create}
+    for holder, members in batch.groups.items():
+        for name in members:
+            released = jsonpatch.apply_patch(created[name], patches[name])
+            assert not released["spec"].get("schedulingGates")
+            assert node_pin.pinned_node(released["metadata"]) == nodes[holder]
+            [term] = released["spec"]["affinity"]["nodeAffinity"][
+                "requiredDuringSchedulingIgnoredDuringExecution"
+            ]["nodeSelectorTerms"]
+            assert term["matchFields"] == [node_pin.pin_requirement(nodes[holder])]
+
+
+def test_scheduler_bench_counts_the_nodes_placeholders_took() -> None:
+    """Per encoding: distinct placeholder nodes summed over its batches, out of its runs,
+    and the fewest in one batch (a stack shows there even when other batches spread)."""
+    plan = replace(scheduler_bench.QUICK, encodings=("gate-pin",), rounds=2)
+    rows = [
+        scheduler_bench.BatchResult("plain", 50, 0.1, 1.0),
+        scheduler_bench.BatchResult("gate-pin", 50, 0.1, 1.0, 5, 5, holder_nodes=5),
+        scheduler_bench.BatchResult("beside:gate-pin", 50, 0.1, 1.0),
+        scheduler_bench.BatchResult("plain", 50, 0.1, 1.0),
+        scheduler_bench.BatchResult("gate-pin", 50, 0.1, 1.0, 5, 5, holder_nodes=2),
+        scheduler_bench.BatchResult("beside:gate-pin", 50, 0.1, 1.0),
+    ]
+    result = scheduler_bench.summarize(50, plan, rows, 1.0, 0.0, 0.0)
+    [row] = result["encodings"]
+    assert (row["colocated"], row["distinct_nodes"], row["fewest_nodes"]) == ("10/10", "7/10", 2)
+    assert [b["holder_nodes"] for b in result["batches"]] == [None, 5, None, None, 2, None]
+    assert "| 10/10 | 7/10 (fewest 2) |" in scheduler_bench.render([result])
+
+
+@pytest.mark.parametrize("answer_first", [True, False])
+def test_scheduler_bench_client_survives_connections_the_server_closes(
+    ws: suite.Workspace, answer_first: bool
+) -> None:
+    """kube-apiserver closes a keep-alive connection idle for 90 s; a request on it must
+    go out on a new connection, not hang. ``answer_first``: the server answers, then closes
+    (idle); otherwise it closes a connection with the request unanswered (the race), and the
+    client sends it once more."""
+    connections: list[int] = []
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connections.append(len(connections))
+        await reader.readuntil(b"\r\n\r\n")
+        if answer_first or len(connections) > 1:
+            body = b'{"n": %d}' % len(connections)
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+            await writer.drain()
+        writer.close()
+
+    async def scenario() -> list[dict[str, Any]]:
+        server = await asyncio.start_server(handle, "127.0.0.1", 0, ssl=floor_context(ws.cert_dir))
+        port = server.sockets[0].getsockname()[1]
+        client = scheduler_bench.Client(
+            f"https://127.0.0.1:{port}", ws.cert_dir / CA_FILE, "token", concurrency=1
+        )
+        try:
+            answers = []
+            for _ in range(2 if answer_first else 1):
+                answers.append(await asyncio.wait_for(client.request("GET", "/api"), 10))
+                await asyncio.sleep(0.2)  # the close has arrived
+            return answers
+        finally:
+            await client.close()
+            server.close()
+
+    answers = asyncio.run(scenario())
+    assert answers == ([{"n": 1}, {"n": 2}] if answer_first else [{"n": 2}])
+    assert len(connections) == 2
+
+
 @pytest.mark.skipif(find_binaries()[0] is None, reason="no kube-apiserver/kube-scheduler binaries")
 def test_scheduler_bench_runs_on_a_real_scheduler() -> None:
     """A few nodes, one round: every batch binds, every run lands on its placeholder's
     node, and the figures and ratios come out (their values are not asserted)."""
     plan = replace(
-        scheduler_bench.QUICK, nodes=(12,), groups=3, per_group=10, background_per_node=2
+        scheduler_bench.QUICK,
+        nodes=(12,),
+        groups=3,
+        per_group=10,
+        background_per_node=2,
+        encodings=("affinity", "gate-pin-spread"),
     )
     [result] = scheduler_bench.measure(plan, log=lambda _: None)
     assert result["available"], result
     kinds = [b["kind"] for b in result["batches"]]
-    assert kinds == ["plain", "affinity", "beside:affinity"]
+    assert kinds == [
+        *("plain", "affinity", "beside:affinity"),
+        *("plain", "gate-pin-spread", "beside:gate-pin-spread"),
+    ]
     assert all(b["pods"] == 30 and b["wall_s"] > 0 for b in result["batches"])
-    [row] = result["encodings"]
-    assert row["colocated"] == "3/3"
-    for key in ("cpu_ratio", "throughput_ratio", "spillover_ratio"):
-        assert row[key] > 0
+    for row in result["encodings"]:
+        # kube-apiserver accepted the reconciler's release patch on every gated pod, and
+        # every run's pods ended on its placeholder's node.
+        assert row["colocated"] == "3/3", row
+        # The placeholders' preferred anti-affinity (weight 100), or their spread
+        # constraint, keeps three runs on 12 nodes apart.
+        assert (row["distinct_nodes"], row["fewest_nodes"]) == ("3/3", 3), row
+        for key in ("cpu_ratio", "throughput_ratio", "spillover_ratio"):
+            assert row[key] > 0
     table = scheduler_bench.render([result])
     assert "| 12 | pod affinity (today) |" in table
 
