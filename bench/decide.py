@@ -6,7 +6,9 @@ are decided offline (no claim cache: claims grouped as mounted), as the ratio be
 runs the server, plus ``tekton in a cluster``: the Tekton pod against the webhook's real
 claim cache holding its run's template claim, as the first pod of a run meets it (the claim
 is rewritten to the placeholder's and the run's templates are encoded), and ``tekton in a
-cluster, later pod``: the same once the placeholder StatefulSet exists.
+cluster, later pod``: the same once the placeholder StatefulSet exists. The two ``placement
+auto`` rows decide the Tekton pod by node name against the webhook's placeholder cache:
+before its placeholder's pod is bound (gated), and after (pinned to its node).
 Run: ``python -m bench.decide``. Prints a table; ``--json FILE`` writes the figures.
 """
 
@@ -27,7 +29,8 @@ from coschedule.config.settings import Settings
 from coschedule.config.store import SettingsStore
 from coschedule.kube.claim_cache import ClaimCache
 from coschedule.kube.client import Credentials, KubeClient
-from coschedule.marks import TEMPLATE_CLAIM, ClaimTemplate, Mode
+from coschedule.kube.placeholder_cache import PlaceholderCache
+from coschedule.marks import TEMPLATE_CLAIM, ClaimTemplate, Mode, Placement, placeholder_labels
 from coschedule.mutate.decision import AdmissionContext, decide
 from coschedule.server.pod_endpoint import PodEndpoint
 from coschedule.server.webhook_metrics import WebhookMetrics
@@ -35,6 +38,8 @@ from coschedule.server.webhook_metrics import WebhookMetrics
 GOALS_US = {"tekton": 30.0, "fat": 150.0}
 IN_A_CLUSTER = "tekton in a cluster"
 LATER_IN_A_CLUSTER = "tekton in a cluster, later pod"
+AUTO_GATED = "tekton, placement auto, gated"
+AUTO_PINNED = "tekton, placement auto, pinned"
 PAYLOADS: dict[str, Callable[[], dict[str, Any]]] = {
     "small": small_pod,
     "tekton": tekton_pod,
@@ -124,6 +129,30 @@ def _row(
     }
 
 
+def placeholder_cache() -> PlaceholderCache:
+    """The webhook's placeholder cache (never started: fed the way its watch feeds it)."""
+    cache = PlaceholderCache(KubeClient(Credentials(server="https://127.0.0.1:1")))
+    cache.informer.synced.set()
+    return cache
+
+
+def bind_placeholder(cache: PlaceholderCache, namespace: str, name: str, node: str) -> None:
+    """The placeholder's pod, bound to ``node``, into the cache."""
+    obj = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": f"{name}-0",
+            "namespace": namespace,
+            "resourceVersion": "7",
+            "labels": placeholder_labels(name),
+        },
+        "spec": {"nodeName": node},
+        "status": {"phase": "Running"},
+    }
+    cache.informer.apply("ADDED", cache.informer.transform(obj))
+
+
 def add_placeholder(
     cache: ClaimCache, namespace: str, name: str, templates: Sequence[ClaimTemplate]
 ) -> None:
@@ -167,6 +196,33 @@ def measure(mode: Mode = Mode.PIPELINERUNS) -> list[dict[str, Any]]:
     if decide(pod, in_cluster).templates is not None:
         raise RuntimeError("a later pod must follow the StatefulSet's templates")
     rows.append(_row(LATER_IN_A_CLUSTER, pod, in_cluster, cluster_handler))
+    rows += measure_placement(mode)
+    return rows
+
+
+def measure_placement(mode: Mode) -> list[dict[str, Any]]:
+    """The Tekton pod placed by node name (``placement: auto``), offline claims as the
+    ``tekton`` row: gated (its placeholder not bound), then pinned."""
+    placeholders = placeholder_cache()
+    ctx = AdmissionContext(
+        Settings(mode=mode, placement=Placement.AUTO),
+        "ci",
+        placeholders=placeholders,
+        explain=False,
+    )
+    store = SettingsStore(
+        None, {"COSCHEDULE_COSCHEDULE": mode.value, "COSCHEDULE_PLACEMENT": "auto"}
+    )
+    handler = PodEndpoint(store, WebhookMetrics(), placeholders=placeholders)
+    pod = tekton_pod()
+    placeholder = decide(pod, ctx).placeholder
+    if placeholder is None or placeholders.node("ci", placeholder) is not None:
+        raise RuntimeError("the Tekton pod must join a placeholder that is not bound yet")
+    rows = [_row(AUTO_GATED, pod, ctx, handler)]
+    bind_placeholder(placeholders, "ci", placeholder, "node-a")
+    if placeholders.node("ci", placeholder) != "node-a":
+        raise RuntimeError("the placeholder's pod must be bound in the cache")
+    rows.append(_row(AUTO_PINNED, pod, ctx, handler))
     return rows
 
 

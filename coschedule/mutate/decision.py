@@ -20,7 +20,8 @@ from coschedule.config.policy import (
     delays_eviction,
 )
 from coschedule.config.settings import Settings
-from coschedule.k8s.constants import REQUIRED
+from coschedule.engines import pod_recreated_by_owner
+from coschedule.k8s.constants import HOSTNAME, REQUIRED
 from coschedule.k8s.nodeaffinity import required_terms
 from coschedule.k8s.volumes import VolumeTopology
 from coschedule.marks import (
@@ -32,11 +33,12 @@ from coschedule.marks import (
     LABEL_PLACEHOLDER,
     MODE_CHOICES,
     Mode,
+    Placement,
     claim_placeholder,
     run_placeholder,
 )
 from coschedule.mutate import claim_rewrite as claims_mod
-from coschedule.mutate import volume_conflict
+from coschedule.mutate import node_pin, volume_conflict
 from coschedule.mutate.claim_rewrite import ClaimView
 from coschedule.mutate.defaults import MergedScheduling, merge_defaults
 from coschedule.mutate.mode_choice import InvalidMode, ModeChoice, choose_mode, cluster_choice
@@ -50,6 +52,8 @@ _DISABLED = Mode.DISABLED.value
 _ANNOTATION_PATHS = {
     key: jsonpatch.pointer("metadata", "annotations", key) for key in ALL_MARK_ANNOTATIONS
 }
+_ANNOTATED: Mapping[str, Any] = {"annotations": {}}  # the pod's metadata once marked
+_REQUIRED_POD_AFFINITY = "/spec/affinity/podAffinity/" + REQUIRED
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +78,9 @@ class AdmissionContext:
     claims: ClaimView | None = None
     # None: no cluster (or not synced): the claims-conflict pre-flight is skipped.
     volumes: VolumeView | None = None
+    # None: no cluster (or not synced): no placeholder is bound, so a pod placed by node
+    # name is gated and the reconciler pins it (placement ``auto``).
+    placeholders: PlaceholderView | None = None
     # Write a reason per step (``explain``); the webhook never reads them and skips them.
     explain: bool = True
     # The mode of a pod when neither it nor its namespace is labelled: most pods.
@@ -91,6 +98,14 @@ class VolumeView(Protocol):
     def synced(self) -> bool: ...
 
     def get(self, name: str) -> VolumeTopology | None: ...
+
+
+class PlaceholderView(Protocol):
+    """The node each placeholder's pod is bound to (a watch-fed cache)."""
+
+    def node(self, namespace: str, placeholder: str) -> str | None:
+        """None: not bound, terminating, or not known (yet)."""
+        ...
 
 
 @dataclass(slots=True)
@@ -279,8 +294,16 @@ def _decide_coschedule(
         mode, run, run_label, mounted, settings.topology_key, decision.templates
     )
     previous = labels.get(LABEL_PLACEHOLDER)
-    _affinity_ops(pod_spec, placeholder, previous, settings.topology_key, ops, decision)
-    _mark_ops(meta, labels, wanted, placeholder, ops)
+    if settings.placement is Placement.AUTO and _by_node_name(meta, settings, decision):
+        node = _node_placement_ops(pod_spec, meta, placeholder, previous, ctx, ops, decision)
+        _mark_ops(meta, labels, wanted, placeholder, ops)
+        if node is not None:
+            # After the marks: the pod's annotations exist by then.
+            marked = meta if meta.get("annotations") else _ANNOTATED
+            ops.extend(node_pin.pinned_node_op(marked, node))
+    else:
+        _affinity_ops(pod_spec, placeholder, previous, settings.topology_key, ops, decision)
+        _mark_ops(meta, labels, wanted, placeholder, ops)
     if decision.trace:
         decision.reasons.append(
             f"{len(ops)} patch operation(s)" if ops else "already mutated: nothing to add"
@@ -561,6 +584,141 @@ def _deny(decision: Decision, rule: str, message: str) -> Decision:
     return decision
 
 
+def _by_node_name(meta: Mapping[str, Any], settings: Settings, decision: Decision) -> bool:
+    """Placement ``auto``: whether this pod is placed by node name (pinned, or gated until
+    its placeholder is bound) instead of by a pod-affinity term. Only where a pod left
+    pending on a node its placeholder left can be deleted and come back: its owner
+    recreates it (a Tekton TaskRun's pod), and the run is kept on one node."""
+    if settings.topology_key != HOSTNAME:
+        if decision.trace:
+            decision.reasons.append(
+                f"placement: pod affinity: the topology key is {settings.topology_key}, and a "
+                "node name pins one node, not a domain"
+            )
+        return False
+    if not pod_recreated_by_owner(meta.get("ownerReferences")):
+        if decision.trace:
+            decision.reasons.append(
+                "placement: pod affinity: the pod's controller does not recreate a deleted "
+                "pod (only a Tekton TaskRun does), so a pin that its run leaves could strand it"
+            )
+        return False
+    return True
+
+
+def _node_placement_ops(
+    pod_spec: Mapping[str, Any],
+    meta: Mapping[str, Any],
+    placeholder: str,
+    previous: str | None,
+    ctx: AdmissionContext,
+    ops: list[Op],
+    decision: Decision,
+) -> str | None:
+    """Pin the pod to its placeholder's node when the webhook knows it, else hold it behind
+    the placeholder's gate for the reconciler to pin; return the node pinned (None: gated).
+    Reinvoked on its own output it adds nothing: a gated pod stays gated (the reconciler
+    pins it), a pinned one stays pinned unless the placeholder has moved since."""
+    trace = decision.trace
+    _drop_placeholder_terms(pod_spec, placeholder, previous, ops, decision)
+    view = ctx.placeholders
+    node = view.node(ctx.namespace, placeholder) if view is not None else None
+    pinned = node_pin.pinned_node(meta)
+    if node_pin.gate_index(pod_spec) is not None:
+        if trace:
+            decision.reasons.append(
+                f"placement: by node name: already held behind the {marks.GATE_PLACEHOLDER} "
+                "gate; the reconciler pins it once the placeholder is bound"
+            )
+        return None
+    if node is None:
+        ops.extend(node_pin.gate_ops(pod_spec))
+        if trace:
+            why = "not known" if view is None else "not bound yet"
+            decision.reasons.append(
+                f"placement: by node name: the placeholder's node is {why}: held behind the "
+                f"{marks.GATE_PLACEHOLDER} scheduling gate until the reconciler pins it there"
+                + (f" (replacing the pin to {pinned!r})" if pinned else "")
+            )
+        return None
+    ops.extend(node_pin.pin_ops(pod_spec, node, pinned))
+    if trace:
+        if pinned == node:
+            what = "already pinned to it"
+        elif pinned:
+            what = f"pinned to it (was {pinned!r}, which the placeholder left)"
+        else:
+            what = "pinned to it (spec.affinity.nodeAffinity matchFields metadata.name)"
+        decision.reasons.append(
+            f"placement: by node name: the placeholder's pod is bound to {node!r}: {what}"
+        )
+    return node
+
+
+def _drop_placeholder_terms(
+    pod_spec: Mapping[str, Any],
+    placeholder: str,
+    previous: str | None,
+    ops: list[Op],
+    decision: Decision,
+) -> None:
+    """Placed by node name, the pod carries no pod-affinity term of ours: one an earlier
+    admission added (under ``pod-affinity``) is removed; another assistant's is warned of."""
+    if not pod_spec:
+        return
+    affinity = podview.sub_object(pod_spec, "affinity", "pod.spec")
+    pod_affinity = (
+        podview.sub_object(affinity, "podAffinity", "pod.spec.affinity") if affinity else None
+    )
+    if not pod_affinity:
+        return
+    terms = podview.sub_list(pod_affinity, REQUIRED, "pod.spec.affinity.podAffinity")
+    if not terms:
+        return
+    ours, _ = _placeholder_terms(terms, placeholder, previous, None, decision)
+    for index in reversed(ours):
+        ops.append(jsonpatch.remove(f"{_REQUIRED_POD_AFFINITY}/{index}"))
+    if ours and decision.trace:
+        decision.reasons.append(f"affinity: removed {len(ours)} placeholder term(s) of ours")
+
+
+def _placeholder_terms(
+    terms: list[Any],
+    placeholder: str,
+    previous: str | None,
+    topology_key: str | None,
+    decision: Decision,
+) -> tuple[list[int], bool]:
+    """(indexes of our terms to remove, whether the wanted term is there): a term to the
+    placeholder with ``topology_key`` is wanted (none when None); one to it with another
+    key or to ``previous`` is ours from an earlier admission. A term to another placeholder
+    (Tekton's own Affinity Assistant) gets a warning."""
+    present = False
+    stale: list[int] = []
+    for index, existing in enumerate(terms):
+        instance = marks.term_placeholder(existing)
+        if instance is None:
+            continue
+        if instance == placeholder and (
+            topology_key is None or existing.get("topologyKey") == topology_key
+        ):
+            if topology_key is None:
+                stale.append(index)
+            else:
+                present = True
+        elif previous is not None and instance == previous:
+            # Ours from an earlier admission under another decision (reinvocation after
+            # another webhook changed the pod): it would pin the pod twice.
+            stale.append(index)
+        elif instance != placeholder:
+            decision.warnings.append(
+                f"pod already has an affinity-assistant term to {instance!r}: is Tekton's own "
+                "Affinity Assistant also on? Set coschedule: disabled in Tekton's feature-flags "
+                "so that only one of them pins this run"
+            )
+    return stale, present
+
+
 def _affinity_ops(
     pod_spec: Mapping[str, Any],
     placeholder: str,
@@ -591,31 +749,14 @@ def _affinity_ops(
             )
         return
     terms = podview.sub_list(pod_affinity, REQUIRED, "pod.spec.affinity.podAffinity")
-    base = "/spec/affinity/podAffinity/" + REQUIRED
+    base = _REQUIRED_POD_AFFINITY
     if terms is None:
         ops.append(jsonpatch.add(base, [term]))
         if decision.trace:
             decision.reasons.append("affinity: added a required podAffinity list to the pod's own")
         return
 
-    present = False
-    stale: list[int] = []
-    for index, existing in enumerate(terms):
-        instance = marks.term_placeholder(existing)
-        if instance is None:
-            continue
-        if instance == placeholder and existing.get("topologyKey") == topology_key:
-            present = True
-        elif previous is not None and instance == previous:
-            # Ours from an earlier admission under another decision (reinvocation after
-            # another webhook changed the pod): it would pin the pod twice.
-            stale.append(index)
-        elif instance != placeholder:
-            decision.warnings.append(
-                f"pod already has an affinity-assistant term to {instance!r}: is Tekton's own "
-                "Affinity Assistant also on? Set coschedule: disabled in Tekton's feature-flags "
-                "so that only one of them pins this run"
-            )
+    stale, present = _placeholder_terms(terms, placeholder, previous, topology_key, decision)
     for index in reversed(stale):
         ops.append(jsonpatch.remove(f"{base}/{index}"))
         if decision.trace:

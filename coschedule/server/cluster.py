@@ -19,6 +19,7 @@ from coschedule.kube.client import Credentials, KubeClient, KubeConfigError, dis
 from coschedule.kube.controls_cache import ControlCache
 from coschedule.kube.informer import Informer
 from coschedule.kube.namespace_cache import NamespaceCache
+from coschedule.kube.placeholder_cache import PlaceholderCache
 from coschedule.kube.volume_cache import VolumeCache
 from coschedule.probes import Probes
 
@@ -36,6 +37,7 @@ class ClusterLink:
     claims: ClaimCache | None = None
     volumes: VolumeCache | None = None
     controls: ControlCache | None = None
+    placeholders: PlaceholderCache | None = None
 
     @classmethod
     def connect(
@@ -58,6 +60,7 @@ class ClusterLink:
             ClaimCache(client),
             VolumeCache(client),
             ControlCache(client),
+            PlaceholderCache(client),
         )
 
     @property
@@ -97,6 +100,14 @@ class ClusterLink:
                 return synced, None if synced else not_synced("volume cache")
 
             probes.checks["volume-cache"] = volumes_synced
+        placeholders = self.placeholders
+        if placeholders is not None:
+
+            def placeholders_synced() -> tuple[bool, str | None]:
+                synced = placeholders.synced
+                return synced, None if synced else not_synced("placeholder cache")
+
+            probes.checks["placeholder-cache"] = placeholders_synced
         if self.controls is not None:
             probes.checks["concurrency-controls"] = self.controls.readiness
 
@@ -111,6 +122,8 @@ class ClusterLink:
             tasks.append(asyncio.create_task(self.claims.pods.run()))
         if self.volumes is not None:
             tasks.append(asyncio.create_task(self.volumes.informer.run()))
+        if self.placeholders is not None:
+            tasks.append(asyncio.create_task(self.placeholders.informer.run()))
         if self.controls is not None:
             tasks.append(asyncio.create_task(self.controls.run()))
         try:

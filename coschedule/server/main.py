@@ -62,7 +62,14 @@ def run_webhook(args: argparse.Namespace) -> int:
     store.current = link.adjust_settings(store.current)
     try:
         webhook = build_webhook(
-            store, metrics, cert_dir, link.namespaces, link.claims, link.volumes, link.controls
+            store,
+            metrics,
+            cert_dir,
+            link.namespaces,
+            link.claims,
+            link.volumes,
+            link.controls,
+            link.placeholders,
         )
     except CertificateUnusable as exc:
         print(f"coschedule serve: {exc}", file=sys.stderr)

@@ -12,7 +12,7 @@ from typing import Protocol
 
 from coschedule.config.store import SettingsStore
 from coschedule.mutate.claim_rewrite import ClaimView
-from coschedule.mutate.decision import AdmissionContext, VolumeView, decide
+from coschedule.mutate.decision import AdmissionContext, PlaceholderView, VolumeView, decide
 from coschedule.server import admission_log
 from coschedule.server.admission import (
     AdmissionEndpoint,
@@ -44,12 +44,14 @@ class PodEndpoint(AdmissionEndpoint):
         namespaces: NamespaceLookup | None = None,
         claims: ClaimCacheView | None = None,
         volumes: VolumeView | None = None,
+        placeholders: PlaceholderView | None = None,
     ) -> None:
         super().__init__(metrics, lean.decode, mode="none", log_bad_requests=True)
         self.settings = settings
         self.namespaces = namespaces
         self.claims = claims
         self.volumes = volumes
+        self.placeholders = placeholders
         # namespace -> the context of its last admission (one entry per namespace seen).
         self._contexts: dict[str, AdmissionContext] = {}
 
@@ -76,7 +78,13 @@ class PodEndpoint(AdmissionEndpoint):
             ):
                 # Built once per namespace until the settings or the namespace change.
                 ctx = AdmissionContext(
-                    settings, namespace, namespace_info, self.claims, self.volumes, explain=False
+                    settings,
+                    namespace,
+                    namespace_info,
+                    self.claims,
+                    self.volumes,
+                    self.placeholders,
+                    explain=False,
                 )
                 if len(self._contexts) >= _MAX_CONTEXTS:
                     self._contexts.clear()  # namespaces come from requests: stay bounded

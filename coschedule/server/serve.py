@@ -14,7 +14,7 @@ from pathlib import Path
 import uvicorn
 
 from coschedule.config.store import SettingsStore, reload_loop
-from coschedule.mutate.decision import VolumeView
+from coschedule.mutate.decision import PlaceholderView, VolumeView
 from coschedule.probes import Probes, probes_app
 from coschedule.server.admission import NamespaceLookup
 from coschedule.server.https_app import HttpsApp
@@ -69,6 +69,7 @@ def build_webhook(
     claims: ClaimCacheView | None = None,
     volumes: VolumeView | None = None,
     controls: ControlLookup | None = None,
+    placeholders: PlaceholderView | None = None,
 ) -> Webhook:
     certificate = ServingCertificate(cert_dir, metrics)
     certificate.load()
@@ -83,7 +84,7 @@ def build_webhook(
 
     probes.checks["certificate"] = cert_check
     probes.checks["config"] = config_check
-    pods = PodEndpoint(settings, metrics, namespaces, claims, volumes)
+    pods = PodEndpoint(settings, metrics, namespaces, claims, volumes, placeholders)
     runs = RunEndpoint(metrics, controls, namespaces)
     return Webhook(settings, metrics, certificate, probes, pods, runs)
 

@@ -29,8 +29,15 @@ from coschedule.wire.review import API_VERSION, KIND, Review, decode_review
 # The pod fields the decision (coschedule.mutate) reads, and the ones logged; a test records
 # every read the decision makes over the fixtures and fails if one is missing here.
 POD_READS: Final[dict[str, tuple[str, ...]]] = {
-    "metadata": ("name", "generateName", "labels", "annotations"),
-    "spec": ("volumes", "affinity", "nodeSelector", "tolerations", "schedulerName"),
+    "metadata": ("name", "generateName", "labels", "annotations", "ownerReferences"),
+    "spec": (
+        "volumes",
+        "affinity",
+        "nodeSelector",
+        "tolerations",
+        "schedulerName",
+        "schedulingGates",
+    ),
     "spec.volumes[]": ("name", "persistentVolumeClaim"),
 }
 
@@ -42,6 +49,7 @@ class _Metadata(TypedDict, total=False):
     generateName: Any
     labels: Any
     annotations: Any
+    ownerReferences: Any  # placement by node name: does the pod's owner recreate it?
 
 
 class _Volume(TypedDict, total=False):
@@ -57,6 +65,7 @@ class _Spec(TypedDict, total=False):
     nodeSelector: Any
     tolerations: Any
     schedulerName: Any
+    schedulingGates: Any
 
 
 class _Pod(Struct):

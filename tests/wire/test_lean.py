@@ -131,10 +131,13 @@ def recorded_reads(pod: dict[str, Any], ctx: AdmissionContext) -> dict[str, set[
     return reads
 
 
+@pytest.mark.parametrize("placement", ["pod-affinity", "auto"])
 @pytest.mark.parametrize("defaults", [False, True])
 @pytest.mark.parametrize("mode", MODES)
-def test_the_decision_reads_only_what_the_lean_decoder_builds(mode: str, defaults: bool) -> None:
-    raw = {"coschedule": mode}
+def test_the_decision_reads_only_what_the_lean_decoder_builds(
+    mode: str, defaults: bool, placement: str
+) -> None:
+    raw = {"coschedule": mode, "placement": placement}
     if defaults:
         raw["scheduling-defaults"] = DEFAULTS
     for namespace in ("ci", "other"):
