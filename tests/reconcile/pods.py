@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from coschedule.config.settings import Settings
-from coschedule.marks import BadMark, Mode
+from coschedule.marks import BadMark, Mode, Placement
 from coschedule.mutate import node_pin
 from coschedule.mutate.decision import AdmissionContext, decide
 from coschedule.reconcile import shapes
@@ -33,7 +33,9 @@ def marked_pod(
 ) -> dict[str, Any]:
     pod = load_pod(fixture)
     namespace = pod["metadata"].get("namespace") or "default"
-    config = settings or Settings(mode=mode)
+    # The pod-affinity encoding unless ``settings`` say otherwise: most reconciler tests
+    # are about the group, not how its pods are tied (``by_node_name`` for that).
+    config = settings or Settings(mode=mode, placement=Placement.POD_AFFINITY)
     decision = decide(pod, AdmissionContext(config, namespace))
     assert decision.allowed, decision.reasons
     assert decision.placeholder, decision.reasons

@@ -13,9 +13,11 @@ from typing import Any
 
 import pytest
 
+from coschedule.config.settings import Settings
 from coschedule.k8s.constants import HOSTNAME
 from coschedule.k8s.nodeaffinity import pod_allows, required_terms
-from coschedule.marks import ANNOTATION_PINNED_NODE, GATE_PLACEHOLDER
+from coschedule.marks import ANNOTATION_PINNED_NODE, GATE_PLACEHOLDER, Mode, Placement
+from coschedule.mutate.decision import AdmissionContext, decide
 from coschedule.reconcile import relocation
 from coschedule.reconcile.model import (
     DeletePlaceholderPod,
@@ -31,6 +33,7 @@ from coschedule.reconcile.model import (
 from coschedule.reconcile.node_pins import REASON_STRANDED, plan_pins
 from coschedule.reconcile.stuck_runs import facts_wanted, plan_stuck
 from coschedule.wire.jsonpatch import apply
+from tests.fixtures import load_pod
 from tests.reconcile import test_stuck_plan as stuck_plan
 from tests.reconcile.pods import by_node_name, condition, marked_pod
 from tests.reconcile.test_plan import PIPELINERUN, RUNNING, existing_set, observed_for
@@ -78,6 +81,29 @@ def allowed(pod: dict[str, Any]) -> set[str]:
     spec = pod["spec"]
     terms = required_terms(spec.get("affinity"))
     return {n for n in NODES if pod_allows(spec.get("nodeSelector") or {}, terms, {}, n)}
+
+
+class Bound:
+    """The webhook's view of placeholder pods: every placeholder bound to ``node``."""
+
+    def __init__(self, node: str | None) -> None:
+        self.bound = node
+
+    def node(self, namespace: str, placeholder: str) -> str | None:
+        return self.bound
+
+
+@pytest.mark.parametrize("node", [None, "worker-2"])
+def test_the_pods_here_are_what_the_webhook_admits_with_placement_auto(node: str | None) -> None:
+    """``by_node_name`` (pinned to ``node``, gated with None) is the webhook's own output."""
+    settings = Settings(mode=Mode.PIPELINERUNS, placement=Placement.AUTO)
+    pod = load_pod("tekton-taskrun")
+    decision = decide(pod, AdmissionContext(settings, "ci", placeholders=Bound(node)))
+    admitted = apply(pod, decision.ops)
+    ours = by_node_name(pending(), node)
+    for part in ("affinity", "schedulingGates"):
+        assert ours["spec"].get(part) == admitted["spec"].get(part), part
+    assert ours["metadata"]["annotations"] == admitted["metadata"]["annotations"]
 
 
 # ---- release ----------------------------------------------------------------------------
