@@ -182,6 +182,19 @@ def test_a_gated_pod_is_not_released_onto_a_node_the_placeholder_is_leaving() ->
         assert plan_pins(observed, (earlier,)).actions == (), earlier
 
 
+def test_a_gated_pod_pinned_to_another_node_is_made_again_not_patched() -> None:
+    """kube-apiserver lets a gated pod's node affinity grow, never change (422): a pod
+    gated while pinned to worker-1 cannot be moved to worker-2 by a patch."""
+    pod = by_node_name(pinned("worker-1"))  # pinned, then gated again
+    [delete] = plan_pins(group(pod, on="worker-2")).actions
+    assert isinstance(delete, DeleteStrandedPod)
+    assert delete.node == "worker-1"
+    # Pinned where the placeholder is: released as any gated pod.
+    [release] = plan_pins(group(pod, on="worker-1")).actions
+    assert isinstance(release, ReleasePod)
+    assert [op["op"] for op in release.ops] == ["test", "remove"]
+
+
 def test_a_gated_pod_that_is_finished_or_deleted_is_left_alone() -> None:
     deleted = gated()
     deleted["metadata"]["deletionTimestamp"] = "2026-11-21T06:01:00Z"
