@@ -43,6 +43,7 @@ from tests.e2e.world import (
 pytestmark = pytest.mark.e2e
 
 NO_WORKSPACE = "tekton-taskrun-no-workspace"
+REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"
 ONE_WORKSPACE = "tekton-taskrun"
 TWO_WORKSPACES = "tekton-taskrun-two-workspaces"
 POOL_TOLERATION = {"key": POOL_LABEL, "operator": "Equal", "value": POOL, "effect": "NoSchedule"}
@@ -434,6 +435,14 @@ def test_zonal_volumes_in_one_zone_are_admitted_with_a_zone_topology_key(
         assert "zone e2e-zone-b" in refused.stderr
         admitted = kubectl_create(e2e, together, tmp_path, "--dry-run=server")
         assert admitted.returncode == 0, admitted.stderr
+        # A zone is many nodes: placement auto keeps the pod-affinity term (with the zone
+        # key) for a TaskRun's pod, no pin, no gate.
+        stored = api.create(together, dry_run=True)
+        affinity = (stored["spec"].get("affinity") or {}).get("podAffinity") or {}
+        keys = [t.get("topologyKey") for t in affinity.get(REQUIRED) or []]
+        assert keys == [ZONE], stored["spec"].get("affinity")
+        assert not stored["spec"].get("schedulingGates"), stored["spec"]
+        assert "nodeAffinity" not in (stored["spec"].get("affinity") or {})
 
 
 @pytest.mark.usefixtures("pool")
