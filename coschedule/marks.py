@@ -22,6 +22,10 @@ LABEL_MODE = "coschedule.dev/mode"  # per-namespace or per-run override
 LABEL_GROUP = "coschedule.dev/group"  # opt any pod into a run
 LABEL_PLACEHOLDER = "coschedule.dev/placeholder"  # the mark: which placeholder a pod joins
 LABEL_SKIP = "coschedule.dev/skip"  # on a claim: never group or rewrite it
+# Per-namespace or per-run override of the config key isolation-scope (isolate-pipelinerun).
+LABEL_ISOLATION_SCOPE = "coschedule.dev/isolation-scope"
+# On a placeholder's pod: the tenant of its namespace (isolation scope tenant).
+LABEL_TENANT = "coschedule.dev/tenant"
 
 # Labels of the placeholder (Tekton's names, so Tekton users' dashboards keep working).
 LABEL_COMPONENT = "app.kubernetes.io/component"
@@ -38,6 +42,9 @@ ANNOTATION_RUN_LABEL = "coschedule.dev/run-label"  # which group label gave it
 ANNOTATION_CLAIMS = "coschedule.dev/claims"  # claims the placeholder mounts (comma-separated)
 ANNOTATION_TOPOLOGY_KEY = "coschedule.dev/topology-key"
 ANNOTATION_CLAIM_TEMPLATES = "coschedule.dev/claim-templates"  # rewritten claim -> template
+# Written only when not the default, so that the marks of namespace-scoped runs are as before:
+ANNOTATION_ISOLATION_SCOPE = "coschedule.dev/isolation-scope"  # isolate-pipelinerun's scope
+ANNOTATION_TENANT = "coschedule.dev/tenant"  # the namespace's tenant (isolation-tenant-label)
 
 
 # Run concurrency control: the marks the webhook writes on a PipelineRun or Workflow.
@@ -71,7 +78,12 @@ MARK_ANNOTATIONS = (
     ANNOTATION_CLAIMS,
     ANNOTATION_TOPOLOGY_KEY,
 )
-ALL_MARK_ANNOTATIONS = (*MARK_ANNOTATIONS, ANNOTATION_CLAIM_TEMPLATES)
+ALL_MARK_ANNOTATIONS = (
+    *MARK_ANNOTATIONS,
+    ANNOTATION_CLAIM_TEMPLATES,
+    ANNOTATION_ISOLATION_SCOPE,
+    ANNOTATION_TENANT,
+)
 
 
 class Mode(enum.StrEnum):
@@ -116,6 +128,31 @@ PLACEMENT_CHOICES = ", ".join(p.value for p in Placement)
 
 
 MODE_CHOICES = ", ".join(m.value for m in Mode)
+
+
+class IsolationScope(enum.StrEnum):
+    """Which other runs an ``isolate-pipelinerun`` run keeps off its node: those of its own
+    namespace (``namespace``, Tekton's behaviour), those of its namespace and of every other
+    tenant (``tenant``), or every other run (``cluster``)."""
+
+    NAMESPACE = "namespace"
+    TENANT = "tenant"
+    CLUSTER = "cluster"
+
+    @classmethod
+    def parse(cls, text: str) -> IsolationScope | None:
+        try:
+            return cls(text.strip().lower())
+        except ValueError:
+            return None
+
+    @property
+    def cross_namespace(self) -> bool:
+        """Whether the placeholder's required anti-affinity reaches other namespaces."""
+        return self is not IsolationScope.NAMESPACE
+
+
+SCOPE_CHOICES = ", ".join(s.value for s in IsolationScope)
 
 # ---- names both sides compute --------------------------------------------------------
 
@@ -230,6 +267,9 @@ class Marks(NamedTuple):
     # The run's claim templates as the webhook decided them (volume co-location); None
     # when it followed an existing StatefulSet or did not rewrite.
     claim_templates: tuple[ClaimTemplate, ...] | None = None
+    # isolate-pipelinerun's reach, and the tenant of the pod's namespace ("" when none).
+    scope: IsolationScope = IsolationScope.NAMESPACE
+    tenant: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -251,6 +291,8 @@ def encode(marks: Marks) -> dict[str, str]:
         marks.claims,
         marks.topology_key,
         marks.claim_templates,
+        marks.scope,
+        marks.tenant,
     )
 
 
@@ -261,8 +303,12 @@ def encode_fields(
     claims: Sequence[str],
     topology_key: str,
     claim_templates: Sequence[ClaimTemplate] | None = None,
+    scope: IsolationScope = IsolationScope.NAMESPACE,
+    tenant: str = "",
 ) -> dict[str, str]:
-    """``encode`` from the fields, for the admission hot path: no ``Marks`` to build."""
+    """``encode`` from the fields, for the admission hot path: no ``Marks`` to build.
+    The scope and the tenant are written only when they say something: the marks of a
+    namespace-scoped run without a tenant are what they were before either existed."""
     result = {
         ANNOTATION_MODE: str(mode),  # the value (StrEnum); ``.value`` is a slower property
         ANNOTATION_RUN: run,
@@ -272,6 +318,10 @@ def encode_fields(
     }
     if claim_templates is not None:
         result[ANNOTATION_CLAIM_TEMPLATES] = encode_claim_templates(claim_templates)
+    if scope is not IsolationScope.NAMESPACE:
+        result[ANNOTATION_ISOLATION_SCOPE] = str(scope)
+    if tenant:
+        result[ANNOTATION_TENANT] = tenant
     return result
 
 
@@ -316,6 +366,13 @@ def parse(metadata: Mapping[str, Any]) -> Marks | BadMark:
         if isinstance(parsed, str):
             return bad(parsed)
         templates = parsed
+    scope = IsolationScope.NAMESPACE
+    if (text := annotations.get(ANNOTATION_ISOLATION_SCOPE)) is not None:
+        parsed_scope = IsolationScope.parse(str(text))
+        if parsed_scope is None:
+            return bad(f"annotation {ANNOTATION_ISOLATION_SCOPE}={text!r} is not a scope")
+        scope = parsed_scope
+    tenant = annotations.get(ANNOTATION_TENANT)
     return Marks(
         placeholder=placeholder,
         mode=mode,
@@ -324,6 +381,8 @@ def parse(metadata: Mapping[str, Any]) -> Marks | BadMark:
         claims=claims,
         topology_key=annotations[ANNOTATION_TOPOLOGY_KEY],
         claim_templates=templates,
+        scope=scope,
+        tenant=tenant if isinstance(tenant, str) else "",
     )
 
 

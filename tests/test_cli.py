@@ -480,3 +480,58 @@ def test_help_states_every_flags_default() -> None:
             assert "default" in shown, f"coschedule {name} {flag}: no default in --help"
             checked += 1
     assert checked >= 12
+
+
+def test_explain_shows_the_isolation_scope_why_and_the_placeholders_terms(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "coschedule").write_text("isolate-pipelinerun")
+    (tmp_path / "isolation-scope").write_text("tenant")
+    (tmp_path / "isolation-tenant-label").write_text("example.com/team")
+    result = run(
+        "explain",
+        "-f",
+        str(pod_path("tekton-taskrun-no-workspace")),
+        "--config-dir",
+        str(tmp_path),
+        "--namespace-label",
+        "example.com/team=payments",
+        "-o",
+        "json",
+    )
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    isolated = report["isolation"]
+    assert isolated["scope"] == "tenant"
+    assert isolated["tenant"] == "payments"
+    assert isolated["from"] == 'cluster config "isolation-scope: tenant"'
+    own, others = isolated["placeholderAntiAffinity"]
+    assert "namespaceSelector" not in own
+    assert others["namespaceSelector"] == {}
+    assert others["labelSelector"]["matchExpressions"][0]["values"] == ["payments"]
+    assert "tenant 'payments': the namespace's label example.com/team" in report["reasons"]
+
+    # A namespace label that Kubernetes' rule forbids with a zone key: denied, saying so.
+    (tmp_path / "isolation-scope").write_text("namespace")
+    (tmp_path / "topology-key").write_text("topology.kubernetes.io/zone")
+    result = run(
+        "explain",
+        "-f",
+        str(pod_path("tekton-taskrun-no-workspace")),
+        "--config-dir",
+        str(tmp_path),
+        "--namespace-label",
+        "coschedule.dev/isolation-scope=cluster",
+    )
+    assert result.returncode == 0, result.stderr
+    assert "DENIED" in result.stdout
+    assert "rule invalid-isolation-scope" in result.stdout
+    assert "Fix: set the label to namespace, or remove it." in result.stdout
+
+
+def test_explain_refuses_a_namespace_label_without_a_value() -> None:
+    result = run(
+        "explain", "-f", str(pod_path("tekton-taskrun")), "--namespace-label", "example.com/team"
+    )
+    assert result.returncode == 2
+    assert "is not KEY=VALUE" in result.stderr

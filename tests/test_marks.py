@@ -65,3 +65,36 @@ def test_the_claim_name_is_recognised_by_its_placeholder() -> None:
     assert marks.is_placeholder_claim(claim)
     assert not marks.is_placeholder_claim(claim, marks.run_placeholder(NS, "run-2"))
     assert not marks.is_placeholder_claim("data")
+
+
+def test_scope_and_tenant_round_trip_and_are_written_only_when_not_the_default() -> None:
+    base = Marks(
+        placeholder=marks.run_placeholder(NS, "run-1"),
+        mode=Mode.ISOLATE_PIPELINERUN,
+        run="run-1",
+        run_label="tekton.dev/pipelineRun",
+        claims=(),
+        topology_key="kubernetes.io/hostname",
+    )
+    assert marks.ANNOTATION_ISOLATION_SCOPE not in marks.encode(base)
+    assert marks.ANNOTATION_TENANT not in marks.encode(base)
+    written = base._replace(scope=marks.IsolationScope.TENANT, tenant="payments")
+    encoded = marks.encode(written)
+    assert encoded[marks.ANNOTATION_ISOLATION_SCOPE] == "tenant"
+    assert encoded[marks.ANNOTATION_TENANT] == "payments"
+    assert marks.parse(_metadata(written)) == written
+    assert marks.parse(_metadata(base)) == base
+
+
+def test_an_unknown_scope_mark_is_a_bad_mark() -> None:
+    written = Marks(
+        placeholder=marks.run_placeholder(NS, "run-1"),
+        mode=Mode.ISOLATE_PIPELINERUN,
+        run="run-1",
+        run_label="tekton.dev/pipelineRun",
+        claims=(),
+        topology_key="kubernetes.io/hostname",
+    )
+    bad = marks.parse(_metadata(written, **{marks.ANNOTATION_ISOLATION_SCOPE: "zone"}))
+    assert isinstance(bad, BadMark)
+    assert marks.ANNOTATION_ISOLATION_SCOPE in bad.reason

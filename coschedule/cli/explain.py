@@ -11,6 +11,7 @@ import yaml
 
 from coschedule.config.settings import Settings
 from coschedule.marks import LABEL_ENABLED, LABEL_MODE, Mode
+from coschedule.mutate import isolation
 from coschedule.mutate.claim_rewrite import ClaimView, StaticClaims
 from coschedule.mutate.decision import AdmissionContext, Decision, NamespaceInfo, decide
 from coschedule.wire import jsonpatch
@@ -85,6 +86,7 @@ def explain(
     namespace_mode: str | None = None,
     namespace: str | None = None,
     claims: ClaimView | None = None,
+    namespace_labels: Mapping[str, str] | None = None,
 ) -> tuple[Decision, dict[str, Any]]:
     """The decision and a machine-readable report (the text form is rendered from it)."""
     if mode is not None:
@@ -92,8 +94,11 @@ def explain(
     meta = pod.get("metadata")
     ns = namespace or (meta.get("namespace") if isinstance(meta, dict) else None) or "default"
     info = None
-    if namespace_mode is not None:
-        info = NamespaceInfo({LABEL_ENABLED: "true", LABEL_MODE: namespace_mode})
+    if namespace_mode is not None or namespace_labels:
+        labels = {**(namespace_labels or {}), LABEL_ENABLED: "true"}
+        if namespace_mode is not None:
+            labels[LABEL_MODE] = namespace_mode
+        info = NamespaceInfo(labels)
     decision = decide(pod, AdmissionContext(settings, ns, info, claims))
     report: dict[str, Any] = {
         "allowed": decision.allowed,
@@ -115,6 +120,17 @@ def explain(
             {"rule": f.rule, "mode": f.mode.value, "field": f.field, "message": f.message}
             for f in decision.findings
         ]
+    if decision.scope is not None and decision.allowed:
+        scope = decision.scope.scope
+        report["isolation"] = {
+            "scope": scope.value,
+            "from": decision.scope.reason,
+            "tenant": decision.tenant or None,
+            "keepsOff": isolation.describe(scope, decision.tenant),
+            "placeholderAntiAffinity": isolation.required_terms(
+                scope, decision.tenant, settings.topology_key
+            ),
+        }
     if not decision.allowed:
         report["rule"] = decision.rule
         report["message"] = decision.message
@@ -152,6 +168,17 @@ def render_text(report: Mapping[str, Any]) -> str:
     if report.get("policy"):
         lines.append("policy rules fired:")
         lines += [f"  - policy-{f['rule']} ({f['mode']}): {f['message']}" for f in report["policy"]]
+    if (isolated := report.get("isolation")) is not None:
+        tenant = f", tenant {isolated['tenant']!r}" if isolated["tenant"] else ""
+        lines += [
+            f"isolation:   scope {isolated['scope']}{tenant} (from the {isolated['from']}): "
+            f"{isolated['keepsOff']}",
+            "placeholder anti-affinity (required):",
+        ]
+        rendered = yaml.safe_dump(
+            isolated["placeholderAntiAffinity"], sort_keys=False, default_flow_style=False
+        )
+        lines += [f"  {line}" for line in rendered.rstrip().splitlines()]
     if report["patch"]:
         lines.append("patch (JSONPatch):")
         lines += [f"  {orjson.dumps(op).decode()}" for op in report["patch"]]

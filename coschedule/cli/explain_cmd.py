@@ -58,12 +58,23 @@ def cmd_explain(args: argparse.Namespace) -> int:
         except (OSError, UnicodeDecodeError, UnreadablePod) as exc:
             print(f"coschedule explain: cannot read {args.claims}: {exc}", file=sys.stderr)
             return EXIT_USAGE
+    namespace_labels: dict[str, str] = {}
+    for item in args.namespace_label:
+        key, equals, value = item.partition("=")
+        if not equals or not key:
+            print(
+                f"coschedule explain: --namespace-label {item!r} is not KEY=VALUE",
+                file=sys.stderr,
+            )
+            return EXIT_USAGE
+        namespace_labels[key] = value
     try:
         _, report = explain(
             pod,
             settings,
             mode=mode,
             namespace_mode=args.namespace_mode,
+            namespace_labels=namespace_labels,
             namespace=args.namespace,
             claims=claims,
         )

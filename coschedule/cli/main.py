@@ -196,6 +196,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     exp.add_argument("--namespace-mode", help="the namespace's coschedule.dev/mode label")
     exp.add_argument(
+        "--namespace-label",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a label of the namespace (repeatable), e.g. coschedule.dev/isolation-scope=cluster "
+        "or the isolation-tenant-label's value",
+    )
+    exp.add_argument(
         "--namespace", help="the namespace (default: the pod's; with --run, the kubeconfig's)"
     )
     exp.add_argument(

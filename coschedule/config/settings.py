@@ -28,7 +28,14 @@ from coschedule.config.scheduling_defaults import DefaultsRule, parse_scheduling
 from coschedule.k8s.constants import HOSTNAME
 from coschedule.k8s.names import valid_dns_subdomain, valid_label_key
 from coschedule.k8s.quantity import quantity
-from coschedule.marks import LABEL_GROUP, PLACEMENT_CHOICES, Mode, Placement
+from coschedule.marks import (
+    LABEL_GROUP,
+    PLACEMENT_CHOICES,
+    SCOPE_CHOICES,
+    IsolationScope,
+    Mode,
+    Placement,
+)
 
 # Ours first, then each engine's run label: config shares a floor with coschedule.engines
 # and does not import it; tests/test_engines.py holds these equal to its run_label entries.
@@ -64,6 +71,8 @@ KNOWN_KEYS: frozenset[str] = frozenset(
         "rewrite-claims",
         "group-shared-claims",
         "scheduling-defaults",
+        "isolation-scope",
+        "isolation-tenant-label",
         *POLICY_KEYS,
     }
 )
@@ -137,6 +146,11 @@ class Settings:
     scheduling_defaults: tuple[DefaultsRule, ...] = ()
     # The mode (off, warn, deny) of each hardening policy rule.
     policy: PolicySettings = field(default_factory=PolicySettings)
+    # Which other runs an isolate-pipelinerun run keeps off its node (overridable by the
+    # label coschedule.dev/isolation-scope on a namespace or a run), and the namespace label
+    # whose value names a namespace's tenant ("" when not configured).
+    isolation_scope: IsolationScope = IsolationScope.NAMESPACE
+    isolation_tenant_label: str = ""
 
 
 def _parse_bool(key: str, text: str) -> bool:
@@ -277,6 +291,56 @@ def _parse_placement(text: str) -> Placement:
     return placement
 
 
+def _parse_isolation_scope(text: str) -> IsolationScope:
+    scope = IsolationScope.parse(text)
+    if scope is None:
+        raise ConfigError(
+            f'config key "isolation-scope": {text.strip()!r} is not a scope; use one of '
+            f"{SCOPE_CHOICES}"
+        )
+    return scope
+
+
+def _parse_tenant_label(text: str) -> str:
+    key = text.strip()
+    if key and not valid_label_key(key):
+        raise ConfigError(f'config key "isolation-tenant-label": {key!r} is not a valid label key')
+    return key
+
+
+def isolation_problem(scope: IsolationScope, topology_key: str, tenant_label: str) -> str | None:
+    """Why ``scope`` cannot be used with these settings, naming the keys; None if it can.
+
+    Kubernetes' rule (the inter-pod affinity design): a required anti-affinity term across
+    namespaces only with a per-node topology key, or one run would keep the runs of every
+    namespace out of a whole zone. Scope tenant needs the namespace label naming tenants."""
+    if scope.cross_namespace and topology_key != HOSTNAME:
+        return (
+            "that scope keeps runs of other namespaces off a run's topology domain, which "
+            f'Kubernetes allows only per node, and config key "topology-key" is '
+            f"{topology_key!r}, not {HOSTNAME}"
+        )
+    if scope is IsolationScope.TENANT and not tenant_label:
+        return (
+            'that scope needs config key "isolation-tenant-label" (the namespace '
+            "label whose value names a namespace's tenant), which is not set"
+        )
+    return None
+
+
+def _check_isolation(scope: IsolationScope, topology_key: str, tenant_label: str) -> None:
+    if (problem := isolation_problem(scope, topology_key, tenant_label)) is not None:
+        fix = (
+            f'set "topology-key: {HOSTNAME}"'
+            if scope.cross_namespace and topology_key != HOSTNAME
+            else 'set "isolation-tenant-label"'
+        )
+        raise ConfigError(
+            f'invalid combination: config key "isolation-scope" is {scope.value}, but {problem}. '
+            f'Fix: {fix}, or "isolation-scope: namespace"'
+        )
+
+
 def _parse_seconds(key: str, text: str) -> int:
     try:
         seconds = int(text.strip())
@@ -350,6 +414,18 @@ def parse_settings(raw: Mapping[str, str]) -> Settings:
             # Only against the policy as written: a broken policy key is already reported.
             check(lambda: _check_defaults_against_policy(rules, policy))
         kwargs["scheduling_defaults"] = rules
+    scope: IsolationScope | None = IsolationScope.NAMESPACE
+    if (scope_text := raw.get("isolation-scope")) is not None and scope_text.strip():
+        scope = check(partial(_parse_isolation_scope, scope_text))
+        kwargs["isolation_scope"] = scope
+    tenant_label: str | None = ""
+    if (label_text := raw.get("isolation-tenant-label")) is not None:
+        tenant_label = check(partial(_parse_tenant_label, label_text))
+        kwargs["isolation_tenant_label"] = tenant_label
+    topology_key = kwargs.get("topology_key", DEFAULT_TOPOLOGY_KEY)
+    if scope is not None and tenant_label is not None and isinstance(topology_key, str):
+        # Only when each key is valid on its own: a broken one is already reported.
+        check(partial(_check_isolation, scope, topology_key, tenant_label))
     if errors:
         raise ConfigError("; ".join(errors) if len(errors) == 1 else _numbered(errors))
     return Settings(**kwargs)  # type: ignore[arg-type]

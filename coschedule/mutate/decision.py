@@ -19,7 +19,7 @@ from coschedule.config.policy import (
     check_policy,
     delays_eviction,
 )
-from coschedule.config.settings import Settings
+from coschedule.config.settings import Settings, isolation_problem
 from coschedule.engines import pod_recreated_by_owner
 from coschedule.k8s.constants import HOSTNAME, REQUIRED
 from coschedule.k8s.nodeaffinity import required_terms
@@ -29,18 +29,22 @@ from coschedule.marks import (
     COMPONENT_AFFINITY_ASSISTANT,
     LABEL_COMPONENT,
     LABEL_ENABLED,
+    LABEL_ISOLATION_SCOPE,
     LABEL_MODE,
     LABEL_PLACEHOLDER,
     MODE_CHOICES,
+    SCOPE_CHOICES,
+    IsolationScope,
     Mode,
     Placement,
     claim_placeholder,
     run_placeholder,
 )
 from coschedule.mutate import claim_rewrite as claims_mod
-from coschedule.mutate import node_pin, volume_conflict
+from coschedule.mutate import isolation, node_pin, volume_conflict
 from coschedule.mutate.claim_rewrite import ClaimView
 from coschedule.mutate.defaults import MergedScheduling, merge_defaults
+from coschedule.mutate.isolation import InvalidScope, ScopeChoice
 from coschedule.mutate.mode_choice import InvalidMode, ModeChoice, choose_mode, cluster_choice
 from coschedule.wire import jsonpatch
 from coschedule.wire import pod_fields as podview
@@ -85,10 +89,13 @@ class AdmissionContext:
     explain: bool = True
     # The mode of a pod when neither it nor its namespace is labelled: most pods.
     cluster_mode: ModeChoice = field(init=False, repr=False, compare=False)
+    # The same for an isolated run's scope.
+    cluster_scope: ScopeChoice = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         choice = cluster_choice(self.settings.mode, self.settings.mode_reason)
         object.__setattr__(self, "cluster_mode", choice)
+        object.__setattr__(self, "cluster_scope", isolation.cluster_scope(self.settings))
 
 
 class VolumeView(Protocol):
@@ -116,6 +123,9 @@ class Decision:
     placeholder: str | None = None
     rule: str | None = None  # the rule that denied the pod
     message: str | None = None  # the denial, as kubectl will print it
+    # isolate-pipelinerun: the run's isolation scope and why (None in other modes).
+    scope: ScopeChoice | None = None
+    tenant: str = ""  # the namespace's tenant (isolation-tenant-label), "" when none
     warnings: list[str] = field(default_factory=list)
     reasons: list[str] = field(default_factory=list)  # every step, for ``explain``
     # Claims the pod mounts that the claim cache has not seen yet: the caller may wait
@@ -274,6 +284,22 @@ def _decide_coschedule(
     if identity is None:
         return decision
     run_label, run = identity
+    scope = IsolationScope.NAMESPACE
+    if mode is Mode.ISOLATE_PIPELINERUN:
+        chosen = _isolation_step(labels, ctx, decision)
+        if chosen is None:
+            return decision
+        scope = chosen
+    if settings.isolation_tenant_label:
+        info = ctx.namespace_info
+        decision.tenant = isolation.tenant_of(info.labels if info is not None else None, settings)
+        if decision.trace:
+            label = settings.isolation_tenant_label
+            decision.reasons.append(
+                f"tenant {decision.tenant!r}: the namespace's label {label}"
+                if decision.tenant
+                else f"no tenant: the namespace has no label {label} (a tenant of its own)"
+            )
     pod_spec = podview.spec(pod)
     volumes = podview.claim_volumes(pod_spec)
     found = _claims_step(pod_spec, volumes, ctx, mode, run, decision)
@@ -291,7 +317,14 @@ def _decide_coschedule(
             ctx.namespace, run, placeholder, volumes, claims, view, settings, ops, decision
         )
     wanted = marks.encode_fields(
-        mode, run, run_label, mounted, settings.topology_key, decision.templates
+        mode,
+        run,
+        run_label,
+        mounted,
+        settings.topology_key,
+        decision.templates,
+        scope,
+        decision.tenant,
     )
     previous = labels.get(LABEL_PLACEHOLDER)
     if settings.placement is Placement.AUTO and _by_node_name(meta, settings, decision):
@@ -350,6 +383,51 @@ def _mode_step(labels: Mapping[str, str], ctx: AdmissionContext, decision: Decis
             reasons.append("left alone: coscheduling is disabled")
         return None
     return choice.mode
+
+
+def _isolation_step(
+    labels: Mapping[str, str], ctx: AdmissionContext, decision: Decision
+) -> IsolationScope | None:
+    """The isolated run's scope; None when a label's scope is denied."""
+    info = ctx.namespace_info
+    choice = isolation.choose_scope(
+        labels, info.labels if info is not None else None, ctx.cluster_scope
+    )
+    if choice is ctx.cluster_scope:  # most runs; checked at load
+        if decision.trace:
+            decision.reasons.append(f"isolation scope {choice.scope}: from the {choice.reason}")
+        decision.scope = choice
+        return choice.scope
+    if isinstance(choice, InvalidScope):
+        _deny(
+            decision,
+            "invalid-isolation-scope",
+            f"{_scope_label(choice.source, ctx.namespace)} is {choice.value!r}, which is not "
+            f"an isolation scope. Fix: set it to one of {SCOPE_CHOICES}, or remove it.",
+        )
+        return None
+    settings = ctx.settings
+    problem = isolation_problem(
+        choice.scope, settings.topology_key, settings.isolation_tenant_label
+    )
+    if problem is not None:
+        _deny(
+            decision,
+            "invalid-isolation-scope",
+            f"{_scope_label(choice.source, ctx.namespace)} is {choice.scope.value}, but "
+            f"{problem}. Fix: set the label to namespace, or remove it.",
+        )
+        return None
+    decision.scope = choice
+    if decision.trace:
+        decision.reasons.append(f"isolation scope {choice.scope}: from the {choice.reason}")
+    return choice.scope
+
+
+def _scope_label(source: str, namespace: str) -> str:
+    if source == isolation.POD_LABEL:
+        return f"the pod's label {LABEL_ISOLATION_SCOPE}"
+    return f"namespace {namespace!r}'s label {LABEL_ISOLATION_SCOPE}"
 
 
 def _run_step(

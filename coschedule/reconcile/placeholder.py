@@ -23,9 +23,12 @@ from coschedule.marks import (
     ANNOTATION_RUN,
     COMPONENT_AFFINITY_ASSISTANT,
     LABEL_COMPONENT,
+    LABEL_TENANT,
     ClaimTemplate,
+    IsolationScope,
     Mode,
 )
+from coschedule.mutate import isolation
 from coschedule.reconcile import relocation
 from coschedule.reconcile.model import MarkedPod, Obj, OwnerRef
 
@@ -50,6 +53,9 @@ class GroupSpec:
     node_selector: Mapping[str, str]
     tolerations: tuple[Mapping[str, Any], ...]
     scheduler_name: str = ""
+    # isolate-pipelinerun's reach, and the tenant of the namespace ("" when none).
+    scope: IsolationScope = IsolationScope.NAMESPACE
+    tenant: str = ""
 
 
 def first_pod(pods: Sequence[MarkedPod]) -> MarkedPod:
@@ -76,16 +82,18 @@ def group_spec(namespace: str, name: str, pods: Sequence[MarkedPod]) -> GroupSpe
         node_selector=dict(first.node_selector),
         tolerations=first.tolerations,
         scheduler_name=first.scheduler_name,
+        scope=first.marks.scope,
+        tenant=first.marks.tenant,
     )
 
 
-def _anti_affinity(mode: Mode, topology_key: str) -> dict[str, Any]:
+def _anti_affinity(group: GroupSpec) -> dict[str, Any]:
+    if group.mode is Mode.ISOLATE_PIPELINERUN:
+        return {REQUIRED: isolation.required_terms(group.scope, group.tenant, group.topology_key)}
     term = {
         "labelSelector": {"matchLabels": {LABEL_COMPONENT: COMPONENT_AFFINITY_ASSISTANT}},
-        "topologyKey": topology_key,
+        "topologyKey": group.topology_key,
     }
-    if mode is Mode.ISOLATE_PIPELINERUN:
-        return {REQUIRED: [term]}
     return {PREFERRED: [{"weight": 100, "podAffinityTerm": term}]}
 
 
@@ -120,7 +128,7 @@ def pod_template(
             "runAsUser": RUN_AS_USER,
             "seccompProfile": {"type": "RuntimeDefault"},
         },
-        "affinity": {"podAntiAffinity": _anti_affinity(group.mode, group.topology_key)},
+        "affinity": {"podAntiAffinity": _anti_affinity(group)},
     }
     if settings.placeholder_priority_class:
         spec["priorityClassName"] = settings.placeholder_priority_class
@@ -140,7 +148,10 @@ def pod_template(
             {"name": f"claim-{index}", "persistentVolumeClaim": {"claimName": claim}}
             for index, claim in enumerate(plain)
         ]
-    return {"metadata": {"labels": marks.placeholder_labels(group.name)}, "spec": spec}
+    labels = marks.placeholder_labels(group.name)
+    if group.tenant:  # what other tenants' placeholders repel (scope tenant)
+        labels[LABEL_TENANT] = group.tenant
+    return {"metadata": {"labels": labels}, "spec": spec}
 
 
 def template_hash(template: Obj) -> str:

@@ -231,6 +231,9 @@ def _target(
         current=case.node,
         left=left,
         claims=claims,
+        # Every other placeholder, whatever the run's isolation scope: a superset of those
+        # its own terms repel, and it covers those whose terms repel it (cluster-scoped runs
+        # of other namespaces), which the placeholder pods do not show.
         excluded=others if case.group.mode is Mode.ISOLATE_PIPELINERUN else (),
         placeholder_tolerations=case.group.tolerations,
     )

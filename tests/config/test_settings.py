@@ -15,7 +15,7 @@ from coschedule.config.settings import (
     read_raw_config,
 )
 from coschedule.config.store import SettingsStore
-from coschedule.marks import Mode, Placement
+from coschedule.marks import IsolationScope, Mode, Placement
 
 # (disable-affinity-assistant, coschedule) -> (with both keys, coschedule alone); None: invalid.
 MATRIX = [
@@ -353,3 +353,67 @@ def test_every_coschedule_variable_the_project_names_is_a_key_or_a_known_switch(
     typos = {"COSCHEDULE_TOPOLOGY_KY", "COSCHEDULE_MODE"}  # this file's own examples
     raw = read_raw_config(None, dict.fromkeys(names - typos, "x"))
     assert "/unknown-variables" not in raw, raw.get("/unknown-variables")
+
+
+# ---- isolation scope --------------------------------------------------------------------
+
+
+def test_isolation_scope_and_tenant_label_parse() -> None:
+    settings = parse_settings(
+        {"isolation-scope": " Tenant\n", "isolation-tenant-label": "example.com/team"}
+    )
+    assert settings.isolation_scope is IsolationScope.TENANT
+    assert settings.isolation_tenant_label == "example.com/team"
+    assert parse_settings({}).isolation_scope is IsolationScope.NAMESPACE
+    assert parse_settings({"isolation-scope": ""}).isolation_scope is IsolationScope.NAMESPACE
+
+
+@pytest.mark.parametrize("scope", ["cluster", "tenant"])
+def test_a_cross_namespace_scope_with_a_zone_key_is_refused_naming_both_keys(scope: str) -> None:
+    raw = {
+        "isolation-scope": scope,
+        "isolation-tenant-label": "example.com/team",
+        "topology-key": "topology.kubernetes.io/zone",
+    }
+    with pytest.raises(ConfigError) as caught:
+        parse_settings(raw)
+    message = str(caught.value)
+    assert '"isolation-scope"' in message
+    assert '"topology-key"' in message
+    assert "topology.kubernetes.io/zone" in message
+    # Namespace scope with a zone key is what it always was.
+    assert parse_settings({**raw, "isolation-scope": "namespace"}).topology_key.endswith("zone")
+
+
+def test_tenant_scope_without_the_tenant_label_is_refused_naming_it(tmp_path: Path) -> None:
+    (tmp_path / "isolation-scope").write_text("tenant")
+    with pytest.raises(ConfigError, match='"isolation-tenant-label"'):
+        SettingsStore(tmp_path, {})
+    # From the environment too (COSCHEDULE_ISOLATION_SCOPE).
+    with pytest.raises(ConfigError, match='"isolation-tenant-label"'):
+        load_settings(None, {"COSCHEDULE_ISOLATION_SCOPE": "tenant"})
+
+
+@pytest.mark.parametrize(
+    ("raw", "fragment"),
+    [
+        ({"isolation-scope": "node"}, "not a scope; use one of namespace, tenant, cluster"),
+        ({"isolation-tenant-label": "not a key!"}, '"isolation-tenant-label"'),
+    ],
+)
+def test_bad_isolation_values_are_refused(raw: dict[str, str], fragment: str) -> None:
+    with pytest.raises(ConfigError, match=fragment):
+        parse_settings(raw)
+
+
+def test_a_reload_into_a_cross_namespace_scope_with_a_zone_key_keeps_the_last_good(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "isolation-scope").write_text("cluster")
+    store = SettingsStore(tmp_path, {})
+    (tmp_path / "topology-key").write_text("topology.kubernetes.io/zone")
+    store.maybe_reload()
+    assert store.current.topology_key == "kubernetes.io/hostname"
+    assert store.current.isolation_scope is IsolationScope.CLUSTER
+    assert store.error is not None
+    assert '"topology-key"' in store.error

@@ -22,7 +22,7 @@ import pytest
 
 from tests.e2e.cluster import ControlPlane, find_binaries, find_kubectl
 from tests.e2e.install import SYSTEM_NAMESPACE, Coschedule
-from tests.e2e.kube import Api, ApiError
+from tests.e2e.kube import Api, ApiError, wait_for
 from tests.e2e.world import (
     NODES,
     FakeNodeAgents,
@@ -30,6 +30,7 @@ from tests.e2e.world import (
     make_namespace,
     make_nodes,
     make_wffc_class,
+    pool_pods,
     reset_node,
     unique,
     wait_webhook_sees,
@@ -41,7 +42,14 @@ README_HINT = "see tests/e2e/README.md"
 RECONCILER_REPLICAS = ("reconciler-a", "reconciler-b")
 # A short stuck grace so that the stuck-run scenarios (test_stuck.py) finish quickly.
 STUCK_GRACE = 3
-CLUSTER_CONFIG = {"coschedule": "workspaces", "stuck-grace-seconds": str(STUCK_GRACE)}
+# The namespace label naming a tenant (isolation scope tenant, tests/e2e/test_isolation.py):
+# no other scenario's namespace has it, so their placeholders are as without it.
+TENANT_LABEL = "e2e.coschedule.dev/tenant"
+CLUSTER_CONFIG = {
+    "coschedule": "workspaces",
+    "stuck-grace-seconds": str(STUCK_GRACE),
+    "isolation-tenant-label": TENANT_LABEL,
+}
 
 
 @dataclass
@@ -223,16 +231,18 @@ def e2e(tmp_path_factory: pytest.TempPathFactory) -> Iterator[E2E]:
 
 @pytest.fixture
 def namespace(e2e: E2E, request: pytest.FixtureRequest) -> Iterator[Callable[..., str]]:
-    """``namespace(mode=None, prefix=...)`` makes an enabled namespace (with the mode label
-    when given) and waits until the webhook's namespace cache has it; all are deleted after
-    the test."""
+    """``namespace(mode=None, prefix=..., labels=...)`` makes an enabled namespace (with the
+    mode label when given, and ``labels``) and waits until the webhook's namespace cache has
+    it; all are deleted after the test."""
     made: list[str] = []
 
-    def make(mode: str | None = None, prefix: str | None = None) -> str:
+    def make(
+        mode: str | None = None, prefix: str | None = None, labels: dict[str, str] | None = None
+    ) -> str:
         base = prefix or request.node.name.removeprefix("test_")
         base = re.sub(r"[^a-z0-9]+", "-", base.lower())[:30].strip("-")
         name = unique(f"e2e-{base}")
-        make_namespace(e2e.api, name, mode)
+        make_namespace(e2e.api, name, mode, extra_labels=labels)
         made.append(name)
         # A namespace the webhook has not seen yet gets the cluster mode: the same, unless
         # the label says otherwise.
@@ -255,6 +265,26 @@ def restore_nodes(e2e: E2E) -> Iterator[None]:
     for name in NODES:
         with contextlib.suppress(ApiError):
             reset_node(e2e.api, name)
+
+
+@pytest.fixture
+def pool(e2e: E2E) -> Iterator[None]:
+    """The pool nodes empty before, and emptied after (other scenarios' namespaces may still
+    be going away: wait; ours: delete at once, as a kubelet would confirm)."""
+    wait_for(
+        "the pool nodes to be empty",
+        lambda: not pool_pods(e2e.api),
+        timeout=60,
+        describe=lambda: "\n".join(
+            f"{p['metadata']['namespace']}/{p['metadata']['name']}" for p in pool_pods(e2e.api)
+        ),
+    )
+    yield
+    for pod in pool_pods(e2e.api):
+        with contextlib.suppress(ApiError):
+            e2e.api.delete(
+                "Pod", pod["metadata"]["name"], pod["metadata"]["namespace"], grace_period=0
+            )
 
 
 __all__ = ["E2E", "SYSTEM_NAMESPACE"]

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from datetime import datetime
 from typing import TYPE_CHECKING
 
 import httpx
 
 from tests.e2e.kube import Api, Obj, brief, wait_for
-from tests.e2e.world import describe_namespace
+from tests.e2e.world import HOSTNAME, bare_pod, describe_namespace
 
 if TYPE_CHECKING:
     from tests.e2e.conftest import E2E
@@ -135,3 +137,53 @@ def leader_metric(e2e: E2E, name: str, **labels: str) -> float:
     pattern = re.escape(name) + (r"\{" + re.escape(wanted) + r"\}" if wanted else "") + r" (\S+)"
     match = re.search("^" + pattern + "$", text, re.MULTILINE)
     return float(match.group(1)) if match else 0.0
+
+
+def unschedulable(api: Api, namespace: str, name: str, reason: str) -> tuple[float, str]:
+    """(since, message) once the scheduler reports the pod Unschedulable for ``reason``."""
+
+    def probe() -> tuple[float, str] | None:
+        pod = api.get("Pod", name, namespace) or {}
+        for condition in (pod.get("status") or {}).get("conditions") or ():
+            if (
+                condition.get("type") == "PodScheduled"
+                and condition.get("reason") == "Unschedulable"
+                and reason in str(condition.get("message"))
+            ):
+                since = datetime.fromisoformat(
+                    str(condition["lastTransitionTime"]).replace("Z", "+00:00")
+                ).timestamp()
+                return since, str(condition["message"])
+        return None
+
+    return wait_for(
+        f"pod {namespace}/{name} to be Unschedulable ({reason})",
+        probe,
+        describe=lambda: describe_namespace(api, namespace),
+    )
+
+
+@contextlib.contextmanager
+def topology_key(e2e: E2E, ns: str, key: str) -> Iterator[None]:
+    """The cluster's topology-key, hot-reloaded, for the duration (then put back)."""
+    config_dir = e2e.product.config_dir
+    assert config_dir is not None
+    path = config_dir / "topology-key"
+
+    def applied(value: str) -> bool:
+        probe = bare_pod(ns, "probe", {"coschedule.dev/group": "probe"})
+        stored = api.create(probe, dry_run=True)
+        return (stored["metadata"].get("annotations") or {}).get(
+            "coschedule.dev/topology-key"
+        ) == value
+
+    api = e2e.api
+    tmp = path.with_name(".topology-key.tmp")
+    tmp.write_text(key)
+    tmp.replace(path)
+    try:
+        wait_for(f"the webhook to reload topology-key {key}", lambda: applied(key), timeout=20)
+        yield
+    finally:
+        path.unlink(missing_ok=True)
+        wait_for("the webhook to reload topology-key", lambda: applied(HOSTNAME), timeout=20)

@@ -31,17 +31,10 @@ from coschedule.reconcile.node_pins import REASON_STRANDED
 from coschedule.wire.jsonpatch import apply
 from tests.e2e.conftest import E2E, STUCK_GRACE
 from tests.e2e.kube import Api, Obj, wait_for
-from tests.e2e.runs import leader_metric, node, placeholder_pod_name, wait_bound
+from tests.e2e.runs import leader_metric, node, placeholder_pod_name, unschedulable, wait_bound
 from tests.e2e.runs import wait_placeholder_bound as placeholder_bound
-from tests.e2e.test_stuck import (  # the pool fixture: the stuck scenarios' two nodes
-    NO_WORKSPACE,
-    events_on,
-    fill,
-    in_pool,
-    pool,  # noqa: F401
-    unschedulable,
-)
-from tests.e2e.world import TektonRun, describe_namespace, pod_phase, unique
+from tests.e2e.test_stuck import NO_WORKSPACE, events_on, fill
+from tests.e2e.world import TektonRun, describe_namespace, in_pool, pod_phase, unique
 
 pytestmark = pytest.mark.e2e
 

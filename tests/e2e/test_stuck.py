@@ -9,13 +9,11 @@ only these pods go there) and the suite's ``stuck-grace-seconds`` (``STUCK_GRACE
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
 import time
-from collections.abc import Callable, Iterator
-from datetime import datetime
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,12 +21,17 @@ import pytest
 
 from coschedule.marks import run_placeholder
 from tests.e2e.conftest import E2E, STUCK_GRACE
-from tests.e2e.kube import Api, ApiError, Obj, wait_for
-from tests.e2e.runs import leader_metric, node, wait_bound, wait_placeholder_bound
+from tests.e2e.kube import Api, Obj, wait_for
+from tests.e2e.runs import (
+    leader_metric,
+    node,
+    topology_key,
+    unschedulable,
+    wait_bound,
+    wait_placeholder_bound,
+)
 from tests.e2e.world import (
     HOSTNAME,
-    POOL,
-    POOL_LABEL,
     POOL_NODES,
     ZONE,
     TektonRun,
@@ -36,7 +39,9 @@ from tests.e2e.world import (
     bound_claim,
     create_pod,
     describe_namespace,
+    in_pool,
     pod_phase,
+    pool_pods,
     unique,
 )
 
@@ -46,23 +51,8 @@ NO_WORKSPACE = "tekton-taskrun-no-workspace"
 REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"
 ONE_WORKSPACE = "tekton-taskrun"
 TWO_WORKSPACES = "tekton-taskrun-two-workspaces"
-POOL_TOLERATION = {"key": POOL_LABEL, "operator": "Equal", "value": POOL, "effect": "NoSchedule"}
 # Written by the relocation scenarios when set; ``python -m bench.stuck`` reads it.
 FIGURES_ENV = "COSCHEDULE_STUCK_FIGURES"
-
-
-def in_pool(manifest: Obj, cpu: str = "100m") -> Obj:
-    """The pod on the pool nodes, requesting ``cpu`` (its first step; the others none)."""
-    spec = manifest["spec"]
-    spec["nodeSelector"] = {**(spec.get("nodeSelector") or {}), POOL_LABEL: POOL}
-    spec["tolerations"] = [*(spec.get("tolerations") or []), POOL_TOLERATION]
-    for container in [*spec.get("initContainers", []), *spec["containers"]]:
-        container["resources"] = {"requests": {"cpu": "0", "memory": "16Mi"}}
-    spec["containers"][0]["resources"] = {
-        "requests": {"cpu": cpu, "memory": "64Mi"},
-        "limits": {"memory": "64Mi"},
-    }
-    return manifest
 
 
 def filler(api: Api, namespace: str, name: str, node_name: str, cpu: str = "10m") -> Obj:
@@ -71,61 +61,6 @@ def filler(api: Api, namespace: str, name: str, node_name: str, cpu: str = "10m"
     pod["spec"]["nodeName"] = node_name
     pod["spec"]["containers"][0]["resources"] = {"requests": {"cpu": cpu, "memory": "16Mi"}}
     return api.create(pod)
-
-
-def pool_pods(api: Api) -> list[Obj]:
-    found = []
-    for name in POOL_NODES:
-        found += [
-            p
-            for p in api.list("Pod", field_selector=f"spec.nodeName={name}")
-            if (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
-        ]
-    return found
-
-
-@pytest.fixture
-def pool(e2e: E2E) -> Iterator[None]:
-    """The pool nodes empty before, and emptied after (other scenarios' namespaces may still
-    be going away: wait; ours: delete at once, as a kubelet would confirm)."""
-    wait_for(
-        "the pool nodes to be empty",
-        lambda: not pool_pods(e2e.api),
-        timeout=60,
-        describe=lambda: "\n".join(
-            f"{p['metadata']['namespace']}/{p['metadata']['name']}" for p in pool_pods(e2e.api)
-        ),
-    )
-    yield
-    for pod in pool_pods(e2e.api):
-        with contextlib.suppress(ApiError):
-            e2e.api.delete(
-                "Pod", pod["metadata"]["name"], pod["metadata"]["namespace"], grace_period=0
-            )
-
-
-def unschedulable(api: Api, namespace: str, name: str, reason: str) -> tuple[float, str]:
-    """(since, message) once the scheduler reports the pod Unschedulable for ``reason``."""
-
-    def probe() -> tuple[float, str] | None:
-        pod = api.get("Pod", name, namespace) or {}
-        for condition in (pod.get("status") or {}).get("conditions") or ():
-            if (
-                condition.get("type") == "PodScheduled"
-                and condition.get("reason") == "Unschedulable"
-                and reason in str(condition.get("message"))
-            ):
-                since = datetime.fromisoformat(
-                    str(condition["lastTransitionTime"]).replace("Z", "+00:00")
-                ).timestamp()
-                return since, str(condition["message"])
-        return None
-
-    return wait_for(
-        f"pod {namespace}/{name} to be Unschedulable ({reason})",
-        probe,
-        describe=lambda: describe_namespace(api, namespace),
-    )
 
 
 def events_on(api: Api, namespace: str, kind: str, name: str, reason: str) -> list[Obj]:
@@ -373,32 +308,6 @@ def test_claims_on_two_nodes_are_refused_by_kubectl(
     assert f"claim source (volume pv-{ns}-source) on node {one}" in done.stderr, done.stderr
     assert f"claim cache (volume pv-{ns}-cache) on node {two}" in done.stderr, done.stderr
     assert api.get("Pod", manifest["metadata"]["name"], ns) is None
-
-
-@contextlib.contextmanager
-def topology_key(e2e: E2E, ns: str, key: str) -> Iterator[None]:
-    """The cluster's topology-key, hot-reloaded, for the duration (then put back)."""
-    config_dir = e2e.product.config_dir
-    assert config_dir is not None
-    path = config_dir / "topology-key"
-
-    def applied(value: str) -> bool:
-        probe = bare_pod(ns, "probe", {"coschedule.dev/group": "probe"})
-        stored = api.create(probe, dry_run=True)
-        return (stored["metadata"].get("annotations") or {}).get(
-            "coschedule.dev/topology-key"
-        ) == value
-
-    api = e2e.api
-    tmp = path.with_name(".topology-key.tmp")
-    tmp.write_text(key)
-    tmp.replace(path)
-    try:
-        wait_for(f"the webhook to reload topology-key {key}", lambda: applied(key), timeout=20)
-        yield
-    finally:
-        path.unlink(missing_ok=True)
-        wait_for("the webhook to reload topology-key", lambda: applied(HOSTNAME), timeout=20)
 
 
 def test_zonal_volumes_in_one_zone_are_admitted_with_a_zone_topology_key(

@@ -104,6 +104,32 @@ POOL_NODES: dict[str, tuple[str, str]] = {
 }
 POOL_TAINT = {"key": POOL_LABEL, "value": POOL, "effect": "NoSchedule"}
 POOL_RESOURCES = {"cpu": "2", "memory": "8Gi", "pods": "6", "ephemeral-storage": "100Gi"}
+POOL_TOLERATION = {"key": POOL_LABEL, "operator": "Equal", "value": POOL, "effect": "NoSchedule"}
+
+
+def in_pool(manifest: Obj, cpu: str = "100m") -> Obj:
+    """The pod on the pool nodes, requesting ``cpu`` (its first step; the others none)."""
+    spec = manifest["spec"]
+    spec["nodeSelector"] = {**(spec.get("nodeSelector") or {}), POOL_LABEL: POOL}
+    spec["tolerations"] = [*(spec.get("tolerations") or []), POOL_TOLERATION]
+    for container in [*spec.get("initContainers", []), *spec["containers"]]:
+        container["resources"] = {"requests": {"cpu": "0", "memory": "16Mi"}}
+    spec["containers"][0]["resources"] = {
+        "requests": {"cpu": cpu, "memory": "64Mi"},
+        "limits": {"memory": "64Mi"},
+    }
+    return manifest
+
+
+def pool_pods(api: Api) -> list[Obj]:
+    found = []
+    for name in POOL_NODES:
+        found += [
+            p
+            for p in api.list("Pod", field_selector=f"spec.nodeName={name}")
+            if (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
+        ]
+    return found
 
 
 def make_nodes(api: Api) -> None:
@@ -196,8 +222,19 @@ def reset_node(api: Api, name: str) -> None:
 # Namespaces ---------------------------------------------------------------------------
 
 
-def make_namespace(api: Api, name: str, mode: str | None, *, enabled: bool = True) -> None:
-    labels = {"coschedule.dev/enabled": "true" if enabled else "false", "e2e": "true"}
+def make_namespace(
+    api: Api,
+    name: str,
+    mode: str | None,
+    *,
+    enabled: bool = True,
+    extra_labels: dict[str, str] | None = None,
+) -> None:
+    labels = {
+        "coschedule.dev/enabled": "true" if enabled else "false",
+        "e2e": "true",
+        **(extra_labels or {}),
+    }
     if mode is not None:
         labels["coschedule.dev/mode"] = mode
     api.create(

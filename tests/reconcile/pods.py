@@ -11,9 +11,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 from coschedule.config.settings import Settings
-from coschedule.marks import BadMark, Mode, Placement
+from coschedule.marks import LABEL_ENABLED, BadMark, Mode, Placement
 from coschedule.mutate import node_pin
-from coschedule.mutate.decision import AdmissionContext, decide
+from coschedule.mutate.decision import AdmissionContext, NamespaceInfo, decide
 from coschedule.reconcile import shapes
 from coschedule.reconcile.model import MarkedPod
 from coschedule.wire.jsonpatch import apply
@@ -30,13 +30,20 @@ def marked_pod(
     node: str = "",
     finished_at: str | None = None,
     settings: Settings | None = None,
+    namespace_labels: dict[str, str] | None = None,
+    labels: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     pod = load_pod(fixture)
+    if labels:
+        pod["metadata"].setdefault("labels", {}).update(labels)
     namespace = pod["metadata"].get("namespace") or "default"
     # The pod-affinity encoding unless ``settings`` say otherwise: most reconciler tests
     # are about the group, not how its pods are tied (``by_node_name`` for that).
     config = settings or Settings(mode=mode, placement=Placement.POD_AFFINITY)
-    decision = decide(pod, AdmissionContext(config, namespace))
+    info = None
+    if namespace_labels is not None:
+        info = NamespaceInfo({LABEL_ENABLED: "true", **namespace_labels})
+    decision = decide(pod, AdmissionContext(config, namespace, info))
     assert decision.allowed, decision.reasons
     assert decision.placeholder, decision.reasons
     result: dict[str, Any] = apply(pod, decision.ops)
