@@ -1,18 +1,27 @@
-"""``python -m bench.real_latency [--runs N]``: the latency coschedule adds to a real
-PipelineRun, end to end, on real kubelets and a real Tekton controller (v1.11.1).
+"""``python -m bench.real_latency [--runs N] [--modes M,...]``: the latency coschedule adds to a
+real PipelineRun, end to end, on real kubelets and a real Tekton controller (v1.11.1).
 
 Starts the real-stack tier's stack (tests/real/stack.py: ../shared/realstack, as root), then
 runs the same small PipelineRun (two tasks in sequence sharing one volumeClaimTemplate
 workspace of the node-local WaitForFirstConsumer class: ``write`` then ``read``) ``N`` times in
-a namespace coschedule does not touch and ``N`` times in one in ``pipelineruns`` mode,
-alternating, one run at a time. For each run it polls the API every 0.1 s and records, from
-the PipelineRun's creation: the first pod Running, and Tekton's verdict Succeeded. Prints the
-medians (and p90s) of both, with and without coschedule, and their differences.
+each column: a namespace coschedule does not touch (not enabled: the webhook is not even
+called) and one namespace per mode (``pipelineruns``, ``workspaces``). One run at a time,
+interleaved round by round, and the order of the columns rotates from round to round, so that
+the machine's load and whatever a previous run leaves behind hit every column alike. Each run is
+deleted, and its pods are gone, before the next one starts.
+
+For each run it polls the API every 0.1 s and records, from the PipelineRun's creation: the
+first of its pods Running, and Tekton's verdict Succeeded. Prints the medians, min and max of
+both per column, and the medians' differences from the column without coschedule, the load
+average before and after, and the commit measured. A benchmark: it prints figures and asserts
+nothing but Tekton's verdict.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import datetime as dt
 import json
 import shutil
 import statistics
@@ -20,13 +29,19 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
-from tests.e2e.kube import Api
+from bench.servers import loadavg, machine
+from bench.suite import source
+from tests.e2e.kube import Api, ApiError
 from tests.e2e.world import make_namespace, wait_webhook_sees
 from tests.real import stack
-from tests.real.runs import claim_template, done, pipeline_run, task, verdict
+from tests.real.runs import claim_template, describe, done, pipeline_run, task, verdict
 
 POLL = 0.1
+WITHOUT = "without"
+MODES = ("pipelineruns", "workspaces")
+METRICS = (("first_running", "first pod Running"), ("succeeded", "Succeeded"))
 
 
 def _run(namespace: str, name: str, storage_class: str) -> dict[str, object]:
@@ -44,10 +59,11 @@ def measure(api: Api, namespace: str, name: str, storage_class: str) -> tuple[fl
     started = time.monotonic()
     api.create(_run(namespace, name, storage_class))
     first: float | None = None
+    selector = f"tekton.dev/pipelineRun={name}"
     while time.monotonic() - started < 300:
         if first is None:
-            pods = api.list("Pod", namespace, label_selector=f"tekton.dev/pipelineRun={name}")
-            if any((p.get("status") or {}).get("phase") == "Running" for p in pods):
+            pods = api.list("Pod", namespace, label_selector=selector)
+            if any((p.get("status") or {}).get("phase") in ("Running", "Succeeded") for p in pods):
                 first = time.monotonic() - started
         run = api.must_get("PipelineRun", name, namespace)
         if done(run):
@@ -60,59 +76,146 @@ def measure(api: Api, namespace: str, name: str, storage_class: str) -> tuple[fl
     raise RuntimeError(f"{namespace}/{name} did not finish in 300 s")
 
 
-def p90(values: list[float]) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(0.9 * (len(ordered) - 1)))]
+def clean(api: Api, namespace: str, name: str, timeout: float = 120) -> None:
+    """Delete the run and wait until its pods and claims are gone, so that the next run (of
+    any column) starts on a machine the last one no longer uses."""
+    with contextlib.suppress(ApiError):
+        api.delete("PipelineRun", name, namespace, propagation="Background")
+    deadline = time.monotonic() + timeout
+    selector = f"tekton.dev/pipelineRun={name}"
+    while time.monotonic() < deadline:
+        pods = api.list("Pod", namespace, label_selector=selector)
+        claims = api.list("PersistentVolumeClaim", namespace)
+        statefulsets = api.list("StatefulSet", namespace)
+        if not pods and not claims and not statefulsets:
+            return
+        time.sleep(0.5)
+    raise RuntimeError(
+        f"{namespace}/{name}: still not gone {timeout:.0f} s after its delete\n"
+        + describe(api, namespace)
+    )
+
+
+def paired_differences(
+    figures: dict[str, dict[str, list[float]]], column: str, key: str
+) -> list[float]:
+    """Round by round: the column's figure minus the one without coschedule."""
+    return [on - off for on, off in zip(figures[column][key], figures[WITHOUT][key], strict=True)]
+
+
+def summary(values: list[float]) -> dict[str, float]:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def report(
+    figures: dict[str, dict[str, list[float]]],
+    modes: list[str],
+    load: list[float],
+    code: dict[str, Any],
+) -> tuple[str, dict[str, Any], dict[str, Any]]:
+    """The table: per column the median (min-max) of each figure and its median's difference
+    from the column without coschedule; then the median of the round-by-round differences
+    (each round ran every column back to back, under the same load)."""
+    columns = [WITHOUT, *modes]
+    runs = len(figures[WITHOUT]["succeeded"])
+    lines = [
+        f"{runs} runs per column, PipelineRun creation -> (median, min-max; "
+        f"commit {code['commit']}{' + changes' if code['modified_files'] else ''}, "
+        f"1-min load {min(load):.2f}-{max(load):.2f}, median {statistics.median(load):.2f})",
+        f"{'':30}" + "".join(f"{c:>26}" for c in columns),
+    ]
+    summaries = {c: {k: summary(figures[c][k]) for k, _ in METRICS} for c in columns}
+    for key, label in METRICS:
+        cells = []
+        for column in columns:
+            s = summaries[column][key]
+            added = s["median"] - summaries[WITHOUT][key]["median"]
+            extra = "" if column == WITHOUT else f" {added:+5.2f}"
+            cells.append(f"{s['median']:6.2f} s ({s['min']:.2f}-{s['max']:.2f}){extra}")
+        lines.append(f"{label:30}" + "".join(f"{cell:>26}" for cell in cells))
+    paired = {
+        c: {k: statistics.median(paired_differences(figures, c, k)) for k, _ in METRICS}
+        for c in modes
+    }
+    for key, label in METRICS:
+        cells = [""] + [f"{paired[c][key]:+5.2f} s" for c in modes]
+        lines.append(f"{label + ', paired':30}" + "".join(f"{cell:>26}" for cell in cells))
+    return "\n".join(lines), summaries, paired
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.real_latency", description=__doc__)
     parser.add_argument("--runs", type=int, default=10, help="runs per column (default 10)")
+    parser.add_argument(
+        "--modes",
+        default=",".join(MODES),
+        help=f"coschedule's modes to measure beside {WITHOUT!r} (default {','.join(MODES)})",
+    )
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args(argv)
+    modes = [m for m in args.modes.split(",") if m]
     why = stack.unavailable()
     if why:
         print(f"not measured: {why}")
         return 2
+    columns = [WITHOUT, *modes]
+    figures: dict[str, dict[str, list[float]]] = {
+        c: {"first_running": [], "succeeded": []} for c in columns
+    }
+    load = [loadavg()]
+    code = source()  # before anything runs: the code the processes start from
+    started_at = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
     workdir = Path(tempfile.mkdtemp(prefix="coschedule-bench-real-"))
     notes: list[str] = []
     cluster = stack.start(workdir, notes)
     try:
         api = cluster.api
-        make_namespace(api, "lat-off", None, enabled=False)
-        make_namespace(api, "lat-on", "pipelineruns")
-        wait_webhook_sees(api, "lat-on", "pipelineruns")
+        namespaces = {c: f"lat-{c}" for c in columns}
+        make_namespace(api, namespaces[WITHOUT], None, enabled=False)
+        for mode in modes:
+            make_namespace(api, namespaces[mode], mode)
+            if mode != stack.CONFIG["coschedule"]:  # until seen, the cluster's mode applies
+                wait_webhook_sees(api, namespaces[mode], mode)
         # One warm-up run each (images into the page cache, informers listed).
-        for namespace in ("lat-off", "lat-on"):
-            measure(api, namespace, "warm-up", cluster.local_class)
-        figures: dict[str, dict[str, list[float]]] = {
-            "without": {"first_running": [], "succeeded": []},
-            "with": {"first_running": [], "succeeded": []},
-        }
+        for column in columns:
+            measure(api, namespaces[column], "warm-up", cluster.local_class)
+            clean(api, namespaces[column], "warm-up")
+        load.append(loadavg())
         for index in range(args.runs):
-            for column, namespace in (("without", "lat-off"), ("with", "lat-on")):
-                first, total = measure(api, namespace, f"run-{index}", cluster.local_class)
+            shift = index % len(columns)
+            for column in columns[shift:] + columns[:shift]:
+                name = f"run-{index}"
+                first, total = measure(api, namespaces[column], name, cluster.local_class)
+                clean(api, namespaces[column], name)
                 figures[column]["first_running"].append(first)
                 figures[column]["succeeded"].append(total)
                 print(
-                    f"{column:8} run {index:2}: first pod Running {first:5.2f} s, "
-                    f"Succeeded {total:5.2f} s",
+                    f"{column:12} run {index:2}: first pod Running {first:5.2f} s, "
+                    f"Succeeded {total:5.2f} s (load {loadavg():.2f})",
                     flush=True,
                 )
+                load.append(loadavg())
     finally:
         stack.stop(cluster)
         shutil.rmtree(workdir, ignore_errors=True)
-    print(f"\n{args.runs} runs each, PipelineRun creation ->")
-    print(f"{'':20} {'without':>16} {'with coschedule':>16} {'added':>8}")
-    for key, label in (("first_running", "first pod Running"), ("succeeded", "Succeeded")):
-        off, on = figures["without"][key], figures["with"][key]
-        print(
-            f"{label:20} {statistics.median(off):7.2f} s (p90 {p90(off):5.2f}) "
-            f"{statistics.median(on):7.2f} s (p90 {p90(on):5.2f}) "
-            f"{statistics.median(on) - statistics.median(off):+7.2f} s"
-        )
+    text, summaries, paired = report(figures, modes, load, code)
+    print(text)
     if args.json:
-        args.json.write_text(json.dumps(figures, indent=1))
+        args.json.write_text(
+            json.dumps(
+                {
+                    "date": started_at,
+                    "machine": machine(),
+                    "source": code,
+                    "runs": args.runs,
+                    "load": load,
+                    "summary": summaries,
+                    "paired_median_added": paired,
+                    "figures": figures,
+                },
+                indent=1,
+            )
+        )
     return 0
 
 

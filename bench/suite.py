@@ -559,7 +559,7 @@ def bench_concurrency(quick: bool, out_dir: Path, log: Log) -> dict[str, Any]:
     return _bench_module("concurrency", quick, out_dir, log)
 
 
-def _source() -> dict[str, Any]:
+def source() -> dict[str, Any]:
     """Which code was measured: the commit, and how many files differ from it (read only)."""
 
     def git(*args: str) -> str:
@@ -592,7 +592,7 @@ def run(plan: Plan, out_dir: Path) -> dict[str, Any]:
         "plan": asdict(plan),
         "closed_loop_tool": tool,
         "webhook_mode": "pipelineruns (no cluster: claims not rewritten)",
-        "source": _source(),
+        "source": source(),
     }
     server_cpu = plan.server_cpus[0]
     log(f"server core {server_cpu}, generator core {plan.client_cpu}, load {loadavg():.2f}")

@@ -31,8 +31,10 @@ from bench.target import FLOOR_RESPONSE, floor_context, https_config
 from coschedule.config.settings import DEFAULT_TOPOLOGY_KEY, Settings
 from coschedule.config.store import SettingsStore
 from coschedule.marks import (
+    GATE_PLACEHOLDER,
     LABEL_INSTANCE,
     Mode,
+    Placement,
     affinity_term,
     placeholder_claim,
     run_placeholder,
@@ -425,3 +427,29 @@ def test_scheduler_bench_runs_on_a_real_scheduler() -> None:
         assert row[key] > 0
     table = scheduler_bench.render([result])
     assert "| 12 | pod affinity (today) |" in table
+
+
+def test_the_placement_auto_payloads_are_gated_then_pinned() -> None:
+    """``placement auto, gated`` and ``pinned`` measure the node-name path, through the
+    webhook's own placeholder cache, not the pod-affinity one."""
+    pod = tekton_pod()
+    cache = decide_bench.placeholder_cache()
+    ctx = AdmissionContext(
+        Settings(mode=Mode.PIPELINERUNS, placement=Placement.AUTO),
+        "ci",
+        placeholders=cache,
+        explain=False,
+    )
+    gated = decide(pod, ctx)
+    assert {
+        "op": "add",
+        "path": "/spec/schedulingGates",
+        "value": [{"name": GATE_PLACEHOLDER}],
+    } in (gated.ops)
+    assert gated.placeholder is not None
+    decide_bench.bind_placeholder(cache, "ci", gated.placeholder, "node-a")
+    pinned = decide(pod, ctx)
+    assert not any(op["path"].startswith("/spec/schedulingGates") for op in pinned.ops)
+    assert pinned.ops[0]["path"] == "/spec/affinity"
+    assert "nodeAffinity" in pinned.ops[0]["value"]
+    assert "podAffinity" not in pinned.ops[0]["value"]

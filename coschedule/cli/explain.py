@@ -10,11 +10,13 @@ import orjson
 import yaml
 
 from coschedule.config.settings import Settings
-from coschedule.marks import LABEL_ENABLED, LABEL_MODE, Mode
+from coschedule.marks import GATE_PLACEHOLDER, LABEL_ENABLED, LABEL_MODE, Mode, Placement
 from coschedule.mutate import isolation
 from coschedule.mutate.claim_rewrite import ClaimView, StaticClaims
 from coschedule.mutate.decision import AdmissionContext, Decision, NamespaceInfo, decide
+from coschedule.mutate.node_pin import gate_index, pinned_node
 from coschedule.wire import jsonpatch
+from coschedule.wire import pod_fields as podview
 
 
 class UnreadablePod(ValueError):
@@ -78,6 +80,16 @@ def static_claims(text: str, namespace: str) -> StaticClaims:
     return StaticClaims.from_objects(read_cluster_objects(text), namespace)
 
 
+class PlaceholderBoundTo:
+    """``--placeholder-node``: the pod's placeholder is taken as bound to this node."""
+
+    def __init__(self, node: str) -> None:
+        self.bound = node
+
+    def node(self, namespace: str, placeholder: str) -> str | None:
+        return self.bound
+
+
 def explain(
     pod: Mapping[str, Any],
     settings: Settings,
@@ -87,10 +99,17 @@ def explain(
     namespace: str | None = None,
     claims: ClaimView | None = None,
     namespace_labels: Mapping[str, str] | None = None,
+    placement: Placement | None = None,
+    placeholder_node: str | None = None,
 ) -> tuple[Decision, dict[str, Any]]:
-    """The decision and a machine-readable report (the text form is rendered from it)."""
+    """The decision and a machine-readable report (the text form is rendered from it).
+    Offline, no placeholder is bound (a pod placed by node name is gated) unless
+    ``placeholder_node`` says where it is."""
     if mode is not None:
         settings = replace(settings, mode=mode, mode_reason=f"--mode {mode.value}")
+    if placement is not None:
+        settings = replace(settings, placement=placement)
+    placeholders = PlaceholderBoundTo(placeholder_node) if placeholder_node else None
     meta = pod.get("metadata")
     ns = namespace or (meta.get("namespace") if isinstance(meta, dict) else None) or "default"
     info = None
@@ -99,7 +118,7 @@ def explain(
         if namespace_mode is not None:
             labels[LABEL_MODE] = namespace_mode
         info = NamespaceInfo(labels)
-    decision = decide(pod, AdmissionContext(settings, ns, info, claims))
+    decision = decide(pod, AdmissionContext(settings, ns, info, claims, placeholders=placeholders))
     report: dict[str, Any] = {
         "allowed": decision.allowed,
         "mode": decision.mode_label,
@@ -134,10 +153,15 @@ def explain(
     if not decision.allowed:
         report["rule"] = decision.rule
         report["message"] = decision.message
-    elif decision.ops:
-        patched = jsonpatch.apply(pod, decision.ops)
+        return decision, report
+    patched = jsonpatch.apply(pod, decision.ops) if decision.ops else pod
+    if decision.placeholder is not None:
+        report["placement"] = placement_of(patched)
+    if decision.ops:
         patched_spec = patched.get("spec") or {}
         report["affinity"] = patched_spec.get("affinity")
+        if patched_spec.get("schedulingGates"):
+            report["schedulingGates"] = patched_spec["schedulingGates"]
         if "schedulingDefaults" in report:
             report["scheduling"] = {
                 key: patched_spec[key]
@@ -147,11 +171,38 @@ def explain(
     return decision, report
 
 
+def placement_of(pod: Mapping[str, Any]) -> dict[str, Any]:
+    """How the admitted pod is tied to its placeholder: by node name (pinned, or gated until
+    the reconciler pins it) or by pod affinity."""
+    if gate_index(podview.spec(pod)) is not None:
+        return {"by": "node-name", "gated": True, "node": None}
+    node = pinned_node(podview.metadata(pod))
+    if node is not None:
+        return {"by": "node-name", "gated": False, "node": node}
+    return {"by": "pod-affinity", "gated": False, "node": None}
+
+
+def _placement_text(placement: Mapping[str, Any]) -> str:
+    if placement["by"] == "pod-affinity":
+        return "pod affinity (a required pod-affinity term to the placeholder)"
+    if placement["gated"]:
+        return (
+            f"by node name: held behind the {GATE_PLACEHOLDER} scheduling gate until the "
+            "reconciler pins it to the placeholder's node"
+        )
+    return f"by node name: pinned to {placement['node']}"
+
+
 def render_text(report: Mapping[str, Any]) -> str:
     lines = [
         f"decision:    {'allowed' if report['allowed'] else 'DENIED'}",
         f"mode:        {report['mode']}",
         f"placeholder: {report['placeholder'] or '-'}",
+        *(
+            [f"placement:   {_placement_text(report['placement'])}"]
+            if "placement" in report
+            else []
+        ),
         "why:",
         *(f"  - {reason}" for reason in report["reasons"]),
     ]
@@ -186,6 +237,9 @@ def render_text(report: Mapping[str, Any]) -> str:
         lines.append("resulting affinity:")
         rendered = yaml.safe_dump(report["affinity"], sort_keys=False, default_flow_style=False)
         lines += [f"  {line}" for line in rendered.rstrip().splitlines()]
+    if report.get("schedulingGates"):
+        lines.append("resulting scheduling gates:")
+        lines += [f"  - {gate.get('name')}" for gate in report["schedulingGates"]]
     if report.get("scheduling"):
         lines.append("resulting scheduling fields:")
         rendered = yaml.safe_dump(report["scheduling"], sort_keys=False, default_flow_style=False)

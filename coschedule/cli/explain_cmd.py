@@ -20,7 +20,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
     from coschedule.cli.explain import UnreadablePod, explain, read_pod, render_text, static_claims
     from coschedule.config.settings import ConfigError, load_settings
-    from coschedule.marks import MODE_CHOICES, Mode
+    from coschedule.marks import MODE_CHOICES, PLACEMENT_CHOICES, Mode, Placement
     from coschedule.wire.pod_fields import MalformedPod
 
     if args.run is not None or args.file is None:
@@ -38,6 +38,13 @@ def cmd_explain(args: argparse.Namespace) -> int:
     if args.mode is not None and mode is None:
         print(
             f"coschedule explain: --mode {args.mode!r} is not one of {MODE_CHOICES}",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
+    placement = Placement.parse(args.placement) if args.placement is not None else None
+    if args.placement is not None and placement is None:
+        print(
+            f"coschedule explain: --placement {args.placement!r} is not one of {PLACEMENT_CHOICES}",
             file=sys.stderr,
         )
         return EXIT_USAGE
@@ -77,6 +84,8 @@ def cmd_explain(args: argparse.Namespace) -> int:
             namespace_labels=namespace_labels,
             namespace=args.namespace,
             claims=claims,
+            placement=placement,
+            placeholder_node=args.placeholder_node,
         )
     except MalformedPod as exc:
         print(f"coschedule explain: unreadable pod: {exc}", file=sys.stderr)

@@ -204,6 +204,16 @@ def build_parser() -> argparse.ArgumentParser:
         "or the isolation-tenant-label's value",
     )
     exp.add_argument(
+        "--placement",
+        help="the placement to assume, auto or pod-affinity (default: the config's placement key)",
+    )
+    exp.add_argument(
+        "--placeholder-node",
+        metavar="NODE",
+        help="explain as if the pod's placeholder were bound to NODE (placement auto pins the "
+        "pod there); without it no placeholder is bound, as for a run's first pod",
+    )
+    exp.add_argument(
         "--namespace", help="the namespace (default: the pod's; with --run, the kubeconfig's)"
     )
     exp.add_argument(

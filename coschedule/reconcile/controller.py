@@ -285,6 +285,7 @@ class Controller:
             idle = self._idle_since.setdefault(key, now)
         templates, claims_to_delete = self.volume_claims(key, pods, sts)
         volumes = await self._pinning_volumes(namespace, sts, pods, ppods, nodes)
+        gone = await self._claims_gone(namespace, sts, pods, live)
         observed = Observed(
             namespace=namespace,
             name=name,
@@ -297,6 +298,7 @@ class Controller:
             claim_templates=templates,
             claims_to_delete=claims_to_delete,
             placeholder_volumes=volumes,
+            claims_gone=gone,
         )
         result = planning.plan(observed, settings, now, owner_recheck=self.owner_recheck)
         facts = StuckFacts(
@@ -334,15 +336,21 @@ class Controller:
         )
         if sts is None or not leaving:
             return ()
-        group = group_spec(namespace, sts.name, pods)
-        mounted = (
-            group.claims
-            if group is not None
-            else tuple(c for c in sts.annotations.get(ANNOTATION_CLAIMS, "").split(",") if c)
-        )
+        mounted = _mounted_claims(namespace, sts, pods)
         names = [*mounted, *(placeholder_claim(t, sts.name) for t in sorted(sts.templates))]
         states = await stuck_facts.claims(self.client, namespace, names)
         return tuple((s.claim, s.volume) for s in states if s.volume is not None)
+
+    async def _claims_gone(
+        self, namespace: str, sts: ObservedSet | None, pods: list[MarkedPod], live: bool
+    ) -> tuple[str, ...]:
+        """A quiet workspaces group's claims that are deleted or being deleted (claim GETs,
+        only while its placeholder waits out the idle grace)."""
+        if live or sts is None or sts.deleting or planning.per_run(pods, sts):
+            return ()
+        return await stuck_facts.claims_gone(
+            self.client, namespace, _mounted_claims(namespace, sts, pods)
+        )
 
     def volume_claims(
         self, key: str, pods: list[MarkedPod], sts: ObservedSet | None
@@ -376,3 +384,12 @@ class Controller:
         if planning.owner_check_due(live, state, now, self.owner_recheck, quiet_for):
             state = await self.owners.check(key, namespace)
         return state
+
+
+def _mounted_claims(namespace: str, sts: ObservedSet, pods: list[MarkedPod]) -> tuple[str, ...]:
+    """The claims the placeholder mounts as they are: its group's, or (no pod left in the
+    cache) those its StatefulSet's annotation names."""
+    group = group_spec(namespace, sts.name, pods)
+    if group is not None:
+        return group.claims
+    return tuple(c for c in sts.annotations.get(ANNOTATION_CLAIMS, "").split(",") if c)

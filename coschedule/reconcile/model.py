@@ -128,6 +128,9 @@ class Observed:
     # The placeholder's bound claims and where their volumes can be used: (claim, volume).
     # Read only while one of its pods is on a node it would otherwise leave (rare).
     placeholder_volumes: tuple[tuple[str, VolumeTopology], ...] = ()
+    # A quiet workspaces group's claims found deleted or being deleted: no pod can mount
+    # them again, so their placeholder goes at once. Read only while such a group is quiet.
+    claims_gone: tuple[str, ...] = ()
 
     @property
     def key(self) -> str:

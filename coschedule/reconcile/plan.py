@@ -6,7 +6,8 @@ Level-based: for one placeholder, compare what should exist with what does, ever
 - its pod on a node that is cordoned or tainted against it: delete that pod (not the set),
   unless its volumes can be used on that node only: then it stays, explained;
 - no live pod: tear down when the run is done (owner complete or gone; or, with no
-  owner, idle for ``idle_grace_seconds``), else look again later.
+  owner, idle for ``idle_grace_seconds``, or at once when a workspaces group's claim is
+  being deleted), else look again later.
 """
 
 from __future__ import annotations
@@ -265,9 +266,11 @@ def drift(
     return PatchStatefulSet(sts.namespace, sts.name, patch, ", ".join(reasons))
 
 
-def _per_run(observed: Observed, sts: ObservedSet) -> bool:
-    if observed.pods:
-        return observed.pods[0].marks.mode.per_run
+def per_run(pods: Sequence[MarkedPod], sts: ObservedSet) -> bool:
+    """Whether a group is a run's (its pods' mode, else its StatefulSet's): False for a
+    workspaces group, which follows a claim."""
+    if pods:
+        return pods[0].marks.mode.per_run
     mode = Mode.parse(sts.annotations.get(ANNOTATION_MODE, ""))
     return mode is not None and mode.per_run
 
@@ -278,7 +281,8 @@ def _run_done(
     """(done, why, seconds until the next look) for a group with no live pod."""
     owner = observed.owner
     root = owner.root if owner is not None else None
-    if _per_run(observed, sts) and owner is not None and root is not None:
+    run = per_run(observed.pods, sts)
+    if run and owner is not None and root is not None:
         if owner.status is OwnerStatus.DONE:
             return True, owner.detail or f"{root.kind} {root.name} is done", 0.0
         # Never tear down a run whose owner runs (or cannot be asked right now), however
@@ -288,11 +292,20 @@ def _run_done(
         wait = max(0.05, checked + interval - now)
         state = "still running" if owner.status is OwnerStatus.RUNNING else "not known yet"
         return False, f"{root.kind} {root.name} {state}: check again", wait
+    if observed.claims_gone:
+        gone = ", ".join(observed.claims_gone)
+        return True, f"claim {gone} deleted: no pod can mount it again", 0.0
     since = idle_since(observed, now)
     grace = float(settings.idle_grace_seconds)
     if now - since >= grace:
         return True, f"no live pod for {int(now - since)} s (idle grace {int(grace)} s)", 0.0
-    return False, "no live pod: waiting out the idle grace", since + grace - now
+    wait = since + grace - now
+    if not run:
+        # A workspaces group's claim deleted meanwhile (its run deleted) frees the
+        # placeholder at once: look again (the controller reads the claim) as often as a
+        # quiet run's owner is asked, not only when the grace ends.
+        wait = min(wait, recheck_interval(now - since, owner_recheck))
+    return False, "no live pod: waiting out the idle grace", wait
 
 
 def idle_since(observed: Observed, now: float) -> float:

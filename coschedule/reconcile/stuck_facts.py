@@ -96,3 +96,13 @@ async def claims(
         pv = await client.get(object_path("v1", "persistentvolumes", None, volume_name))
         result.append(stuck.ClaimState(name, True, volume_topology(pv) if pv is not None else None))
     return result
+
+
+async def claims_gone(client: KubeClient, namespace: str, names: Sequence[str]) -> tuple[str, ...]:
+    """The claims of ``names`` that are deleted (404) or being deleted."""
+    gone = []
+    for name in dict.fromkeys(names):
+        claim = await client.get(object_path("v1", "persistentvolumeclaims", namespace, name))
+        if claim is None or (claim.get("metadata") or {}).get("deletionTimestamp"):
+            gone.append(name)
+    return tuple(gone)

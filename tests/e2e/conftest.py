@@ -13,10 +13,9 @@ import os
 import re
 import subprocess
 import time
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -35,8 +34,8 @@ from tests.e2e.world import (
     unique,
     wait_webhook_sees,
 )
+from tests.tiers import Tier, tier_hooks
 
-E2E_DIR = Path(__file__).resolve().parent
 README_HINT = "see tests/e2e/README.md"
 # Two replicas, as the Deployment runs them.
 RECONCILER_REPLICAS = ("reconciler-a", "reconciler-b")
@@ -133,58 +132,25 @@ SKIP_REASON = f"e2e: {SOURCE}; {README_HINT}"
 REQUIRED_ENV = "COSCHEDULE_E2E_REQUIRED"
 
 
-class _Unavailable(pytest.Item):
-    def runtest(self) -> None:
-        if os.environ.get(REQUIRED_ENV):
-            pytest.fail(
-                f"{SKIP_REASON} ({REQUIRED_ENV} is set: the e2e suite was asked for and cannot "
-                "run; export KUBEBUILDER_ASSETS=$(../shared/k8s/envtest-assets.sh))",
-                pytrace=False,
-            )
-        pytest.skip(SKIP_REASON)
-
-    def reportinfo(self) -> tuple[Path, int | None, str]:
-        return self.path, None, "e2e suite"
-
-
-class _UnavailableSuite(pytest.File):
-    def collect(self) -> Iterator[pytest.Item]:
-        item = _Unavailable.from_parent(self, name="e2e-suite")
-        item.add_marker(pytest.mark.e2e)
-        yield item
-
-
-def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
-    if BINARIES is None and collection_path.parent == E2E_DIR:
-        return collection_path.name.startswith("test_") or None
-    return None
-
-
-def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Collector | None:
-    if BINARIES is None and file_path == Path(__file__).resolve():
-        return _UnavailableSuite.from_parent(parent, path=file_path)
-    return None
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    for item in items:
-        if E2E_DIR in Path(str(item.path)).parents:
-            item.add_marker(pytest.mark.e2e)
-
-
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(
-    item: pytest.Item, call: pytest.CallInfo[None]
-) -> Generator[None, Any, None]:
-    outcome = yield
-    report = outcome.get_result()
-    if report.failed and _SESSION is not None and E2E_DIR in Path(str(item.path)).parents:
-        report.sections.append(("e2e component logs (tails)", _SESSION.logs()))
-
-
-def pytest_terminal_summary(terminalreporter: Any) -> None:
-    for note in _NOTES:
-        terminalreporter.write_line(f"e2e: {note}")
+_HOOKS = tier_hooks(
+    Tier(
+        marker="e2e",
+        what="the e2e suite",
+        item="e2e-suite",
+        conftest=Path(__file__).resolve(),
+        required_env=REQUIRED_ENV,
+        logs_title="e2e component logs (tails)",
+        unavailable=lambda config: SKIP_REASON if BINARIES is None else None,
+        logs=lambda: _SESSION.logs() if _SESSION is not None else None,
+        notes=_NOTES,
+        fix="; export KUBEBUILDER_ASSETS=$(../shared/k8s/envtest-assets.sh)",
+    )
+)
+pytest_ignore_collect = _HOOKS.ignore_collect
+pytest_collect_file = _HOOKS.collect_file
+pytest_collection_modifyitems = _HOOKS.collection_modifyitems
+pytest_runtest_makereport = _HOOKS.runtest_makereport
+pytest_terminal_summary = _HOOKS.terminal_summary
 
 
 @pytest.fixture(scope="session")

@@ -23,14 +23,20 @@ import yaml
 from coschedule.cli.main import main
 from tests.e2e.conftest import _NOTES, E2E, RECONCILER_REPLICAS
 from tests.e2e.kube import Api, ApiError, Obj, wait_for
-from tests.e2e.world import make_namespace, unique
+from tests.e2e.world import (
+    CONTROL_LABEL,
+    make_namespace,
+    run_events,
+    unique,
+    wait_webhook_sees_control,
+)
 
 pytestmark = pytest.mark.e2e
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "docs" / "examples" / "concurrency"
 PENDING_BY = "coschedule.dev/pending-by"
 WAITING = "coschedule.dev/waiting"
-LABEL = "concurrency.coschedule.dev/"
+LABEL = CONTROL_LABEL
 TIMEOUT = 20.0
 
 
@@ -90,11 +96,7 @@ def make_control(e2e: E2E, ns: str, name: str, spec: Obj, kind: str = "PipelineR
     e2e.api.create(control_manifest(ns, name, spec))
     probe = run_manifest(kind, ns, "probe", {})
     probe["metadata"]["labels"].update((spec.get("selector") or {}).get("matchLabels") or {})
-    wait_for(
-        f"the webhook to see ConcurrencyControl {ns}/{name}",
-        lambda: LABEL + name in e2e.api.create(probe, dry_run=True)["metadata"].get("labels", {}),
-        timeout=15,
-    )
+    wait_webhook_sees_control(e2e.api, ns, name, probe)
 
 
 def state(obj: Obj) -> str:
@@ -159,14 +161,6 @@ def events(api: Api, ns: str) -> str:
         for e in api.list("Event", ns)
         if e.get("source", {}).get("component") == "coschedule-reconciler"
     )
-
-
-def run_events(api: Api, ns: str, name: str) -> list[tuple[str, str]]:
-    return [
-        (str(e.get("reason")), str(e.get("message")))
-        for e in api.list("Event", ns, field_selector=f"involvedObject.name={name}")
-        if e.get("source", {}).get("component") == "coschedule-reconciler"
-    ]
 
 
 # ---- validation by the API server -------------------------------------------------------
@@ -370,11 +364,7 @@ def test_the_readme_example_holds_runs_created_with_a_pipeline_ref(
     api.create(doc)
     probe = run_manifest("PipelineRun", ns, "probe", {"branch": "x"})
     probe["spec"]["pipelineRef"] = {"name": "build-and-test"}
-    wait_for(
-        "the webhook to see the README's control",
-        lambda: LABEL + "ci-per-branch" in api.create(probe, dry_run=True)["metadata"]["labels"],
-        timeout=15,
-    )
+    wait_webhook_sees_control(api, ns, "ci-per-branch", probe)
     names = ["push-1", "push-2", "push-3"]
     for i, name in enumerate(names):
         if i:

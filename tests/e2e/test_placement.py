@@ -1,7 +1,8 @@
 """Placement by node name (``placement: auto``), the webhook's half: a Tekton TaskRun's pod
 admitted before its placeholder is bound carries the placeholder's scheduling gate and no
 pod-affinity term; one admitted once the placeholder's pod is bound is pinned to that node by
-name, and the real scheduler binds it there."""
+name, and the real scheduler binds it there. With a zone topology key the pods keep the
+pod-affinity term."""
 
 from __future__ import annotations
 
@@ -12,8 +13,8 @@ import pytest
 from coschedule.marks import ANNOTATION_PINNED_NODE, GATE_PLACEHOLDER, run_placeholder
 from tests.e2e.conftest import E2E
 from tests.e2e.kube import Api, Obj, dump, wait_for
-from tests.e2e.runs import node, wait_bound, wait_placeholder_bound
-from tests.e2e.world import TektonRun, bound_claim, unique
+from tests.e2e.runs import node, topology_key, wait_bound, wait_placeholder_bound
+from tests.e2e.world import ZONE, TektonRun, bound_claim, unique
 
 pytestmark = pytest.mark.e2e
 
@@ -89,3 +90,20 @@ def test_taskrun_pods_are_gated_before_the_placeholder_is_bound_and_pinned_after
     assert now["metadata"]["uid"] == first["metadata"]["uid"], dump(now)
     assert not gated(now), dump(now)
     assert pinned_to(now) == [there], dump(now)
+
+
+def test_with_a_zone_topology_key_taskrun_pods_keep_the_pod_affinity_term(
+    e2e: E2E, namespace: Callable[..., str]
+) -> None:
+    api = e2e.api
+    ns = namespace(mode="pipelineruns")
+    with topology_key(e2e, ns, ZONE):
+        run = TektonRun(api, ns, unique("pr")).create()
+        stored = api.create(run.pod_manifest("build", fixture=NO_WORKSPACE), dry_run=True)
+        [term] = pod_affinity_terms(stored)
+        assert term["topologyKey"] == ZONE, dump(stored)
+        assert term["labelSelector"]["matchLabels"]["app.kubernetes.io/instance"] == (
+            run_placeholder(ns, run.name)
+        )
+        assert not gated(stored), dump(stored)
+        assert pinned_to(stored) == [], dump(stored)

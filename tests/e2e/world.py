@@ -9,7 +9,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar, Self
 
 from tests.e2e.kube import TRACE, Api, ApiError, Obj, brief, wait_for
 from tests.fixtures import load_pod
@@ -250,6 +250,30 @@ def make_namespace(
     )
 
 
+CONTROL_LABEL = "concurrency.coschedule.dev/"
+
+
+def wait_webhook_sees_control(api: Api, namespace: str, control: str, probe: Obj) -> None:
+    """A new ConcurrencyControl reaches the webhook's cache through its watch: dry-run the
+    ``probe`` run until it gets the control's label."""
+    wait_for(
+        f"the webhook to see ConcurrencyControl {namespace}/{control}",
+        lambda: (
+            CONTROL_LABEL + control in api.create(probe, dry_run=True)["metadata"].get("labels", {})
+        ),
+        timeout=15,
+    )
+
+
+def run_events(api: Api, namespace: str, name: str) -> list[tuple[str, str]]:
+    """(reason, message) of the reconciler's Events on the object ``name``."""
+    return [
+        (str(e.get("reason")), str(e.get("message")))
+        for e in api.list("Event", namespace, field_selector=f"involvedObject.name={name}")
+        if e.get("source", {}).get("component") == "coschedule-reconciler"
+    ]
+
+
 def wait_webhook_sees(api: Api, namespace: str, mode: str) -> None:
     """A new namespace reaches the webhook through its watch; until then a pod there gets
     the cluster mode. Probe with dry-run pods (no claims: in per-run modes every pod of a run
@@ -361,41 +385,109 @@ def make_wffc_class(api: Api) -> None:
     )
 
 
+def pinned_to(node: str) -> Obj:
+    """A volume's node affinity to one node (a node-local disk)."""
+    expression = {"key": HOSTNAME, "operator": "In", "values": [node]}
+    return {"required": {"nodeSelectorTerms": [{"matchExpressions": [expression]}]}}
+
+
+def provisioned_volume(
+    claim: Obj,
+    name: str,
+    host_path: Obj,
+    *,
+    provisioner: str,
+    labels: dict[str, str],
+    node: str | None,
+) -> Obj:
+    """The PersistentVolume a dynamic provisioner makes for ``claim``: its size, access modes
+    and class, bound to it by ``claimRef``, reclaim policy Delete, a ``hostPath``; pinned to
+    ``node`` by node affinity when given (else any node mounts it)."""
+    meta = claim["metadata"]
+    spec = claim.get("spec") or {}
+    volume_spec: Obj = {
+        "capacity": {
+            "storage": ((spec.get("resources") or {}).get("requests") or {}).get("storage", "1Gi")
+        },
+        "accessModes": spec.get("accessModes") or ["ReadWriteOnce"],
+        "persistentVolumeReclaimPolicy": "Delete",
+        "storageClassName": spec.get("storageClassName"),
+        "hostPath": host_path,
+        "claimRef": {
+            "apiVersion": "v1",
+            "kind": "PersistentVolumeClaim",
+            "namespace": meta["namespace"],
+            "name": meta["name"],
+            "uid": meta["uid"],
+        },
+    }
+    if node is not None:
+        volume_spec["nodeAffinity"] = pinned_to(node)
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolume",
+        "metadata": {
+            "name": name,
+            "labels": labels,
+            "annotations": {"pv.kubernetes.io/provisioned-by": provisioner},
+        },
+        "spec": volume_spec,
+    }
+
+
 # Fake kubelet and provisioner ---------------------------------------------------------
 
 
-@dataclass
-class FakeNodeAgents:
-    """What the missing kubelets and CSI provisioner would do, reduced to the API calls
-    this suite needs: finish graceful deletion of pods on fake nodes (a kubelet confirms it
-    with a zero-grace delete), and provision WaitForFirstConsumer claims of the no-op class
-    on the node the scheduler selected (an external-provisioner creates a PV with a claimRef
-    and node affinity; the binder controller binds them)."""
+@dataclass(kw_only=True)
+class Ticker:
+    """A daemon thread calling ``step()`` every ``interval`` seconds from ``start()`` to
+    ``stop()``. What a step raises is kept (the last ``keep_errors``, for a failure's report)
+    and the loop goes on: a test's helper thread must not die on one bad answer."""
 
-    api: Api
     interval: float = 0.25
+    errors: list[str] = field(default_factory=list)
+    keep_errors: ClassVar[int] = 20
+    thread_name: ClassVar[str] = "ticker"
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
-    errors: list[str] = field(default_factory=list)
-    provisioned: dict[str, str] = field(default_factory=dict)  # ns/claim -> node
 
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._loop, name="fake-kubelet", daemon=True)
+    def step(self) -> None:
+        raise NotImplementedError
+
+    def start(self) -> Self:
+        self._thread = threading.Thread(target=self._loop, name=self.thread_name, daemon=True)
         self._thread.start()
+        return self
 
     def stop(self) -> None:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(5)
 
+    def note(self, exc: Exception) -> None:
+        self.errors.append(repr(exc))
+        del self.errors[: -self.keep_errors]
+
     def _loop(self) -> None:
         while not self._stop.is_set():
             try:
                 self.step()
-            except Exception as exc:  # keep going; report in failures
-                self.errors.append(repr(exc))
-                del self.errors[:-20]
+            except Exception as exc:  # keep going; reported with a failure
+                self.note(exc)
             self._stop.wait(self.interval)
+
+
+@dataclass
+class FakeNodeAgents(Ticker):
+    """What the missing kubelets and CSI provisioner would do, reduced to the API calls
+    this suite needs: finish graceful deletion of pods on fake nodes (a kubelet confirms it
+    with a zero-grace delete), and provision WaitForFirstConsumer claims of the no-op class
+    on the node the scheduler selected (an external-provisioner creates a PV with a claimRef
+    and node affinity; the binder controller binds them)."""
+
+    thread_name: ClassVar[str] = "fake-kubelet"
+    api: Api
+    provisioned: dict[str, str] = field(default_factory=dict)  # ns/claim -> node
 
     def step(self) -> None:
         for pod in self.api.list("Pod"):
@@ -415,45 +507,17 @@ class FakeNodeAgents:
         key = f"{meta['namespace']}/{meta['name']}"
         if key in self.provisioned:
             return
-        size = ((spec.get("resources") or {}).get("requests") or {}).get("storage", "1Gi")
         pv_name = f"pvc-{meta['uid']}"
+        volume = provisioned_volume(
+            claim,
+            pv_name,
+            {"path": f"/tmp/e2e/{pv_name}"},
+            provisioner=NOOP_PROVISIONER,
+            labels={"e2e": "true"},
+            node=node,
+        )
         try:
-            self.api.create(
-                {
-                    "apiVersion": "v1",
-                    "kind": "PersistentVolume",
-                    "metadata": {
-                        "name": pv_name,
-                        "labels": {"e2e": "true"},
-                        "annotations": {"pv.kubernetes.io/provisioned-by": NOOP_PROVISIONER},
-                    },
-                    "spec": {
-                        "capacity": {"storage": size},
-                        "accessModes": spec.get("accessModes") or ["ReadWriteOnce"],
-                        "persistentVolumeReclaimPolicy": "Delete",
-                        "storageClassName": WFFC_CLASS,
-                        "hostPath": {"path": f"/tmp/e2e/{pv_name}"},
-                        "claimRef": {
-                            "apiVersion": "v1",
-                            "kind": "PersistentVolumeClaim",
-                            "namespace": meta["namespace"],
-                            "name": meta["name"],
-                            "uid": meta["uid"],
-                        },
-                        "nodeAffinity": {
-                            "required": {
-                                "nodeSelectorTerms": [
-                                    {
-                                        "matchExpressions": [
-                                            {"key": HOSTNAME, "operator": "In", "values": [node]}
-                                        ]
-                                    }
-                                ]
-                            }
-                        },
-                    },
-                }
-            )
+            self.api.create(volume)
         except ApiError as exc:
             if exc.status != 409:
                 raise

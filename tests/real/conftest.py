@@ -15,9 +15,8 @@ import os
 import re
 import shutil
 import tempfile
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -25,8 +24,8 @@ from tests.e2e.kube import ApiError
 from tests.e2e.world import make_namespace, unique, wait_webhook_sees
 from tests.real import stack
 from tests.real.stack import REQUIRED_ENV, RealCluster
+from tests.tiers import Tier, tier_hooks
 
-REAL_DIR = Path(__file__).resolve().parent
 HINT = "see tests/real/README.md"
 _SESSION: RealCluster | None = None
 _NOTES: list[str] = []
@@ -46,68 +45,24 @@ def skip_reason(config: pytest.Config) -> str | None:
     return f"real: {why}; {HINT}" if why else None
 
 
-class _Unavailable(pytest.Item):
-    def __init__(self, *, reason: str, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.reason = reason
-
-    def runtest(self) -> None:
-        if os.environ.get(REQUIRED_ENV):
-            pytest.fail(
-                f"{self.reason} ({REQUIRED_ENV} is set: the real-stack tier was asked for and "
-                "cannot run)",
-                pytrace=False,
-            )
-        pytest.skip(self.reason)
-
-    def reportinfo(self) -> tuple[Path, int | None, str]:
-        return self.path, None, "real-stack tier"
-
-
-class _UnavailableTier(pytest.File):
-    reason = ""
-
-    def collect(self) -> Iterator[pytest.Item]:
-        item = _Unavailable.from_parent(self, name="real-tier", reason=self.reason)
-        item.add_marker(pytest.mark.real)
-        yield item
-
-
-def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
-    if collection_path.parent == REAL_DIR and skip_reason(config) is not None:
-        return collection_path.name.startswith("test_") or None
-    return None
-
-
-def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Collector | None:
-    if file_path == Path(__file__).resolve():
-        reason = skip_reason(parent.config)
-        if reason is not None:
-            tier = _UnavailableTier.from_parent(parent, path=file_path)
-            tier.reason = reason
-            return tier
-    return None
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    for item in items:
-        if REAL_DIR in Path(str(item.path)).parents:
-            item.add_marker(pytest.mark.real)
-
-
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(
-    item: pytest.Item, call: pytest.CallInfo[None]
-) -> Generator[None, Any, None]:
-    outcome = yield
-    report = outcome.get_result()
-    if report.failed and _SESSION is not None and REAL_DIR in Path(str(item.path)).parents:
-        report.sections.append(("real-stack component logs (tails)", _SESSION.logs()))
-
-
-def pytest_terminal_summary(terminalreporter: Any) -> None:
-    for note in _NOTES:
-        terminalreporter.write_line(f"real: {note}")
+_HOOKS = tier_hooks(
+    Tier(
+        marker="real",
+        what="the real-stack tier",
+        item="real-tier",
+        conftest=Path(__file__).resolve(),
+        required_env=REQUIRED_ENV,
+        logs_title="real-stack component logs (tails)",
+        unavailable=skip_reason,
+        logs=lambda: _SESSION.logs() if _SESSION is not None else None,
+        notes=_NOTES,
+    )
+)
+pytest_ignore_collect = _HOOKS.ignore_collect
+pytest_collect_file = _HOOKS.collect_file
+pytest_collection_modifyitems = _HOOKS.collection_modifyitems
+pytest_runtest_makereport = _HOOKS.runtest_makereport
+pytest_terminal_summary = _HOOKS.terminal_summary
 
 
 @pytest.fixture(scope="session")

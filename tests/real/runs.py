@@ -4,12 +4,13 @@ workspaces, and a watcher that waits for Tekton's verdict while recording what r
 from __future__ import annotations
 
 import hashlib
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from tests.e2e.kube import Api, ApiError, Obj
+from tests.e2e.world import Ticker
 from tests.real.stack import STEP_IMAGE
 from tests.real.volumes import volume_node
 
@@ -179,39 +180,25 @@ class Seen:
 
 
 @dataclass
-class Recorder:
+class Recorder(Ticker):
     """Records what namespaces show (``Seen``) in a thread, from start to stop, so that what
     goes away with the run (the placeholder) is known after it."""
 
+    thread_name: ClassVar[str] = "recorder"
+    keep_errors: ClassVar[int] = 5
     api: Api
     seen: dict[str, Seen] = field(default_factory=dict)
-    interval: float = 0.5
-    errors: list[str] = field(default_factory=list)
-    _stop: threading.Event = field(default_factory=threading.Event)
-    _thread: threading.Thread | None = None
+    interval: float = field(default=0.5, kw_only=True)
 
     def watch(self, namespace: str) -> Seen:
         return self.seen.setdefault(namespace, Seen())
 
-    def start(self) -> Recorder:
-        self._thread = threading.Thread(target=self._loop, name="recorder", daemon=True)
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(5)
-
-    def _loop(self) -> None:
-        while not self._stop.is_set():
-            for namespace, seen in list(self.seen.items()):
-                try:
-                    seen.record(self.api, namespace)
-                except Exception as exc:  # keep recording; shown with a failure
-                    self.errors.append(repr(exc))
-                    del self.errors[:-5]
-            self._stop.wait(self.interval)
+    def step(self) -> None:
+        for namespace, seen in list(self.seen.items()):
+            try:
+                seen.record(self.api, namespace)
+            except Exception as exc:  # keep recording the others; shown with a failure
+                self.note(exc)
 
 
 def describe(api: Api, namespace: str) -> str:

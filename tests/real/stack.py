@@ -107,6 +107,7 @@ class RealCluster:
     nodes: tuple[str, ...]
     local_class: str  # "" = the cluster's default StorageClass
     network_class: str | None  # None: no class whose volumes any node mounts
+    kubeconfig: Path | None = None  # an admin's, for the CLI (`coschedule explain --run`)
     plane: ControlPlane | None = None  # None on a cluster of the user's (and below)
     product: Coschedule | None = None
     provisioner: HostPathProvisioner | None = None
@@ -175,6 +176,7 @@ def connect(workdir: Path, notes: list[str]) -> RealCluster:
         nodes,
         local_class=os.environ.get(LOCAL_CLASS_ENV, ""),
         network_class=os.environ.get(NETWORK_CLASS_ENV) or None,
+        kubeconfig=kubeconfig,
         notes=notes,
     )
 
@@ -247,6 +249,7 @@ def start(tmp: Path, notes: list[str]) -> RealCluster:
             GENERAL_NODES,
             LOCAL_CLASS,
             NETWORK_CLASS,
+            kubeconfig=plane.admin_kubeconfig,
             plane=plane,
             product=product,
             provisioner=provisioner,

@@ -1,5 +1,5 @@
 """Run concurrency control (docs/concurrency.md) with real PipelineRuns: Tekton's own verdict
-for every run. Each strategy has its own namespace; the three start together."""
+for every run. Each strategy has its own namespace; all start together."""
 
 from __future__ import annotations
 
@@ -13,8 +13,9 @@ from datetime import datetime
 
 import pytest
 
+from coschedule.cli.main import main
 from tests.e2e.kube import Api, ApiError, Obj, wait_for
-from tests.e2e.world import make_namespace, unique
+from tests.e2e.world import make_namespace, run_events, unique, wait_webhook_sees_control
 from tests.real.runs import (
     assert_succeeded,
     claim_template,
@@ -28,17 +29,28 @@ from tests.real.runs import (
 from tests.real.stack import RealCluster
 
 PENDING = "PipelineRunPending"
+PENDING_BY = "coschedule.dev/pending-by"
+WAITING = "coschedule.dev/waiting"
+# Strategy -> (control name, extra spec): the key names what the held runs' reasons say.
+CONTROLS: dict[str, tuple[str, Obj]] = {
+    "Cancel": ("cancel", {"strategy": "Cancel", "key": ""}),
+    "GracefullyCancel": ("gracefullycancel", {"strategy": "GracefullyCancel", "key": ""}),
+    "Queue": ("queue", {"strategy": "Queue", "maxRunning": 1, "key": ""}),
+    "Replace": ("replace", {"strategy": "Replace", "maxRunning": 1, "key": "preview"}),
+    "Newest": ("newest", {"strategy": "Queue", "order": "newest-first", "key": "line"}),
+}
+# How long the first run of Replace and of newest-first works: long enough for the later
+# runs to be held, and for the held runs' reasons to be read and explained, while it runs.
+FIRST_SECONDS = {"Replace": 25, "Newest": 45}
 
 
 def _control(namespace: str, strategy: str) -> Obj:
-    spec: Obj = {"selector": {}, "kinds": ["PipelineRun"], "key": "", "strategy": strategy}
-    if strategy == "Queue":
-        spec["maxRunning"] = 1
+    name, spec = CONTROLS[strategy]
     return {
         "apiVersion": "coschedule.dev/v1alpha1",
         "kind": "ConcurrencyControl",
-        "metadata": {"name": strategy.lower(), "namespace": namespace},
-        "spec": spec,
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"selector": {}, "kinds": ["PipelineRun"], **spec},
     }
 
 
@@ -64,6 +76,21 @@ def _work_running(api: Api, namespace: str, run: str) -> bool:
     return bool(pod) and (pod or {}).get("status", {}).get("phase") == "Running"
 
 
+def _held_by_us(api: Api, namespace: str, run: str) -> bool:
+    obj = api.must_get("PipelineRun", run, namespace)
+    ours = (obj["metadata"].get("annotations") or {}).get(PENDING_BY) == "concurrency"
+    return ours and obj["spec"].get("status") == PENDING
+
+
+def _wait_running(api: Api, strategy: str, namespace: str, run: str) -> None:
+    wait_for(
+        f"{strategy}: {run}'s task to run",
+        functools.partial(_work_running, api, namespace, run),
+        timeout=120,
+        describe=functools.partial(describe, api, namespace),
+    )
+
+
 @dataclass
 class Groups:
     namespaces: dict[str, str]  # strategy -> namespace
@@ -75,32 +102,146 @@ def groups(real: RealCluster) -> Iterator[Groups]:
     and one its author created pending."""
     api = real.api
     namespaces: dict[str, str] = {}
-    for strategy in ("Cancel", "GracefullyCancel", "Queue"):
+    for strategy in CONTROLS:
         ns = unique(f"real-{strategy.lower()}")
         make_namespace(api, ns, None)
         api.create(_control(ns, strategy))
         namespaces[strategy] = ns
+    for strategy in CONTROLS:  # a run created before the webhook sees its control is free
+        probe = _run(namespaces[strategy], "probe", 1, real.local_class)
+        wait_webhook_sees_control(api, namespaces[strategy], CONTROLS[strategy][0], probe)
     for strategy in ("Cancel", "GracefullyCancel"):
         api.create(_run(namespaces[strategy], "old", 120, real.local_class))
     queue = namespaces["Queue"]
     for index in range(3):
         api.create(_run(queue, f"q{index}", 2, real.local_class))
     api.create(_run(queue, "held", 1, real.local_class, status=PENDING))
+    for strategy, first in (("Replace", "r1"), ("Newest", "n0")):
+        api.create(_run(namespaces[strategy], first, FIRST_SECONDS[strategy], real.local_class))
     for strategy in ("Cancel", "GracefullyCancel"):
-        ns = namespaces[strategy]
-        wait_for(
-            f"{strategy}: the old run's task to run",
-            functools.partial(_work_running, api, ns, "old"),
-            timeout=120,
-            describe=functools.partial(describe, api, ns),
-        )
-        api.create(_run(ns, "new", 1, real.local_class))
+        _wait_running(api, strategy, namespaces[strategy], "old")
+        api.create(_run(namespaces[strategy], "new", 1, real.local_class))
+    # Replace: r2 waits behind r1; r3 then replaces it.
+    replace = namespaces["Replace"]
+    _wait_running(api, "Replace", replace, "r1")
+    api.create(_run(replace, "r2", 1, real.local_class))
+    wait_for(
+        "Replace: r2 held",
+        functools.partial(_held_by_us, api, replace, "r2"),
+        timeout=30,
+        describe=functools.partial(describe, api, replace),
+    )
+    api.create(_run(replace, "r3", 1, real.local_class))
+    # Queue newest-first: three runs wait behind n0; the newest goes first.
+    newest = namespaces["Newest"]
+    _wait_running(api, "Newest", newest, "n0")
+    for name in NEWEST_WAITING:
+        api.create(_run(newest, name, 1, real.local_class))
     yield Groups(namespaces)
     if os.environ.get("REAL_KEEP"):
         return
     for ns in namespaces.values():
         with contextlib.suppress(ApiError):
             api.delete("Namespace", ns)
+
+
+NEWEST_WAITING = ("n1", "n2", "n3")
+
+
+def test_held_runs_say_why_they_wait_and_explain_agrees(
+    real: RealCluster, groups: Groups, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Queue newest-first, while n0 runs: each held run carries the `coschedule.dev/waiting`
+    annotation naming its place and the run ahead, and one Waiting Event per reason it had
+    (n1 moved back as n2 and n3 arrived), one of them saying what the annotation says;
+    `coschedule explain --run pipelinerun/n1 --kubeconfig K` on the live run says why it
+    waits. (First in this module: n0 must still run.)"""
+    api = real.api
+    ns = groups.namespaces["Newest"]
+    line = "of ConcurrencyControl newest"
+    want = {
+        "n3": f"waiting: 2nd in queue for key line {line}, behind n0, which is running",
+        "n2": f"waiting: 3rd in queue for key line {line}, behind n3, which is waiting",
+        "n1": f"waiting: 4th in queue for key line {line}, behind n2, which is waiting",
+    }
+    want = {name: f"{text} (1 may run at once)" for name, text in want.items()}
+
+    def said() -> dict[str, str]:
+        return {
+            name: (api.must_get("PipelineRun", name, ns)["metadata"].get("annotations") or {}).get(
+                WAITING, ""
+            )
+            for name in want
+        }
+
+    wait_for(
+        "each held run to say why it waits",
+        lambda: said() == want,
+        timeout=30,
+        describe=lambda: f"{said()}\n{describe(api, ns)}",
+    )
+    assert _work_running(api, ns, "n0"), describe(api, ns)
+    for name, why in want.items():
+        # One Event each time its reason changed (a newer run arriving moves it back), so
+        # exactly one saying what it says now.
+        def told(name: str = name, why: str = why) -> bool:
+            said = [m for reason, m in run_events(api, ns, name) if reason == "Waiting"]
+            return said.count(why) == 1 and len(set(said)) == len(said)
+
+        def events(name: str = name) -> str:
+            return f"{run_events(api, ns, name)}\n{describe(api, ns)}"
+
+        wait_for(f"one Waiting Event on {name}", told, timeout=15, describe=events)
+    assert real.kubeconfig is not None
+    argv = ["explain", "--kubeconfig", str(real.kubeconfig), "--run", "pipelinerun/n1"]
+    capsys.readouterr()
+    assert main([*argv, "--namespace", ns]) == 0
+    shown = capsys.readouterr().out
+    assert f"why:      {want['n1']}" in shown, shown
+    assert "  - newest, key line (Queue, maxRunning 1): 1 running, 3 pending" in shown, shown
+    assert _work_running(api, ns, "n0"), "n0 ended before the reasons were read: " + describe(
+        api, ns
+    )
+
+
+def test_queue_newest_first_runs_the_newest_waiting_run_next(
+    real: RealCluster, groups: Groups
+) -> None:
+    api = real.api
+    ns = groups.namespaces["Newest"]
+    order = ["n0", "n3", "n2", "n1"]
+    runs = wait_runs(api, ns, order, timeout=300)
+    assert_succeeded(runs, api, ns, *order)
+    _assert_one_after_another(api, ns, runs, order)
+    for name in order:  # a start removes the reason
+        assert WAITING not in (runs[name]["metadata"].get("annotations") or {}), name
+
+
+def test_replace_cancels_the_older_waiting_run_the_running_and_newest_succeed(
+    real: RealCluster, groups: Groups
+) -> None:
+    api = real.api
+    ns = groups.namespaces["Replace"]
+    runs = wait_runs(api, ns, ["r1", "r2", "r3"], timeout=300)
+    assert_succeeded(runs, api, ns, "r1", "r3")
+    assert runs["r2"]["spec"].get("status") == "Cancelled", describe(api, ns)
+    assert verdict(runs["r2"]) == ("False", "Cancelled"), describe(api, ns)
+    assert not _taskruns(api, ns, "r2"), describe(api, ns)  # it never ran
+    assert ("Cancelled", "cancelled by ConcurrencyControl replace: newer run r3, key preview") in (
+        run_events(api, ns, "r2")
+    ), describe(api, ns)
+    assert all(reason != "Cancelled" for reason, _ in run_events(api, ns, "r1"))
+    _assert_one_after_another(api, ns, runs, ["r1", "r3"])
+
+
+def _assert_one_after_another(api: Api, ns: str, runs: dict[str, Obj], order: list[str]) -> None:
+    """Each run's first TaskRun was created after the run before it in ``order`` ended."""
+    for before, after in itertools.pairwise(order):
+        finished = _time(runs[before]["status"]["completionTime"])
+        first_task = min(
+            _time(tr["metadata"]["creationTimestamp"]) for tr in _taskruns(api, ns, after).values()
+        )
+        assert first_task >= finished, f"{after} started before {before} ended\n{describe(api, ns)}"
 
 
 def _taskruns(api: Api, namespace: str, run: str) -> dict[str, Obj]:
@@ -146,12 +287,7 @@ def test_queue_runs_one_after_another_in_order(real: RealCluster, groups: Groups
     names = ["q0", "q1", "q2"]
     runs = wait_runs(api, ns, names, timeout=300)
     assert_succeeded(runs, api, ns, *names)
-    for before, after in itertools.pairwise(names):
-        finished = _time(runs[before]["status"]["completionTime"])
-        first_task = min(
-            _time(tr["metadata"]["creationTimestamp"]) for tr in _taskruns(api, ns, after).values()
-        )
-        assert first_task >= finished, f"{after} started before {before} ended\n{describe(api, ns)}"
+    _assert_one_after_another(api, ns, runs, names)
 
 
 def test_a_run_its_author_created_pending_stays_pending(real: RealCluster, groups: Groups) -> None:

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import pytest
 
-from tests.e2e.kube import ApiError, Obj
+from tests.e2e.kube import Api, ApiError, Obj
 from tests.e2e.world import make_namespace, unique, wait_webhook_sees
 from tests.real.runs import (
     Recorder,
@@ -110,9 +111,12 @@ def started(real: RealCluster) -> Iterator[dict[str, Scenario]]:
             "spec": claim_template(real.local_class)["spec"],
         }
     )
-    out["workspaces"] = Scenario(ns, ["shared-a", "shared-b"], recorder.watch(ns))
+    out["workspaces"] = Scenario(ns, ["shared-a", "shared-b", "own"], recorder.watch(ns))
     for name in ("shared-a", "shared-b"):
         api.create(_shared_claim_run(ns, name))
+    # A run with a claim of its own (Tekton's, from a template): its placeholder follows the
+    # claim, and goes with it when the run is deleted (teardown below).
+    api.create(_isolated_run(ns, "own", real.local_class))
 
     if len(real.nodes) >= 2:
         ns = _namespace(real, "isolate", "isolate-pipelinerun")
@@ -172,6 +176,62 @@ def test_pipelineruns_two_claim_templates_on_one_node(
     assert mounted == {v["spec"]["claimRef"]["name"] for v in volumes}, describe(api, ns)
 
 
+def _until(what: str, timeout: float, look: Callable[[], str | None]) -> None:
+    """Poll ``look`` (None: done; else what is still wrong) every second until ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while (wrong := look()) is not None:
+        assert time.monotonic() < deadline, f"{timeout:.0f} s {what}: {wrong}"
+        time.sleep(1)
+
+
+def _volumes_of(api: Api, namespace: str) -> list[str]:
+    return [
+        v["metadata"]["name"]
+        for v in api.list("PersistentVolume")
+        if ((v.get("spec") or {}).get("claimRef") or {}).get("namespace") == namespace
+    ]
+
+
+def test_pipelineruns_teardown_leaves_nothing(
+    real: RealCluster, started: dict[str, Scenario]
+) -> None:
+    """After the run: no StatefulSet of ours, no claim of ours (not even Terminating), and no
+    claim left Pending (one volume per workspace: Tekton's claims are mounted, none is left
+    unused); after the PipelineRun is deleted, no claim and no volume."""
+    api = real.api
+    s = _finish(real, started["pipelineruns"])
+    ns, run = s.namespace, "two-templates"
+    placeholder = placeholder_name(ns, run)
+
+    def after_run() -> str | None:
+        statefulsets = [x["metadata"]["name"] for x in api.list("StatefulSet", ns)]
+        claims = api.list("PersistentVolumeClaim", ns)
+        ours = [c["metadata"]["name"] for c in claims if placeholder in c["metadata"]["name"]]
+        pending = [
+            c["metadata"]["name"]
+            for c in claims
+            if (c.get("status") or {}).get("phase") == "Pending"
+        ]
+        if statefulsets or ours or pending:
+            return (
+                f"StatefulSets {statefulsets}, our claims {ours}, pending claims {pending}\n"
+                + describe(api, ns)
+            )
+        return None
+
+    _until("after the run", 90, after_run)
+    api.delete("PipelineRun", run, ns, propagation="Background")
+
+    def after_delete() -> str | None:
+        claims = [c["metadata"]["name"] for c in api.list("PersistentVolumeClaim", ns)]
+        volumes = _volumes_of(api, ns)
+        if claims or volumes:
+            return f"claims {claims}, volumes {volumes}\n{describe(api, ns)}"
+        return None
+
+    _until("after deleting the PipelineRun", 90, after_delete)
+
+
 def test_workspaces_claim_shared_by_two_runs(
     real: RealCluster, started: dict[str, Scenario]
 ) -> None:
@@ -183,7 +243,8 @@ def test_workspaces_claim_shared_by_two_runs(
     volume = api.must_get("PersistentVolume", claim["spec"]["volumeName"])
     node = volume_node(volume)
     placements = {
-        name: {p["spec"]["nodeName"] for p in task_pods(api, ns, name).values()} for name in s.runs
+        name: {p["spec"]["nodeName"] for p in task_pods(api, ns, name).values()}
+        for name in ("shared-a", "shared-b")
     }
     assert placements == {"shared-a": {node}, "shared-b": {node}}, describe(api, ns)
     placeholder = claim_placeholder_name(ns, "shared")
@@ -191,6 +252,48 @@ def test_workspaces_claim_shared_by_two_runs(
     if real.provisioner is not None:  # the suite's stack: the volume is a folder here
         folder = real.provisioner.root / volume["metadata"]["name"]
         assert {p.name for p in folder.iterdir()} == {"shared-a", "shared-b"}
+
+
+def test_workspaces_run_deleted_takes_its_claim_and_placeholder(
+    real: RealCluster, started: dict[str, Scenario]
+) -> None:
+    """A run whose workspace is a claim of its own (Tekton's, from a template) in
+    `workspaces` mode: all on the claim's node with the claim's placeholder, Succeeded; once
+    the PipelineRun is deleted its claim, volume and placeholder go within seconds, not after
+    the idle grace (found by bench/real_latency: the placeholder held the Terminating claim
+    for 5 minutes). The shared claim's placeholder is not touched."""
+    api = real.api
+    s = _finish(real, started["workspaces"])
+    ns = s.namespace
+    assert_succeeded(s.result, api, ns, "own")
+    [claim] = [
+        c
+        for c in api.list("PersistentVolumeClaim", ns)
+        if c["metadata"]["name"] != "shared"
+        and any(o.get("name") == "own" for o in c["metadata"].get("ownerReferences") or [])
+    ]
+    name = claim["metadata"]["name"]
+    node = volume_node(api.must_get("PersistentVolume", claim["spec"]["volumeName"]))
+    pods = task_pods(api, ns, "own")
+    assert {p["spec"]["nodeName"] for p in pods.values()} == {node}, describe(api, ns)
+    placeholder = claim_placeholder_name(ns, name)
+    assert s.seen.placeholder_nodes(placeholder) == {node}, describe(api, ns)
+    shared = claim_placeholder_name(ns, "shared")
+    api.delete("PipelineRun", "own", ns, propagation="Background")
+
+    def gone() -> str | None:
+        claims = [c["metadata"]["name"] for c in api.list("PersistentVolumeClaim", ns)]
+        volumes = _volumes_of(api, ns)
+        statefulsets = [x["metadata"]["name"] for x in api.list("StatefulSet", ns)]
+        if claims != ["shared"] or len(volumes) != 1 or placeholder in statefulsets:
+            return f"claims {claims}, volumes {volumes}, StatefulSets {statefulsets}\n" + describe(
+                api, ns
+            )
+        return None
+
+    _until("after deleting the PipelineRun", 60, gone)
+    # The shared claim's placeholder stays for the idle grace (another run may come).
+    assert shared in [x["metadata"]["name"] for x in api.list("StatefulSet", ns)], describe(api, ns)
 
 
 def test_isolate_two_runs_on_two_nodes(real: RealCluster, started: dict[str, Scenario]) -> None:

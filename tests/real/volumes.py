@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import contextlib
 import shutil
-import threading
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar, Self
 
 from tests.e2e.kube import Api, ApiError, Obj
-from tests.e2e.world import HOSTNAME
+from tests.e2e.world import HOSTNAME, Ticker, provisioned_volume
 
 PROVISIONER = "real.coschedule.dev/hostpath"
 LOCAL_CLASS = "real-local"
@@ -53,11 +53,6 @@ def storage_classes() -> list[Obj]:
     ]
 
 
-def pinned_to(node: str) -> Obj:
-    expression = {"key": HOSTNAME, "operator": "In", "values": [node]}
-    return {"required": {"nodeSelectorTerms": [{"matchExpressions": [expression]}]}}
-
-
 def volume_node(volume: Obj) -> str | None:
     """The node a volume is pinned to (None: any node mounts it)."""
     terms = (((volume.get("spec") or {}).get("nodeAffinity") or {}).get("required") or {}).get(
@@ -71,40 +66,23 @@ def volume_node(volume: Obj) -> str | None:
 
 
 @dataclass
-class HostPathProvisioner:
+class HostPathProvisioner(Ticker):
     """Provisions claims of the suite's classes and deletes Released volumes, in a thread."""
 
+    thread_name: ClassVar[str] = "provisioner"
     api: Api
     root: Path
-    interval: float = 0.3
-    errors: list[str] = field(default_factory=list)
+    interval: float = field(default=0.3, kw_only=True)
     provisioned: dict[str, str] = field(default_factory=dict)  # PV name -> node or ""
     deleted: list[str] = field(default_factory=list)
-    _stop: threading.Event = field(default_factory=threading.Event)
-    _thread: threading.Thread | None = None
 
     def install(self) -> None:
         for obj in storage_classes():
             self.api.ensure(obj)
 
-    def start(self) -> None:
+    def start(self) -> Self:
         self.root.mkdir(parents=True, exist_ok=True)
-        self._thread = threading.Thread(target=self._loop, name="provisioner", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(5)
-
-    def _loop(self) -> None:
-        while not self._stop.is_set():
-            try:
-                self.step()
-            except Exception as exc:  # keep going; reported with a failure's logs
-                self.errors.append(repr(exc))
-                del self.errors[:-20]
-            self._stop.wait(self.interval)
+        return super().start()
 
     def step(self) -> None:
         for claim in self.api.list("PersistentVolumeClaim"):
@@ -128,37 +106,16 @@ class HostPathProvisioner:
         directory = self.root / name
         directory.mkdir(parents=True, exist_ok=True)
         directory.chmod(0o777)
-        size = ((spec.get("resources") or {}).get("requests") or {}).get("storage", "1Gi")
-        volume_spec: Obj = {
-            "capacity": {"storage": size},
-            "accessModes": spec.get("accessModes") or ["ReadWriteOnce"],
-            "persistentVolumeReclaimPolicy": "Delete",
-            "storageClassName": cls,
-            "hostPath": {"path": str(directory), "type": "Directory"},
-            "claimRef": {
-                "apiVersion": "v1",
-                "kind": "PersistentVolumeClaim",
-                "namespace": meta["namespace"],
-                "name": meta["name"],
-                "uid": meta["uid"],
-            },
-        }
-        if local:
-            assert node is not None
-            volume_spec["nodeAffinity"] = pinned_to(node)
+        volume = provisioned_volume(
+            claim,
+            name,
+            {"path": str(directory), "type": "Directory"},
+            provisioner=PROVISIONER,
+            labels={"real.coschedule.dev/suite": "true"},
+            node=node if local else None,
+        )
         try:
-            self.api.create(
-                {
-                    "apiVersion": "v1",
-                    "kind": "PersistentVolume",
-                    "metadata": {
-                        "name": name,
-                        "labels": {"real.coschedule.dev/suite": "true"},
-                        "annotations": {PROVISIONED_BY: PROVISIONER},
-                    },
-                    "spec": volume_spec,
-                }
-            )
+            self.api.create(volume)
         except ApiError as exc:
             if exc.status != 409:
                 raise

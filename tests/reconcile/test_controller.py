@@ -451,15 +451,24 @@ async def test_statefulset_deleted_by_hand_while_the_run_lives_is_recreated(
     assert api.count("POST", "statefulsets") == 2
 
 
-async def test_workspaces_group_goes_after_the_idle_grace_with_no_owner_lookup(
-    api: MiniApi, make: Callable[..., Any]
-) -> None:
-    settings = Settings(mode=Mode.WORKSPACES, idle_grace_seconds=1)
-    await make(settings=settings)
+async def _workspaces_placeholder(
+    api: MiniApi, make: Callable[..., Any], *, idle_grace_seconds: int
+) -> tuple[dict[str, Any], str]:
+    """A workspaces-mode pod mounting claim ``etl-scratch`` (which exists), and its
+    placeholder once created."""
+    await make(settings=Settings(mode=Mode.WORKSPACES, idle_grace_seconds=idle_grace_seconds))
+    api.put("persistentvolumeclaims", {"metadata": {"name": "etl-scratch", "namespace": "data"}})
     pod = marked_pod("job-pod", Mode.WORKSPACES)
     name = placeholder_of(pod)
     api.put("pods", pod)
     await eventually(lambda: api.get("statefulsets", "data", name) is not None)
+    return pod, name
+
+
+async def test_workspaces_group_goes_after_the_idle_grace_with_no_owner_lookup(
+    api: MiniApi, make: Callable[..., Any]
+) -> None:
+    pod, name = await _workspaces_placeholder(api, make, idle_grace_seconds=1)
     sts = api.get("statefulsets", "data", name)
     assert sts is not None
     assert "ownerReferences" not in sts["metadata"]
@@ -469,6 +478,27 @@ async def test_workspaces_group_goes_after_the_idle_grace_with_no_owner_lookup(
     took = await eventually(lambda: api.get("statefulsets", "data", name) is None, within=2)
     assert took < 1.5
     assert api.count("GET", "jobs") == 0
+
+
+async def test_workspaces_group_goes_at_once_when_its_run_and_claim_are_deleted(
+    api: MiniApi, make: Callable[..., Any]
+) -> None:
+    """A run deleted with its claim (Tekton's volumeClaimTemplate claim): the placeholder
+    that mounts the claim goes when the run's pods do, not after the idle grace."""
+    pod, name = await _workspaces_placeholder(api, make, idle_grace_seconds=300)
+    api.edit("pods", "data", pod["metadata"]["name"], {"status": {"phase": "Succeeded"}})
+    await asyncio.sleep(0.5)
+    assert api.get("statefulsets", "data", name) is not None  # the claim is still there
+    assert api.count("GET", "persistentvolumeclaims") >= 1
+    api.edit(
+        "persistentvolumeclaims",
+        "data",
+        "etl-scratch",
+        {"metadata": {"deletionTimestamp": "2026-11-25T00:00:00Z"}},
+    )
+    api.remove("pods", "data", pod["metadata"]["name"])
+    took = await eventually(lambda: api.get("statefulsets", "data", name) is None, within=3)
+    assert took < 2
 
 
 async def test_topology_key_reload_recounts_nodes_missing_it(

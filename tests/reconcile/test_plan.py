@@ -535,6 +535,39 @@ def test_workspaces_groups_use_idle_grace_even_with_an_owner() -> None:
     assert only(plan(observed, settings, NOW), DeleteStatefulSet)
 
 
+def test_workspaces_group_goes_at_once_when_its_claim_is_deleted() -> None:
+    # Found on the real stack: a PipelineRun deleted in workspaces mode left Tekton's claim
+    # Terminating, held by our placeholder, for the whole idle grace (5 minutes).
+    settings = Settings(mode=Mode.WORKSPACES, idle_grace_seconds=300)
+    pod = marked_pod("job-pod", Mode.WORKSPACES, phase="Succeeded")
+    live = observed_for(marked_pod("job-pod", Mode.WORKSPACES))
+    quiet = replace(observed_for(pod), statefulset=existing_set(live, settings), idle_since=NOW)
+    waiting = plan(quiet, settings, NOW + 10)
+    assert not only(waiting, DeleteStatefulSet)
+    deleted = plan(replace(quiet, claims_gone=("etl-scratch",)), settings, NOW + 10)
+    [delete] = only(deleted, DeleteStatefulSet)
+    assert "claim etl-scratch deleted" in delete.why
+    [event] = only(deleted, RecordEvent)
+    assert event.reason == "PlaceholderDeleted"
+    assert "etl-scratch" in event.message
+
+
+def test_a_quiet_workspaces_group_is_looked_at_again_before_its_grace_ends() -> None:
+    # So that a claim deleted meanwhile is seen: as often as a quiet run's owner is asked.
+    settings = Settings(mode=Mode.WORKSPACES, idle_grace_seconds=300)
+    pod = marked_pod("job-pod", Mode.WORKSPACES, phase="Succeeded")
+    live = observed_for(marked_pod("job-pod", Mode.WORKSPACES))
+    quiet = replace(observed_for(pod), statefulset=existing_set(live, settings), idle_since=NOW)
+    for quiet_for in (0.0, 3.0, 100.0):
+        requeue = plan(quiet, settings, NOW + quiet_for).requeue
+        assert requeue is not None
+        assert requeue.after <= min(OWNER_RECHECK_SECONDS, max(2.0, quiet_for))
+    # Near the end of the grace, the grace itself is the next look.
+    requeue = plan(quiet, settings, NOW + 295).requeue
+    assert requeue is not None
+    assert requeue.after == pytest.approx(5)
+
+
 def test_statefulset_alone_after_restart_uses_its_own_annotations() -> None:
     # No pod left in the cache: the StatefulSet says it is per-run and who owns it.
     live = observed_for(marked_pod("tekton-taskrun"), owner=RUNNING)
