@@ -65,6 +65,7 @@ from coschedule.marks import (
     LABEL_COMPONENT,
     BadMark,
     Mode,
+    Placement,
 )
 from coschedule.mutate import node_pin
 from coschedule.mutate.decision import AdmissionContext, Decision, decide
@@ -147,7 +148,10 @@ class Plan:
     concurrency: int = 48
     bind_timeout_s: float = 1200.0  # a loaded machine at 5,000 nodes: minutes per batch
     encodings: tuple[str, ...] = ("affinity",)
-    settings: Settings = field(default_factory=lambda: Settings(mode=Mode.PIPELINERUNS))
+    # The "affinity" encoding is the pod-affinity one, whatever the default placement.
+    settings: Settings = field(
+        default_factory=lambda: Settings(mode=Mode.PIPELINERUNS, placement=Placement.POD_AFFINITY)
+    )
 
 
 QUICK: Final = Plan(nodes=(50,), rounds=1, groups=5)

@@ -32,8 +32,28 @@ def run(
     )
 
 
-def test_explain_text_shows_patch_affinity_and_reasons() -> None:
+def test_explain_text_shows_the_gate_by_default_and_why() -> None:
+    """Placement auto (the default): a TaskRun's pod, its placeholder not bound (explain
+    sees no cluster), is held behind the placeholder's gate, and explain says so."""
     result = run("explain", "-f", str(pod_path("tekton-taskrun")), "--mode", "pipelineruns")
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert '"op":"add","path":"/spec/schedulingGates"' in out
+    assert "placement: by node name" in out
+    assert "podAffinity" not in out
+
+
+def test_explain_text_shows_patch_affinity_and_reasons(tmp_path: Path) -> None:
+    (tmp_path / "placement").write_text("pod-affinity")
+    result = run(
+        "explain",
+        "-f",
+        str(pod_path("tekton-taskrun")),
+        "--mode",
+        "pipelineruns",
+        "--config-dir",
+        str(tmp_path),
+    )
     assert result.returncode == 0, result.stderr
     out = result.stdout
     assert "decision:    allowed" in out

@@ -122,7 +122,7 @@ class Settings:
     topology_key: str = DEFAULT_TOPOLOGY_KEY
     # How pods are tied to their placeholder: by node name where that is safe (`auto`), or
     # by a required pod-affinity term (`pod-affinity`, the only way before issue 20).
-    placement: Placement = Placement.POD_AFFINITY
+    placement: Placement = Placement.AUTO
     group_labels: tuple[str, ...] = DEFAULT_GROUP_LABELS
     placeholder_image: str = DEFAULT_PLACEHOLDER_IMAGE
     placeholder_resources: Mapping[str, Mapping[str, str]] = field(

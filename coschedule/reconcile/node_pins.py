@@ -62,6 +62,13 @@ def plan_pins(observed: Observed, earlier: Sequence[Action] = ()) -> Plan:
         if not pod.live or pod.deleting or pod.node_name:
             continue
         if pod.gated is not None:
+            if node is not None and pod.pinned_node not in (None, node):
+                # Gated and pinned to another node (admitted pinned, then gated again): a
+                # gate lets requirements be added, not changed, so the pin stays. It can
+                # only be made again.
+                if pod.recreated:
+                    actions.append(_stranded(observed, pod, pod.pinned_node, node))
+                continue
             if node is not None:
                 ops = node_pin.release_ops(pod.gated, node)
                 if ops:

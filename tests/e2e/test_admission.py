@@ -1,15 +1,18 @@
 """What the API server stores once the real MutatingWebhookConfiguration calls the webhook,
-and what kubectl users see when a pod is refused."""
+and what kubectl users see when a pod is refused. Placement is the default, ``auto``: a
+TaskRun's pod is placed by node name (here, before any placeholder is bound: gated); other
+pods carry the pod-affinity term."""
 
 from __future__ import annotations
 
+import copy
 import json
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from coschedule.marks import claim_placeholder, run_placeholder
+from coschedule.marks import GATE_PLACEHOLDER, claim_placeholder, run_placeholder
 from tests.e2e.conftest import E2E
 from tests.e2e.kube import Obj, dump
 from tests.e2e.world import TektonRun, bare_pod, bound_claim, create_pod, unique
@@ -32,9 +35,15 @@ def placeholder_terms(pod: Obj) -> list[Obj]:
     ]
 
 
-def test_workspaces_pod_is_stored_with_affinity_and_mark(
+def gated(pod: Obj) -> bool:
+    return {"name": GATE_PLACEHOLDER} in ((pod.get("spec") or {}).get("schedulingGates") or [])
+
+
+def test_workspaces_pod_is_stored_with_its_placement_and_mark(
     e2e: E2E, namespace: Callable[..., str]
 ) -> None:
+    """A TaskRun's pod (placement auto): no pod-affinity term; its placeholder is not bound
+    yet, so it waits behind the placeholder's scheduling gate (the reconciler pins it)."""
     ns = namespace()
     run = TektonRun(e2e.api, ns, unique("pr")).create()
     stored = run.create_pod("build", claims={"pvc-1f1344866c": "source"})
@@ -45,18 +54,8 @@ def test_workspaces_pod_is_stored_with_affinity_and_mark(
     annotations = meta.get("annotations") or {}
     assert annotations.get("coschedule.dev/mode") == "workspaces", dump(stored)
     assert annotations.get("coschedule.dev/run") == run.name, dump(stored)
-    terms = placeholder_terms(stored)
-    assert terms == [
-        {
-            "labelSelector": {
-                "matchLabels": {
-                    "app.kubernetes.io/component": "affinity-assistant",
-                    "app.kubernetes.io/instance": placeholder,
-                }
-            },
-            "topologyKey": "kubernetes.io/hostname",
-        }
-    ], dump(stored)
+    assert placeholder_terms(stored) == [], dump(stored)
+    assert gated(stored), dump(stored)
     # What Tekton set is still there: labels, owner, the workspace claim.
     assert meta["labels"]["tekton.dev/pipelineRun"] == run.name
     assert meta["ownerReferences"][0]["kind"] == "TaskRun"
@@ -76,6 +75,13 @@ def test_user_affinity_is_kept(e2e: E2E, namespace: Callable[..., str]) -> None:
         "build", fixture="tekton-taskrun-user-affinity", claims={"pvc-1dd779aeb3": "source"}
     )
     submitted = manifest["spec"]["affinity"]
+    # A TaskRun's pod (placement auto): every rule of the user's as submitted, and the gate.
+    taskrun_pod = create_pod(e2e.api, copy.deepcopy(manifest))
+    assert taskrun_pod["spec"]["affinity"] == submitted, dump(taskrun_pod)
+    assert gated(taskrun_pod), dump(taskrun_pod)
+    # The same pod without an owner that makes it again: the pod-affinity term.
+    manifest["metadata"]["name"] += "-bare"
+    del manifest["metadata"]["ownerReferences"]
     stored = create_pod(e2e.api, manifest)
     affinity = stored["spec"]["affinity"]
     # Node affinity and anti-affinity untouched; pod affinity grew by exactly our term.
@@ -104,7 +110,14 @@ def test_pipelineruns_mode_groups_pods_without_claims(
     assert stored["metadata"]["labels"].get("coschedule.dev/placeholder") == run_placeholder(
         ns, run.name
     ), dump(stored)
-    assert len(placeholder_terms(stored)) == 1
+    assert gated(stored), dump(stored)
+    # A pod of the run without a TaskRun to make it again: tied by pod affinity.
+    bare = e2e.api.create(bare_pod(ns, "bare", {"tekton.dev/pipelineRun": run.name}))
+    assert bare["metadata"]["labels"]["coschedule.dev/placeholder"] == run_placeholder(
+        ns, run.name
+    ), dump(bare)
+    assert len(placeholder_terms(bare)) == 1, dump(bare)
+    assert not gated(bare), dump(bare)
 
 
 def test_pods_that_are_not_ours_are_left_alone(e2e: E2E, namespace: Callable[..., str]) -> None:

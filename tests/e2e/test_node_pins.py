@@ -4,9 +4,10 @@ one patch and the scheduler binds it there; a pod pinned to a node its run left 
 stuck relocation) while still pending is deleted, and the pod the engine makes again (the
 test plays Tekton's TaskRun reconciler) runs with its run.
 
-The pods are made as the webhook makes them with ``placement: auto`` (its decision run
-in-process, then ``pods.by_node_name``) and created in a namespace the webhook leaves
-alone (mode ``disabled``), so that what is stored is exactly that encoding.
+The pods are made by the webhook's decision with ``placement: auto``, run in-process with
+the view of the placeholder the scenario needs (a pod pinned to a node the placeholder is
+leaving comes from a view that lags), and created in a namespace the webhook leaves alone
+(mode ``disabled``), so that what is stored is exactly that.
 """
 
 from __future__ import annotations
@@ -18,7 +19,13 @@ import pytest
 
 from coschedule.config.settings import Settings
 from coschedule.k8s.scheduler_messages import Cause, parse
-from coschedule.marks import ANNOTATION_PINNED_NODE, GATE_PLACEHOLDER, Mode, run_placeholder
+from coschedule.marks import (
+    ANNOTATION_PINNED_NODE,
+    GATE_PLACEHOLDER,
+    Mode,
+    Placement,
+    run_placeholder,
+)
 from coschedule.mutate.decision import AdmissionContext, decide
 from coschedule.reconcile.node_pins import REASON_STRANDED
 from coschedule.wire.jsonpatch import apply
@@ -28,19 +35,29 @@ from tests.e2e.runs import leader_metric, node, placeholder_pod_name, unschedula
 from tests.e2e.runs import wait_placeholder_bound as placeholder_bound
 from tests.e2e.test_stuck import NO_WORKSPACE, events_on, fill
 from tests.e2e.world import TektonRun, describe_namespace, in_pool, pod_phase, unique
-from tests.reconcile.pods import by_node_name
 
 pytestmark = pytest.mark.e2e
 
 
+class Seen:
+    """The webhook's view of placeholder pods, as the test wants it: bound to ``node``."""
+
+    def __init__(self, node: str | None) -> None:
+        self.bound = node
+
+    def node(self, namespace: str, placeholder: str) -> str | None:
+        return self.bound
+
+
 def as_admitted(run: TektonRun, manifest: Obj, pin: str | None) -> Obj:
-    """``manifest`` as the webhook admits it with ``placement: auto``: marked, no pod
-    affinity, pinned to ``pin`` (its placeholder's node) or, with None, gated."""
-    decision = decide(manifest, AdmissionContext(Settings(mode=Mode.PIPELINERUNS), run.namespace))
+    """``manifest`` as the webhook admits it with ``placement: auto`` when its view has the
+    placeholder bound to ``pin`` (None: not bound): pinned there, or gated."""
+    settings = Settings(mode=Mode.PIPELINERUNS, placement=Placement.AUTO)
+    decision = decide(manifest, AdmissionContext(settings, run.namespace, placeholders=Seen(pin)))
     assert decision.allowed, decision.reasons
     assert decision.placeholder, decision.reasons
-    marked: Obj = apply(manifest, decision.ops)
-    return by_node_name(marked, pin)
+    admitted: Obj = apply(manifest, decision.ops)
+    return admitted
 
 
 def create(run: TektonRun, task: str, pin: str | None, manifest: Obj | None = None) -> Obj:

@@ -6,8 +6,7 @@ pod-affinity term."""
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 
@@ -21,7 +20,6 @@ pytestmark = pytest.mark.e2e
 
 REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"
 NO_WORKSPACE = "tekton-taskrun-no-workspace"
-RELOAD_SECONDS = 20
 
 
 def gated(pod: Obj) -> bool:
@@ -46,34 +44,6 @@ def pinned_to(pod: Obj) -> list[str]:
     ]
 
 
-@contextlib.contextmanager
-def placement_auto(e2e: E2E, ns: str) -> Iterator[None]:
-    """``placement: auto`` in the cluster config for one scenario, then back to the default;
-    in force (each way) once a dry-run Tekton pod of a probe run shows it."""
-    api = e2e.api
-    config_dir = e2e.product.config_dir
-    assert config_dir is not None
-    path = config_dir / "placement"
-    probe = TektonRun(api, ns, unique("probe")).create().pod_manifest("probe", fixture=NO_WORKSPACE)
-
-    def by_node_name() -> bool:
-        return gated(api.create(probe, dry_run=True))
-
-    tmp = path.with_name(".placement.tmp")
-    tmp.write_text("auto")
-    tmp.replace(path)
-    try:
-        wait_for("the webhook to reload placement: auto", by_node_name, timeout=RELOAD_SECONDS)
-        yield
-    finally:
-        path.unlink(missing_ok=True)
-        wait_for(
-            "the webhook to reload placement: pod-affinity",
-            lambda: not by_node_name(),
-            timeout=RELOAD_SECONDS,
-        )
-
-
 def admitted_pinned(api: Api, manifest: Obj, node_name: str) -> None:
     """Wait until the webhook (its placeholder cache fed by a watch) pins a dry-run of the
     pod to ``node_name``: the cache may trail the API by a moment."""
@@ -90,37 +60,36 @@ def test_taskrun_pods_are_gated_before_the_placeholder_is_bound_and_pinned_after
     e2e.require("scheduler", "controller-manager", "reconciler")
     api = e2e.api
     ns = namespace(mode="pipelineruns")
-    with placement_auto(e2e, ns):
-        bound_claim(api, ns, "source")
-        run = TektonRun(api, ns, unique("pr")).create()
-        placeholder = run_placeholder(ns, run.name)
-        # The run's first pod: nobody has chosen its node yet.
-        first = run.create_pod("build", claims={"pvc-1f1344866c": "source"})
-        assert gated(first), dump(first)
-        assert pod_affinity_terms(first) == [], dump(first)
-        assert pinned_to(first) == [], dump(first)
-        assert ANNOTATION_PINNED_NODE not in first["metadata"]["annotations"], dump(first)
-        assert first["metadata"]["labels"]["coschedule.dev/placeholder"] == placeholder
+    bound_claim(api, ns, "source")
+    run = TektonRun(api, ns, unique("pr")).create()
+    placeholder = run_placeholder(ns, run.name)
+    # The run's first pod: nobody has chosen its node yet.
+    first = run.create_pod("build", claims={"pvc-1f1344866c": "source"})
+    assert gated(first), dump(first)
+    assert pod_affinity_terms(first) == [], dump(first)
+    assert pinned_to(first) == [], dump(first)
+    assert ANNOTATION_PINNED_NODE not in first["metadata"]["annotations"], dump(first)
+    assert first["metadata"]["labels"]["coschedule.dev/placeholder"] == placeholder
 
-        # The reconciler makes the placeholder for the gated pod; the scheduler binds it.
-        there = node(wait_placeholder_bound(api, ns, placeholder))
+    # The reconciler makes the placeholder for the gated pod; the scheduler binds it.
+    there = node(wait_placeholder_bound(api, ns, placeholder))
 
-        # A later pod of the run: pinned to the placeholder's node, never gated.
-        manifest = run.pod_manifest("test", fixture=NO_WORKSPACE)
-        admitted_pinned(api, manifest, there)
-        later = run.create_pod("test", fixture=NO_WORKSPACE)
-        assert pinned_to(later) == [there], dump(later)
-        assert not gated(later), dump(later)
-        assert pod_affinity_terms(later) == [], dump(later)
-        assert later["metadata"]["annotations"][ANNOTATION_PINNED_NODE] == there
-        wait_bound(api, ns, run.pod_name("test"), node=there)
+    # A later pod of the run: pinned to the placeholder's node, never gated.
+    manifest = run.pod_manifest("test", fixture=NO_WORKSPACE)
+    admitted_pinned(api, manifest, there)
+    later = run.create_pod("test", fixture=NO_WORKSPACE)
+    assert pinned_to(later) == [there], dump(later)
+    assert not gated(later), dump(later)
+    assert pod_affinity_terms(later) == [], dump(later)
+    assert later["metadata"]["annotations"][ANNOTATION_PINNED_NODE] == there
+    wait_bound(api, ns, run.pod_name("test"), node=there)
 
-        # The first pod is held until the reconciler pins it: still gated and unbound, or
-        # (with the reconciler's release) bound beside its placeholder.
-        now = api.get("Pod", run.pod_name("build"), ns)
-        assert now is not None
-        bound = now["spec"].get("nodeName")
-        assert (gated(now) and not bound) or bound == there, dump(now)
+    # The first pod was held until the reconciler pinned it and lifted the gate: bound
+    # beside its placeholder, the same pod.
+    now = wait_bound(api, ns, run.pod_name("build"), node=there)
+    assert now["metadata"]["uid"] == first["metadata"]["uid"], dump(now)
+    assert not gated(now), dump(now)
+    assert pinned_to(now) == [there], dump(now)
 
 
 def test_with_a_zone_topology_key_taskrun_pods_keep_the_pod_affinity_term(
@@ -128,7 +97,7 @@ def test_with_a_zone_topology_key_taskrun_pods_keep_the_pod_affinity_term(
 ) -> None:
     api = e2e.api
     ns = namespace(mode="pipelineruns")
-    with placement_auto(e2e, ns), topology_key(e2e, ns, ZONE):
+    with topology_key(e2e, ns, ZONE):
         run = TektonRun(api, ns, unique("pr")).create()
         stored = api.create(run.pod_manifest("build", fixture=NO_WORKSPACE), dry_run=True)
         [term] = pod_affinity_terms(stored)

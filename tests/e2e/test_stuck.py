@@ -48,6 +48,7 @@ from tests.e2e.world import (
 pytestmark = pytest.mark.e2e
 
 NO_WORKSPACE = "tekton-taskrun-no-workspace"
+REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"
 ONE_WORKSPACE = "tekton-taskrun"
 TWO_WORKSPACES = "tekton-taskrun-two-workspaces"
 # Written by the relocation scenarios when set; ``python -m bench.stuck`` reads it.
@@ -118,9 +119,7 @@ def test_no_task_running_the_placeholder_moves_and_the_run_follows(
     pod_phase(api, run.pods["build"], "Succeeded")  # the first task is done: nothing runs
     fill(api, ns, old_node, cause)
 
-    run.pods["test"] = create_pod(
-        api, in_pool(run.pod_manifest("test", fixture=NO_WORKSPACE), cpu="1")
-    )
+    run.submit("test", in_pool(run.pod_manifest("test", fixture=NO_WORKSPACE), cpu="1"))
     since, message = unschedulable(api, ns, run.pod_name("test"), REASON[cause])
     assert re.match(r"0/\d+ nodes are available: ", message), message
 
@@ -133,7 +132,16 @@ def test_no_task_running_the_placeholder_moves_and_the_run_follows(
         timeout=STUCK_GRACE + 20,
     )
     new_node = node(moved)
-    wait_bound(api, ns, run.pod_name("test"), node=new_node, timeout=STUCK_GRACE + 20)
+    # Pinned by name to the old node (placement auto), the pod cannot follow: the reconciler
+    # deletes it and Tekton makes it again (played here), pinned to the new node.
+    wait_bound(
+        api,
+        ns,
+        run.pod_name("test"),
+        node=new_node,
+        timeout=STUCK_GRACE + 20,
+        remake=lambda: run.remake("test"),
+    )
     bound_at = time.time()
     took = bound_at - since
     # lastTransitionTime has a resolution of one second.
@@ -157,7 +165,7 @@ def test_no_task_running_the_placeholder_moves_and_the_run_follows(
     run.pods["report"] = create_pod(api, in_pool(run.pod_manifest("report", fixture=NO_WORKSPACE)))
     wait_bound(api, ns, run.pod_name("report"), node=new_node)
     assert node(api.must_get("Pod", run.pod_name("test"), ns)) == new_node
-    # The run's pods were never deleted.
+    # The run's started pod was never deleted.
     build = api.must_get("Pod", run.pod_name("build"), ns)
     assert build["metadata"]["uid"] == run.pods["build"]["metadata"]["uid"]
     assert not build["metadata"].get("deletionTimestamp")
@@ -336,6 +344,14 @@ def test_zonal_volumes_in_one_zone_are_admitted_with_a_zone_topology_key(
         assert "zone e2e-zone-b" in refused.stderr
         admitted = kubectl_create(e2e, together, tmp_path, "--dry-run=server")
         assert admitted.returncode == 0, admitted.stderr
+        # A zone is many nodes: placement auto keeps the pod-affinity term (with the zone
+        # key) for a TaskRun's pod, no pin, no gate.
+        stored = api.create(together, dry_run=True)
+        affinity = (stored["spec"].get("affinity") or {}).get("podAffinity") or {}
+        keys = [t.get("topologyKey") for t in affinity.get(REQUIRED) or []]
+        assert keys == [ZONE], stored["spec"].get("affinity")
+        assert not stored["spec"].get("schedulingGates"), stored["spec"]
+        assert "nodeAffinity" not in (stored["spec"].get("affinity") or {})
 
 
 @pytest.mark.usefixtures("pool")
@@ -353,7 +369,7 @@ def test_a_volume_only_usable_elsewhere_moves_the_run_to_it(
     data_node = next(name for name in sorted(POOL_NODES) if name != old_node)
     bound_claim(api, ns, "source", pinned=(HOSTNAME, data_node))
     manifest = run.pod_manifest("test", fixture=ONE_WORKSPACE, claims={"pvc-1f1344866c": "source"})
-    run.pods["test"] = create_pod(api, in_pool(manifest))
+    run.submit("test", in_pool(manifest))
     since, message = unschedulable(api, ns, run.pod_name("test"), "PersistentVolume")
     moved = wait_placeholder_bound(
         api,
@@ -364,7 +380,14 @@ def test_a_volume_only_usable_elsewhere_moves_the_run_to_it(
         timeout=STUCK_GRACE + 20,
     )
     assert node(moved) == data_node
-    wait_bound(api, ns, run.pod_name("test"), node=data_node, timeout=STUCK_GRACE + 20)
+    wait_bound(
+        api,
+        ns,
+        run.pod_name("test"),
+        node=data_node,
+        timeout=STUCK_GRACE + 20,
+        remake=lambda: run.remake("test"),
+    )
     took = time.time() - since
     assert took <= STUCK_GRACE + 5 + 1, f"{took:.1f}s; the scheduler said: {message}"
     relocated = wait_for(

@@ -1,4 +1,6 @@
-"""The admission decision on realistic pods, in every mode.
+"""The admission decision on realistic pods, in every mode, with the pod-affinity encoding
+(``placement: pod-affinity``; placement by node name, the default, is tests/mutate/
+test_placement.py's).
 
 For each case: the patch applies (checked with the reference ``jsonpatch`` library), the
 result is what the design says, and admitting the result again adds nothing.
@@ -15,7 +17,7 @@ import pytest
 
 from coschedule.config.settings import Settings, parse_settings
 from coschedule.k8s.constants import REQUIRED
-from coschedule.marks import Mode, affinity_term, claim_placeholder, run_placeholder
+from coschedule.marks import Mode, Placement, affinity_term, claim_placeholder, run_placeholder
 from coschedule.mutate.decision import (
     AdmissionContext,
     Decision,
@@ -29,7 +31,9 @@ RUN_MODES = (Mode.PIPELINERUNS, Mode.ISOLATE_PIPELINERUN)
 
 
 def ctx(mode: Mode = Mode.WORKSPACES, namespace: str = "ci", **kw: Any) -> AdmissionContext:
-    settings = Settings(mode=mode, mode_reason="test", **kw)
+    settings = Settings(
+        mode=mode, mode_reason="test", **{"placement": Placement.POD_AFFINITY, **kw}
+    )
     return AdmissionContext(settings, namespace)
 
 

@@ -54,7 +54,9 @@ def merge(
 
 
 def ctx(text: str, mode: Mode = Mode.PIPELINERUNS, namespace: str = "ci") -> AdmissionContext:
-    settings = parse_settings({"coschedule": mode.value, "scheduling-defaults": text})
+    settings = parse_settings(
+        {"coschedule": mode.value, "scheduling-defaults": text, "placement": "pod-affinity"}
+    )
     return AdmissionContext(settings, namespace)
 
 

@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from coschedule.config.settings import Settings
-from coschedule.marks import LABEL_ENABLED, BadMark, Mode
+from coschedule.marks import LABEL_ENABLED, BadMark, Mode, Placement
 from coschedule.mutate import node_pin
 from coschedule.mutate.decision import AdmissionContext, NamespaceInfo, decide
 from coschedule.reconcile import shapes
@@ -42,7 +42,9 @@ def marked_pod(
     if before is not None:
         before(pod)
     namespace = pod["metadata"].get("namespace") or "default"
-    config = settings or Settings(mode=mode)
+    # The pod-affinity encoding unless ``settings`` say otherwise: most reconciler tests
+    # are about the group, not how its pods are tied (``by_node_name`` for that).
+    config = settings or Settings(mode=mode, placement=Placement.POD_AFFINITY)
     info = None
     if namespace_labels is not None:
         info = NamespaceInfo({LABEL_ENABLED: "true", **namespace_labels})

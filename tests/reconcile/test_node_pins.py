@@ -13,9 +13,11 @@ from typing import Any
 
 import pytest
 
+from coschedule.config.settings import Settings
 from coschedule.k8s.constants import HOSTNAME
 from coschedule.k8s.nodeaffinity import pod_allows, required_terms
-from coschedule.marks import ANNOTATION_PINNED_NODE, GATE_PLACEHOLDER
+from coschedule.marks import ANNOTATION_PINNED_NODE, GATE_PLACEHOLDER, Mode, Placement
+from coschedule.mutate.decision import AdmissionContext, decide
 from coschedule.reconcile import relocation
 from coschedule.reconcile.model import (
     DeletePlaceholderPod,
@@ -31,6 +33,7 @@ from coschedule.reconcile.model import (
 from coschedule.reconcile.node_pins import REASON_STRANDED, plan_pins
 from coschedule.reconcile.stuck_runs import facts_wanted, plan_stuck
 from coschedule.wire.jsonpatch import apply
+from tests.fixtures import load_pod
 from tests.reconcile import test_stuck_plan as stuck_plan
 from tests.reconcile.pods import by_node_name, condition, marked_pod
 from tests.reconcile.test_plan import PIPELINERUN, RUNNING, existing_set, observed_for
@@ -78,6 +81,29 @@ def allowed(pod: dict[str, Any]) -> set[str]:
     spec = pod["spec"]
     terms = required_terms(spec.get("affinity"))
     return {n for n in NODES if pod_allows(spec.get("nodeSelector") or {}, terms, {}, n)}
+
+
+class Bound:
+    """The webhook's view of placeholder pods: every placeholder bound to ``node``."""
+
+    def __init__(self, node: str | None) -> None:
+        self.bound = node
+
+    def node(self, namespace: str, placeholder: str) -> str | None:
+        return self.bound
+
+
+@pytest.mark.parametrize("node", [None, "worker-2"])
+def test_the_pods_here_are_what_the_webhook_admits_with_placement_auto(node: str | None) -> None:
+    """``by_node_name`` (pinned to ``node``, gated with None) is the webhook's own output."""
+    settings = Settings(mode=Mode.PIPELINERUNS, placement=Placement.AUTO)
+    pod = load_pod("tekton-taskrun")
+    decision = decide(pod, AdmissionContext(settings, "ci", placeholders=Bound(node)))
+    admitted = apply(pod, decision.ops)
+    ours = by_node_name(pending(), node)
+    for part in ("affinity", "schedulingGates"):
+        assert ours["spec"].get(part) == admitted["spec"].get(part), part
+    assert ours["metadata"]["annotations"] == admitted["metadata"]["annotations"]
 
 
 # ---- release ----------------------------------------------------------------------------
@@ -154,6 +180,19 @@ def test_a_gated_pod_is_not_released_onto_a_node_the_placeholder_is_leaving() ->
         RelocatePlaceholder("ci", observed.name, {}, (ppod,), "x", "worker-2", "w3", "p", ""),
     ):
         assert plan_pins(observed, (earlier,)).actions == (), earlier
+
+
+def test_a_gated_pod_pinned_to_another_node_is_made_again_not_patched() -> None:
+    """kube-apiserver lets a gated pod's node affinity grow, never change (422): a pod
+    gated while pinned to worker-1 cannot be moved to worker-2 by a patch."""
+    pod = by_node_name(pinned("worker-1"))  # pinned, then gated again
+    [delete] = plan_pins(group(pod, on="worker-2")).actions
+    assert isinstance(delete, DeleteStrandedPod)
+    assert delete.node == "worker-1"
+    # Pinned where the placeholder is: released as any gated pod.
+    [release] = plan_pins(group(pod, on="worker-1")).actions
+    assert isinstance(release, ReleasePod)
+    assert [op["op"] for op in release.ops] == ["test", "remove"]
 
 
 def test_a_gated_pod_that_is_finished_or_deleted_is_left_alone() -> None:
