@@ -2,9 +2,9 @@
 
 Each phase is timed hot (in a loop) and cold (one call right after 8 MiB were copied, as
 in bench.appcost: a server does TLS and HTTP work between two admissions). Two columns
-per phase: ``full``, the way the hot path did it before issue 13 (orjson parse of the whole
-review with ``decode_review``, ``encode_response``, a prometheus_client Counter and two
-Histograms), and ``lean``, the way it does now (``wire.lean``, ``encode_allowed``, one
+per phase: ``full``, the way the hot path did it before the lean decoder (orjson parse of
+the whole review with ``decode_review``, ``encode_response``, a prometheus_client Counter and
+two Histograms), and ``lean``, the way it does now (``wire.lean``, ``encode_allowed``, one
 ``AdmissionMetrics.record``, one level check). ``decide`` is the same code in both; it gets
 the full pod and writes the reasons ``explain`` prints, or gets the lean view and writes
 none, as the server calls it. What the server spends beyond these (TLS, HTTP, ASGI) is

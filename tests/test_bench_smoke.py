@@ -453,3 +453,15 @@ def test_the_placement_auto_payloads_are_gated_then_pinned() -> None:
     assert pinned.ops[0]["path"] == "/spec/affinity"
     assert "nodeAffinity" in pinned.ops[0]["value"]
     assert "podAffinity" not in pinned.ops[0]["value"]
+
+
+def test_webhook_memory_bench_fills_the_real_caches() -> None:
+    """bench.webhook_memory on 400 claims: the caches hold every claim and volume, and the
+    figure is per claim (no speed or size asserted)."""
+    from bench import webhook_memory
+
+    figures = asyncio.run(webhook_memory.measure(400, rss=False))
+    assert figures["claims"] == 400
+    assert figures["bytes_per_claim"] > 0
+    per_10k = figures["bytes_per_claim"] * 10_000 / 2**20
+    assert figures["mb_per_10k_claims"] == pytest.approx(per_10k, abs=0.1)

@@ -22,6 +22,7 @@ from coschedule.marks import IsolationScope, Mode
 from tests.chart import CHART, NAMESPACE, all_options, helm, lint, render_chart
 from tests.test_manifests import (
     CERT_MANAGER,
+    CRDS,
     K8S_VERSIONS,
     RUNS_WEBHOOK_NAME,
     SELF_SIGNED,
@@ -66,7 +67,9 @@ def test_chart_defaults_render_the_overlay_objects(source: str, overlay: str) ->
     assert not objects(docs, "Namespace")
     chart = {ident(_without_helm_labels(o)): _without_helm_labels(o) for o in docs}
     kustomize = {
-        ident(o): _without_helm_labels(o) for o in render(overlay) if o["kind"] != "Namespace"
+        ident(o): _without_helm_labels(o)
+        for o in render(overlay) + render(CRDS)  # the CRD is applied on its own
+        if o["kind"] != "Namespace"
     }
     assert sorted(chart) == sorted(kustomize)
     for name, obj in kustomize.items():
@@ -379,7 +382,7 @@ def test_the_chart_ships_the_manifests_concurrencycontrol_crd() -> None:
     shipped = yaml.safe_load(
         (CHART / "crds" / "concurrencycontrols.coschedule.dev.yaml").read_text()
     )
-    base = CHART.parents[1] / "manifests" / "base" / "crd-concurrencycontrol.yaml"
+    base = CHART.parents[1] / "manifests" / "crds" / "crd-concurrencycontrol.yaml"
     assert shipped == yaml.safe_load(base.read_text())
 
 

@@ -30,7 +30,7 @@ from tests.chart import render_chart
 ROOT = Path(__file__).resolve().parent.parent
 BASE = ROOT / "manifests" / "base"
 CRDS = (
-    BASE / "crd-concurrencycontrol.yaml",
+    ROOT / "manifests" / "crds" / "crd-concurrencycontrol.yaml",
     ROOT / "charts" / "coschedule" / "crds" / "concurrencycontrols.coschedule.dev.yaml",
 )
 RUNS_PATH = "/mutate-runs"

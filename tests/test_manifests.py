@@ -37,6 +37,7 @@ MANIFESTS = ROOT / "manifests"
 BASE = "base"
 CERT_MANAGER = "overlays/cert-manager"
 SELF_SIGNED = "overlays/self-signed"
+CRDS = "crds"  # applied on its own, before an overlay
 # The Helm chart with its defaults, for each certificate source: every check below holds
 # for it as for the kustomize overlays (tests/test_chart.py has the chart's own).
 CHART_SELF_SIGNED = "chart:self-signed"
@@ -297,7 +298,6 @@ def test_base_has_the_expected_objects() -> None:
     assert kinds == sorted(
         [
             f"Namespace {NAMESPACE}",
-            "CustomResourceDefinition concurrencycontrols.coschedule.dev",
             f"ServiceAccount {NAMESPACE}/coschedule-webhook",
             f"ServiceAccount {NAMESPACE}/coschedule-reconciler",
             "ClusterRole coschedule-webhook",
@@ -315,6 +315,24 @@ def test_base_has_the_expected_objects() -> None:
             f"MutatingWebhookConfiguration {WEBHOOK_CONFIG}",
         ]
     )
+
+
+@pytest.mark.parametrize("target", [BASE, CERT_MANAGER, SELF_SIGNED])
+def test_the_crd_is_in_its_own_kustomization(target: str) -> None:
+    """``kubectl delete -k`` of an overlay deletes what it renders: no CRD there, so removing
+    coschedule never deletes every ConcurrencyControl. ``manifests/crds`` has it alone,
+    valid, labelled, and equal to the chart's crds/ (which Helm never deletes)."""
+    assert not objects(render(target), "CustomResourceDefinition")
+    crds = render(CRDS)
+    assert [ident(obj) for obj in crds] == [
+        "CustomResourceDefinition concurrencycontrols.coschedule.dev"
+    ]
+    for version in K8S_VERSIONS:
+        assert schema_problems(crds, version) == []
+    assert crds[0]["metadata"]["labels"]["app.kubernetes.io/part-of"] == "coschedule"
+    assert "namespace" not in crds[0]["metadata"]
+    chart = objects(render(CHART_SELF_SIGNED), "CustomResourceDefinition")
+    assert chart == crds
 
 
 # ---- the webhook registration ----------------------------------------------------------

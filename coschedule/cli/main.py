@@ -1,4 +1,4 @@
-"""The ``coschedule`` command: serve, reconcile, certs, explain."""
+"""The ``coschedule`` command: serve, reconcile, certs, explain, release-held."""
 
 from __future__ import annotations
 
@@ -35,6 +35,12 @@ def _run_explain(args: argparse.Namespace) -> int:
     from coschedule.cli.explain_cmd import cmd_explain
 
     return cmd_explain(args)
+
+
+def _run_release_held(args: argparse.Namespace) -> int:
+    from coschedule.cli.release_held import cmd_release_held
+
+    return cmd_release_held(args)
 
 
 def _log_format_flag(parser: argparse.ArgumentParser) -> None:
@@ -236,6 +242,31 @@ def build_parser() -> argparse.ArgumentParser:
         "-o", "--output", choices=("text", "json"), default="text", help="report format"
     )
     exp.set_defaults(func=_run_explain)
+
+    rel = sub.add_parser(
+        "release-held",
+        formatter_class=_DefaultsHelp,
+        help="start every run concurrency control holds pending (before removing coschedule)",
+        description="Start every PipelineRun and Workflow that coschedule's concurrency "
+        "control holds pending, through the reconciler's own start path, and print each. "
+        "Runs their authors made pending are left alone. Run it before removing coschedule "
+        "(after deleting the MutatingWebhookConfiguration, so no new run is held): once the "
+        "reconciler is gone, nothing else starts them. Safe to run again.",
+    )
+    rel.add_argument("--kubeconfig", default=None, help=kubeconfig_help)
+    rel.add_argument(
+        "-n",
+        "--namespace",
+        action="append",
+        metavar="NAMESPACE",
+        help="only this namespace (repeatable; default: every namespace)",
+    )
+    rel.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the runs it would release, change nothing",
+    )
+    rel.set_defaults(func=_run_release_held)
     for command in sub.choices.values():
         command.set_defaults(command_parser=command)
     return parser

@@ -1,7 +1,7 @@
 """The group key template: ``$(params.NAME)``, ``$(labels.KEY)``, ``$(annotations.KEY)``,
 ``$(context.namespace)`` and literal text; and the label value a key becomes.
 
-The CRD's CEL rules (manifests/base/crd-concurrencycontrol.yaml) accept exactly what
+The CRD's CEL rules (manifests/crds/crd-concurrencycontrol.yaml) accept exactly what
 ``parse_template`` accepts: the same grammar, written as the regular expressions below.
 """
 

@@ -241,14 +241,67 @@ def _parse_resources(text: str) -> Mapping[str, Mapping[str, str]]:
         for name, amount in values.items():
             _check_resource_name(section, str(name))
             quantity_text = str(amount).strip()
-            if quantity(quantity_text) is None:
+            amount_value = quantity(quantity_text)
+            if amount_value is None:
                 raise ConfigError(
                     f'config key "placeholder-resources": {section}.{name}: '
                     f"{quantity_text!r} is not a Kubernetes quantity"
                 )
+            if amount_value < 0:
+                raise ConfigError(
+                    f'config key "placeholder-resources": {section}.{name}: '
+                    f"{quantity_text!r} is negative"
+                )
             parsed[str(name)] = quantity_text
         result[section] = parsed
+    _check_requests_within_limits(result)
     return result
+
+
+def _overcommit_allowed(name: str) -> bool:
+    """The API server's rule: only native resources other than hugepages may be overcommitted."""
+    return "/" not in name and not name.startswith("hugepages-")
+
+
+def _check_requests_within_limits(resources: Mapping[str, Mapping[str, str]]) -> None:
+    """What the API server would refuse in every placeholder pod, refused once at load."""
+    requests, limits = resources.get("requests", {}), resources.get("limits", {})
+    for section, values in resources.items():
+        for name, text in values.items():
+            amount = quantity(text)
+            if "/" in name and amount is not None and amount != amount.to_integral_value():
+                raise ConfigError(
+                    f'config key "placeholder-resources": {section}.{name}: {text!r} is not '
+                    "a whole number (an extended resource counts devices)"
+                )
+    named = set(requests) | set(limits)
+    if any(n.startswith("hugepages-") for n in named) and not named & {"cpu", "memory"}:
+        raise ConfigError(
+            'config key "placeholder-resources": hugepages need a cpu or memory request or limit '
+            "beside them (the API server refuses the pod)"
+        )
+    for name, text in requests.items():
+        limit_text = limits.get(name)
+        if limit_text is None:
+            if not _overcommit_allowed(name):
+                raise ConfigError(
+                    f'config key "placeholder-resources": requests.{name}: {text!r} needs '
+                    f"limits.{name} equal to it ({name} cannot be overcommitted)"
+                )
+            continue
+        request, limit = quantity(text), quantity(limit_text)
+        assert request is not None  # each quantity is checked by _parse_resources
+        assert limit is not None
+        if request > limit:
+            raise ConfigError(
+                f'config key "placeholder-resources": limits.{name}: {limit_text!r} is below '
+                f"requests.{name} {text!r}; a limit must be at least the request"
+            )
+        if request != limit and not _overcommit_allowed(name):
+            raise ConfigError(
+                f'config key "placeholder-resources": requests.{name}: {text!r} must equal '
+                f"limits.{name} {limit_text!r} ({name} cannot be overcommitted)"
+            )
 
 
 def _parse_image(text: str) -> str:

@@ -373,8 +373,7 @@ class ConcurrencyController:
 
     async def execute(self, action: Action) -> None:
         run = action.run
-        engine = RUN_ENGINES[run.kind]
-        path = object_path(engine.api_version, engine.plural, run.namespace, run.name)
+        path = run_path(run)
         if isinstance(action, CancelRun):
             await self.client.patch(path, cancel_patch(run, action.value))
             self.metrics.cancellations.labels(action.strategy.value).inc()
@@ -390,34 +389,52 @@ class ConcurrencyController:
                     "why": message,
                 },
             )
-            await self._event(run, "Cancelled", message, "Normal")
+            await run_event(self.client, run, "Cancelled", message)
         elif isinstance(action, StartRun):
-            await self.client.patch(path, start_patch(run))
-            created = run.created_at
-            if created:
-                self.metrics.start_delay.observe(max(0.0, self.clock() - created))
-            self.metrics.starts.inc()
-            message = f"started by coschedule: {action.why}"
-            log.info(
-                "started run",
-                extra={
-                    "run": f"{run.namespace}/{run.name}",
-                    "kind": run.kind.value,
-                    "why": message,
-                },
-            )
-            await self._event(run, "Started", message, "Normal")
+            await start_run(self.client, run, action.why, started=self._count_start)
         elif isinstance(action, MarkWaiting):
             # Written only when the reason changed (the plan compares it with the run's): one
             # Event per change, and nothing when a look changes nothing.
             await self.client.patch(path, waiting_patch(run, action.why))
-            await self._event(run, "Waiting", action.why, "Normal")
+            await run_event(self.client, run, "Waiting", action.why)
 
-    async def _event(self, run: Run, reason: str, message: str, kind: str) -> None:
-        involved = {
-            "apiVersion": RUN_ENGINES[run.kind].api_version,
-            "kind": run.kind.value,
-            "name": run.name,
-            "uid": run.uid,
-        }
-        await record_event(self.client, run.namespace, involved, reason, message, kind)
+    def _count_start(self, run: Run) -> None:
+        created = run.created_at
+        if created:
+            self.metrics.start_delay.observe(max(0.0, self.clock() - created))
+        self.metrics.starts.inc()
+
+
+def run_path(run: Run) -> str:
+    engine = RUN_ENGINES[run.kind]
+    return object_path(engine.api_version, engine.plural, run.namespace, run.name)
+
+
+async def start_run(
+    client: KubeClient, run: Run, why: str, *, started: Callable[[Run], None] | None = None
+) -> None:
+    """Let a run held pending by coschedule start: its engine's start patch, only if the run
+    is unchanged since ``run`` was read (a stale one is 409), then ``started`` (the
+    reconciler's metrics), a log line and a ``Started`` Event. The one start path: the
+    reconciler's plans and ``coschedule release-held``."""
+    await client.patch(run_path(run), start_patch(run))
+    if started is not None:
+        started(run)
+    message = f"started by coschedule: {why}"
+    log.info(
+        "started run",
+        extra={"run": f"{run.namespace}/{run.name}", "kind": run.kind.value, "why": message},
+    )
+    await run_event(client, run, "Started", message)
+
+
+async def run_event(
+    client: KubeClient, run: Run, reason: str, message: str, kind: str = "Normal"
+) -> None:
+    involved = {
+        "apiVersion": RUN_ENGINES[run.kind].api_version,
+        "kind": run.kind.value,
+        "name": run.name,
+        "uid": run.uid,
+    }
+    await record_event(client, run.namespace, involved, reason, message, kind)

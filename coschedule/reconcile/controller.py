@@ -35,6 +35,7 @@ from coschedule.marks import (
 )
 from coschedule.reconcile import event_keys, node_pins, shapes, stuck, stuck_facts
 from coschedule.reconcile import plan as planning
+from coschedule.reconcile.assistant_conflict import plan_assistant_conflict
 from coschedule.reconcile.event_keys import BY_NODE, BY_PLACEHOLDER
 from coschedule.reconcile.executor import Executor
 from coschedule.reconcile.model import (
@@ -187,6 +188,7 @@ class Controller:
         self.owners.forget(key)
         self._idle_since.pop(key, None)
         self.stuck.clear(key)
+        self.executor.forget_group(key)
 
     def _pod_version(self, pod_key: str) -> str:
         obj = self.placeholder_pods.get(pod_key) or {}
@@ -315,6 +317,7 @@ class Controller:
         facts = await gather(self.client, observed, facts, settings, now)
         result = result.then(plan_stuck(observed, facts, settings, now))
         result = result.then(node_pins.plan_pins(observed, result.actions))
+        result = result.then(plan_assistant_conflict(observed))
         await self.executor.execute(key, result.actions, sts_obj)
         return result
 

@@ -33,6 +33,7 @@ from coschedule.reconcile.model import (
     ReleaseClaim,
     ReleasePod,
     RelocatePlaceholder,
+    ReportAssistantConflict,
 )
 from coschedule.reconcile.reconciler_metrics import ReconcileMetrics
 from coschedule.reconcile.stuck_facts import StuckMemory
@@ -77,9 +78,15 @@ class Executor:
         # Placeholder key -> why its pod stays on a node it would otherwise leave: explained
         # once per reason (not on every look), counted while it lasts.
         self.pinned: dict[str, str] = {}
+        # Placeholder key -> the pods and runs told they are pinned to Tekton's own Affinity
+        # Assistant too: told once each, not on every look; forgotten with the group.
+        self.conflicts: dict[str, set[str]] = {}
 
     def forget_pod(self, pod_key: str) -> None:
         self.deleted.pop(pod_key, None)
+
+    def forget_group(self, key: str) -> None:
+        self.conflicts.pop(key, None)
 
     def _check_leader(self) -> None:
         if not self.leading():
@@ -161,6 +168,8 @@ class Executor:
             elif isinstance(action, DeleteStrandedPod):
                 if await self._delete_stranded(key, action):
                     await self._event(action.event, uid)
+            elif isinstance(action, ReportAssistantConflict):
+                await self._conflict(key, action)
             elif isinstance(action, MarkStuck):
                 self._mark_stuck(key, action)
             elif isinstance(action, ClearStuck):
@@ -282,6 +291,24 @@ class Executor:
             "released claim: run done, no pod of it live",
             extra=self._extra(key, "release-claim", claim=action.name),
         )
+
+    async def _conflict(self, key: str, action: ReportAssistantConflict) -> None:
+        told = self.conflicts.setdefault(key, set())
+        if action.subject in told:
+            return
+        told.add(action.subject)
+        if action.subject.startswith("pod "):
+            self.metrics.assistant_conflicts.inc()
+            log.warning(
+                "pod pinned to Tekton's own Affinity Assistant too",
+                extra=self._extra(
+                    key,
+                    "report-assistant-conflict",
+                    pod=action.pod,
+                    assistants=list(action.assistants),
+                ),
+            )
+        await self._event(action.event, "")
 
     async def _hold(self, key: str, action: HoldPinnedPlaceholder, uid: str) -> None:
         if self.pinned.get(key) == action.message:

@@ -65,6 +65,9 @@ class MarkedPod:
     pinned_node: str | None = None
     recreated: bool = False
     gated: Mapping[str, Any] | None = None  # None: not held by our gate
+    # Other placeholders its required pod affinity pins it to: Tekton's own Affinity
+    # Assistant's, when that is on too (``assistant_conflict``).
+    other_assistants: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,6 +154,20 @@ class RecordEvent:
     message: str
     type: str = "Normal"
     involved: OwnerRef | None = None  # None: the placeholder StatefulSet itself
+
+
+@dataclass(frozen=True, slots=True)
+class ReportAssistantConflict:
+    """A pod of the group is pinned to Tekton's own Affinity Assistant as well as to our
+    placeholder: ``event`` (a Warning on the pod, or on its run) once per ``subject``; a pod
+    subject is counted in ``coschedule_tekton_assistant_conflicts_total`` and logged."""
+
+    namespace: str
+    name: str  # the group's placeholder
+    subject: str  # "pod <uid>" or "run <kind>/<name>": what is told, once
+    pod: str  # the pod found pinned twice
+    assistants: tuple[str, ...]  # the other placeholders it is pinned to
+    event: RecordEvent
 
 
 @dataclass(frozen=True, slots=True)
@@ -326,6 +343,7 @@ Action = (
     | DeleteStrandedPod
     | MarkStuck
     | ClearStuck
+    | ReportAssistantConflict
 )
 
 

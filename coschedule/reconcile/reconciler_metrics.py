@@ -78,6 +78,13 @@ class ReconcileMetrics:
             "engine recreates them where the run is (placement auto).",
             registry=self.registry,
         )
+        self.assistant_conflicts = Counter(
+            "coschedule_tekton_assistant_conflicts",
+            "Pods found pinned both to a coschedule placeholder and to Tekton's own Affinity "
+            "Assistant (each pod once; explained by TektonAffinityAssistantConflict Events): "
+            "set coschedule: disabled in Tekton's feature-flags.",
+            registry=self.registry,
+        )
         for reason in ("cordoned", "tainted"):
             self.evictions.labels(reason)
         for cause in (Cause.RESOURCES, Cause.PODS, Cause.TAINT, Cause.VOLUME):

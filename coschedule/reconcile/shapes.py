@@ -12,7 +12,7 @@ from typing import Any
 
 from coschedule import marks
 from coschedule.engines import pod_recreated_by_owner
-from coschedule.k8s.constants import TERMINAL_PHASES
+from coschedule.k8s.constants import REQUIRED, TERMINAL_PHASES
 from coschedule.k8s.timefmt import parse_time
 from coschedule.marks import (
     ALL_MARK_ANNOTATIONS,
@@ -61,6 +61,15 @@ def _finished_at(status: Mapping[str, Any]) -> str | None:
     return latest
 
 
+def other_assistants(spec: Mapping[str, Any], placeholder: str) -> list[str]:
+    """The placeholders other than ``placeholder`` a pod's required pod affinity pins it to:
+    Tekton's own Affinity Assistant's term has the shape of ours (component and instance
+    labels), so a marked pod that has one is pinned to both."""
+    pod_affinity = _dict(_dict(spec.get("affinity")).get("podAffinity"))
+    found = (marks.term_placeholder(term) for term in _list(pod_affinity.get(REQUIRED)))
+    return sorted({instance for instance in found if instance and instance != placeholder})
+
+
 def slim_marked_pod(obj: Obj) -> Obj:
     """Informer transform for marked pods: metadata we read, scheduling inputs, phase."""
     meta = _dict(obj.get("metadata"))
@@ -95,6 +104,9 @@ def slim_marked_pod(obj: Obj) -> Obj:
         slim_spec["schedulingGates"] = spec["schedulingGates"]
         if spec.get("affinity") and node_pin.gate_index(spec) is not None:
             slim_spec["affinity"] = spec["affinity"]
+    others = other_assistants(spec, str(labels.get(LABEL_PLACEHOLDER) or ""))
+    if others:
+        slim_spec["otherAssistants"] = others
     slim_status: Obj = {"phase": status.get("phase") or ""}
     finished = _finished_at(status)
     if finished:
@@ -197,6 +209,7 @@ def parse_marked(obj: Mapping[str, Any]) -> MarkedPod | BadMark:
         pinned_node=node_pin.pinned_node(meta),
         recreated=pod_recreated_by_owner(meta.get("ownerReferences")),
         gated=gated,
+        other_assistants=tuple(str(a) for a in _list(spec.get("otherAssistants"))),
     )
 
 

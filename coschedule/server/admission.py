@@ -82,7 +82,8 @@ class AdmissionEndpoint(ABC):
     """The front door: request guard, body, review decoding, bad requests; ``admit`` decides.
 
     ``mode`` labels the requests refused here in ``coschedule_admission_requests_total``;
-    ``log_bad_requests`` logs each 400 as the admission log does its decisions."""
+    every request refused here is logged (``admission_log.refused``) with the endpoint's
+    ``path`` and its object's name as ``object_field``."""
 
     def __init__(
         self,
@@ -90,12 +91,14 @@ class AdmissionEndpoint(ABC):
         decode: Callable[[bytes], Review],
         *,
         mode: str,
-        log_bad_requests: bool,
+        path: str,
+        object_field: str,
     ) -> None:
         self.metrics = metrics
         self.decode = decode
         self.mode = mode
-        self.log_bad_requests = log_bad_requests
+        self.path = path
+        self.object_field = object_field
         self._bad_request_key = (mode, "false", "400")
 
     @abstractmethod
@@ -106,9 +109,8 @@ class AdmissionEndpoint(ABC):
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["method"] != "POST":
-            await _respond(
-                send, 405, error_body("use POST with an AdmissionReview v1"), _ALLOW_POST
-            )
+            self._log_door(scope, 405, "method-not-allowed", f"method {scope['method']}")
+            await _respond(send, 405, _USE_POST, _ALLOW_POST)
             return
         content_type = b""
         declared = -1
@@ -122,13 +124,13 @@ class AdmissionEndpoint(ABC):
             and content_type.split(b";", 1)[0].strip().lower() != b"application/json"
         ):
             self.metrics.count_request(self.mode, False, 400)
-            ct = content_type.decode("latin-1")
-            await _respond(
-                send, 400, error_body(f"Content-Type must be application/json, not {ct!r}")
-            )
+            error = f"Content-Type must be application/json, not {content_type.decode('latin-1')!r}"
+            self._log_door(scope, 400, "wrong-content-type", error)
+            await _respond(send, 400, error_body(error))
             return
         if declared > MAX_BODY_BYTES:
             self.metrics.count_request(self.mode, False, 413)
+            self._log_door(scope, 413, "body-too-large", f"declared {declared} bytes")
             await _respond(send, 413, _too_large())
             return
         message = await receive()
@@ -140,6 +142,7 @@ class AdmissionEndpoint(ABC):
             body = await _read_body(receive, message)
         if body is None:
             self.metrics.count_request(self.mode, False, 413)
+            self._log_door(scope, 413, "body-too-large", f"more than {MAX_BODY_BYTES} bytes sent")
             await _respond(send, 413, _too_large())
             return
         # What ``handle`` does, written out: a call to it would be one frame more per admission.
@@ -178,9 +181,22 @@ class AdmissionEndpoint(ABC):
 
     def _bad_request(self, exc: Exception, review: Review | None, start: float) -> bytes:
         self.metrics.admissions.record(self._bad_request_key)
-        if self.log_bad_requests and admission_log.log.isEnabledFor(logging.INFO):
-            admission_log.bad_request(str(exc), review, start)
+        if admission_log.log.isEnabledFor(logging.INFO):
+            admission_log.refused(
+                self.path,
+                400,
+                "bad-request",
+                str(exc),
+                review=review,
+                object_field=self.object_field,
+                start=start,
+            )
         return error_body(str(exc))
+
+    def _log_door(self, scope: Scope, status: int, rule: str, error: str) -> None:
+        """A request refused before its body was read: no review, so the peer is named."""
+        if admission_log.log.isEnabledFor(logging.INFO):
+            admission_log.refused(self.path, status, rule, error, client=scope.get("client"))
 
 
 def _too_large() -> bytes:

@@ -1,11 +1,14 @@
-"""One log line per admission decision: INFO when denied, warned or refused as a bad
-request, DEBUG when allowed. Nothing is built for an allowed pod unless DEBUG is on.
+"""One log line per admission decision: INFO when denied, warned or refused (at the door,
+as a bad request, or not decidable yet; on both endpoints), DEBUG when allowed. Nothing is
+built for an allowed pod unless DEBUG is on.
 
 The fields (``extra``, so the JSON formatter makes them keys): ``uid``, ``namespace``,
 ``pod`` (its name, or its generateName while it has none), ``run``, ``mode``,
 ``placeholder``, ``rule`` and ``latency_ms`` (body read to answer encoded), plus
-``warnings`` and ``ops`` where there are any. The reconciler's action lines use the same
-names for ``run``, ``namespace`` and ``placeholder``.
+``warnings`` and ``ops`` where there are any; a refused request has ``endpoint``, ``status``,
+``error`` and ``client`` and no decision fields. The formatters (``coschedule.logs``) cap
+every field, so a request's oversized name cannot make an oversized line. The reconciler's
+action lines use the same names for ``run``, ``namespace`` and ``placeholder``.
 """
 
 from __future__ import annotations
@@ -71,14 +74,32 @@ def decided(review: Review, pod: Any, decision: Decision, settings: Settings, st
     log.log(level, message, extra=extra)
 
 
-def bad_request(error: str, review: Review | None, start: float) -> None:
-    """A request answered HTTP 400 (not a usable review, or a malformed pod)."""
+def refused(
+    endpoint: str,
+    status: int,
+    rule: str,
+    error: str,
+    *,
+    review: Review | None = None,
+    object_field: str = "pod",
+    start: float | None = None,
+    client: object = None,
+) -> None:
+    """A request refused before any decision: at the door (405 method, 400 Content-Type,
+    413 body size: no review was read), as a bad request (400: not a usable review, or a
+    malformed object), or not decidable yet (503). ``object_field`` names the object: ``pod``
+    on ``/mutate``, ``run`` on ``/mutate-runs``; ``client`` is the peer's address."""
     extra: dict[str, object] = {
+        "endpoint": endpoint,
+        "status": status,
         "uid": review.uid if review is not None else None,
         "namespace": review.namespace if review is not None else None,
-        "pod": _pod_name(review.object) if review is not None else None,
-        "rule": "bad-request",
+        object_field: _pod_name(review.object) if review is not None else None,
+        "rule": rule,
         "error": error,
-        "latency_ms": _latency_ms(start),
     }
-    log.info("admission refused: bad request", extra=extra)
+    if start is not None:
+        extra["latency_ms"] = _latency_ms(start)
+    if isinstance(client, list | tuple) and len(client) == 2:
+        extra["client"] = f"{client[0]}:{client[1]}"
+    log.info("admission refused: %s", rule, extra=extra)

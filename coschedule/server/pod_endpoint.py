@@ -46,7 +46,7 @@ class PodEndpoint(AdmissionEndpoint):
         volumes: VolumeView | None = None,
         placeholders: PlaceholderView | None = None,
     ) -> None:
-        super().__init__(metrics, lean.decode, mode="none", log_bad_requests=True)
+        super().__init__(metrics, lean.decode, mode="none", path="/mutate", object_field="pod")
         self.settings = settings
         self.namespaces = namespaces
         self.claims = claims

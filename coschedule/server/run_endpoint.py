@@ -1,7 +1,8 @@
 """``POST /mutate-runs``: admission of new PipelineRuns and Workflows for run concurrency
 control, answered from the watch-fed ConcurrencyControl and namespace caches. Behind the
 front door (``server.admission``); a run it cannot decide on is refused in a 200 review that
-says why and whether to retry. Runs log only internal errors (no line per bad request)."""
+says why and whether to retry. A run is logged only when refused (at the door, as a bad
+request, not decidable yet, or an internal error); an admitted run is counted, not logged."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from typing import Protocol
 from coschedule.concurrency.admission import Outcome, admit_run
 from coschedule.concurrency.control import Control
 from coschedule.engines import run_kind_of
+from coschedule.server import admission_log
 from coschedule.server.admission import (
     AdmissionEndpoint,
     Answer,
@@ -46,7 +48,9 @@ class RunEndpoint(AdmissionEndpoint):
         controls: ControlLookup | None = None,
         namespaces: NamespaceLookup | None = None,
     ) -> None:
-        super().__init__(metrics, decode_review, mode=METRIC_MODE, log_bad_requests=False)
+        super().__init__(
+            metrics, decode_review, mode=METRIC_MODE, path="/mutate-runs", object_field="run"
+        )
         self.controls = controls
         self.namespaces = namespaces
 
@@ -66,6 +70,15 @@ class RunEndpoint(AdmissionEndpoint):
         controls = self.controls
         if controls is not None and not controls.synced and not controls.absent:
             count(METRIC_MODE, False, 503)
+            admission_log.refused(
+                "/mutate-runs",
+                503,
+                "concurrency-cache-not-synced",
+                "the ConcurrencyControls are not read yet",
+                review=review,
+                object_field="run",
+                start=start,
+            )
             return unavailable(
                 review.uid,
                 "coschedule: rule concurrency-cache-not-synced: the webhook has not read the "
@@ -75,7 +88,10 @@ class RunEndpoint(AdmissionEndpoint):
             found = controls.controls(review.namespace) if controls is not None else []
             decision = admit_run(kind, review.object, review.namespace, found)
         except Exception:
-            log.exception("internal error deciding a run", extra={"uid": review.uid})
+            log.exception(
+                "internal error deciding a run",
+                extra={"uid": review.uid, "namespace": review.namespace, "rule": "internal-error"},
+            )
             count(METRIC_MODE, False, 500)
             return errored(
                 review.uid,

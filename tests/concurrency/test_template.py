@@ -22,7 +22,7 @@ from coschedule.concurrency.template import (
     parse_template,
 )
 
-CRD = Path(__file__).resolve().parents[2] / "manifests" / "base" / "crd-concurrencycontrol.yaml"
+CRD = Path(__file__).resolve().parents[2] / "manifests" / "crds" / "crd-concurrencycontrol.yaml"
 
 
 def test_parses_references_and_literals() -> None:

@@ -259,10 +259,74 @@ def test_unknown_resource_names_are_refused(text: str, fragment: str) -> None:
 def test_every_resource_a_pod_may_request_is_accepted() -> None:
     text = (
         "requests: {cpu: 1m, memory: 8Mi, ephemeral-storage: 1Mi, hugepages-2Mi: 2Mi,"
-        " example.com/device: 1}\nlimits: {memory: 16Mi, example.com/device: 1}"
+        " example.com/device: 1}\nlimits: {memory: 16Mi, hugepages-2Mi: 2Mi, example.com/device: 1}"
     )
     settings = parse_settings({"placeholder-resources": text})
     assert settings.placeholder_resources["requests"]["hugepages-2Mi"] == "2Mi"
+
+
+@pytest.mark.parametrize(
+    ("text", "fragment"),
+    [
+        # The API server's rules for a container's resources, which every placeholder pod
+        # would break: refused at load, naming the key and the entries.
+        ("requests: {memory: 32Mi}\nlimits: {memory: 16Mi}", "limits.memory: '16Mi' is below"),
+        ("requests: {cpu: '1'}\nlimits: {cpu: 500m}", "limits.cpu: '500m' is below requests.cpu"),
+        ("requests: {cpu: 1001m}\nlimits: {cpu: '1'}", "limits.cpu: '1' is below"),
+        ("requests: {memory: 1Gi}\nlimits: {memory: 1G}", "limits.memory: '1G' is below"),
+        ("requests: {memory: -8Mi}", "requests.memory: '-8Mi' is negative"),
+        (
+            "requests: {cpu: 1m, example.com/device: 1}",
+            "requests.example.com/device: '1' needs limits.example.com/device",
+        ),
+        (
+            "requests: {example.com/device: 1}\nlimits: {example.com/device: 2}",
+            "requests.example.com/device: '1' must equal limits.example.com/device '2'",
+        ),
+        ("limits: {memory: 16Mi, example.com/device: 500m}", "'500m' is not a whole number"),
+        (
+            "requests: {memory: 8Mi, hugepages-2Mi: 2Mi}\n"
+            "limits: {memory: 16Mi, hugepages-2Mi: 4Mi}",
+            "requests.hugepages-2Mi: '2Mi' must equal limits.hugepages-2Mi '4Mi'",
+        ),
+        ("limits: {hugepages-2Mi: 2Mi}", "hugepages need a cpu or memory"),
+    ],
+)
+def test_resources_the_api_server_would_refuse_are_refused_at_load(
+    text: str, fragment: str
+) -> None:
+    with pytest.raises(ConfigError, match='config key "placeholder-resources"') as caught:
+        parse_settings({"placeholder-resources": text})
+    assert fragment in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "requests: {memory: 16Mi}\nlimits: {memory: 16Mi}",  # equal is fine
+        "requests: {memory: 1G}\nlimits: {memory: 1Gi}",  # 1G < 1Gi
+        "requests: {cpu: 500m}\nlimits: {cpu: '1'}",
+        "requests: {memory: 8Mi}\nlimits: {cpu: 1m}",  # a limit of another resource
+        "limits: {memory: 16Mi}",  # the request defaults to the limit
+        "limits: {cpu: 1m, example.com/device: 2}",  # the same for a device
+        "requests: {cpu: 1m, example.com/device: 2}\nlimits: {example.com/device: 2}",
+    ],
+)
+def test_resources_within_limits_are_accepted(text: str) -> None:
+    assert parse_settings({"placeholder-resources": text}).placeholder_resources
+
+
+def test_the_limits_check_is_reported_with_the_other_problems() -> None:
+    with pytest.raises(ConfigError) as caught:
+        parse_settings(
+            {
+                "placeholder-resources": "requests: {memory: 32Mi}\nlimits: {memory: 16Mi}",
+                "idle-grace-seconds": "-1",
+            }
+        )
+    message = str(caught.value)
+    assert message.startswith("2 config problems")
+    assert "limits.memory: '16Mi' is below requests.memory '32Mi'" in message
 
 
 @pytest.mark.parametrize(

@@ -155,6 +155,9 @@ class Coschedule:
         objects: list[Obj] = []
         if (MANIFESTS / "base" / "kustomization.yaml").is_file():
             self.rendered = render_kustomization(kubectl, MANIFESTS / "base")
+            # The CRD is applied on its own (manifests/crds), before the overlay.
+            if (MANIFESTS / "crds" / "kustomization.yaml").is_file():
+                self.rendered += render_kustomization(kubectl, MANIFESTS / "crds")
             objects = [obj for obj in self.rendered if obj.get("kind") in RBAC_KINDS]
             self.rbac_source = f"{len(objects)} RBAC objects from manifests/base"
             for obj in self.rendered:

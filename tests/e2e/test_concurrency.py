@@ -670,6 +670,59 @@ def test_deleting_the_control_starts_the_runs_it_held(
     wait_states(api, "Workflow", ns, {"w1": "started", "w2": "started", "w3": "started"})
 
 
+@pytest.mark.usefixtures("reconciling")
+def test_release_held_starts_the_held_runs_once_the_reconciler_is_gone(
+    e2e: E2E, namespace: Callable[..., str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The uninstall step: with every reconciler stopped nothing would ever start a held
+    run; ``coschedule release-held`` does, in the namespaces asked for, and only those runs
+    held by coschedule. Run again, it finds nothing."""
+    api = e2e.api
+    ns, other = namespace(prefix="cc-release"), namespace(prefix="cc-release-other")
+    for where in (ns, other):
+        make_control(e2e, where, "gate", {"selector": {}, "strategy": "Queue", "key": "k"})
+        for name in ("r1", "r2", "r3"):
+            api.create(run_manifest("PipelineRun", where, name, {}))
+    api.create(run_manifest("PipelineRun", ns, "author", {}, pending=True))
+    held = {"r1": "started", "r2": "pending-us", "r3": "pending-us", "author": "pending-author"}
+    wait_states(api, "PipelineRun", ns, held)
+    wait_states(api, "PipelineRun", other, {"r1": "started", "r2": "pending-us"})
+    for name in list(e2e.product.reconcilers):
+        e2e.product.reconcilers.pop(name).stop()
+    assert e2e.plane.admin_kubeconfig is not None
+    admin = ["release-held", "--kubeconfig", str(e2e.plane.admin_kubeconfig), "-n", ns]
+    capsys.readouterr()
+
+    assert main([*admin, "--dry-run"]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        "2 held run(s) would be released (dry run: nothing changed)"
+    )
+    assert states(api, "PipelineRun", ns, list(held)) == held
+
+    assert main(admin) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert [line.split(" (")[0] for line in out[:-1]] == [
+        f"released PipelineRun {ns}/r2",
+        f"released PipelineRun {ns}/r3",
+    ], out
+    assert out[-1] == "released 2 held run(s)"
+    released = {**held, "r2": "started", "r3": "started"}
+    assert states(api, "PipelineRun", ns, list(held)) == released
+    for name in ("r2", "r3"):
+        run = api.must_get("PipelineRun", name, ns)
+        assert PENDING_BY not in (run["metadata"].get("annotations") or {})
+        assert WAITING not in (run["metadata"].get("annotations") or {})
+        (started,) = [m for r, m in run_events(api, ns, name) if r == "Started"]
+        assert "released by coschedule release-held" in started
+    # The other namespace was not asked for.
+    assert states(api, "PipelineRun", other, ["r2", "r3"]) == {
+        "r2": "pending-us",
+        "r3": "pending-us",
+    }
+    assert main(admin) == 0
+    assert capsys.readouterr().out == "no run is held pending by coschedule\n"
+
+
 # ---- leader loss mid-burst ------------------------------------------------------------
 
 

@@ -1,7 +1,9 @@
 """The README's Helm command, run for real by Helm (the library of tests/chart.py) against a
 fresh control plane of the suite's binaries: ``helm install coschedule charts/coschedule -n
-coschedule-system --create-namespace`` installs, ``helm upgrade`` upgrades, ``helm
-uninstall`` removes the release and keeps the CRD (Helm never deletes ``crds/``).
+coschedule-system --create-namespace`` installs, ``helm upgrade`` upgrades (and the CRD, which
+Helm never upgrades, is upgraded by the documented ``kubectl apply``), ``helm uninstall``
+removes the release and keeps the CRD and every ConcurrencyControl (Helm never deletes
+``crds/``).
 
 Fresh, not the session's: the session already holds the cluster-wide objects of its own
 installation (the MutatingWebhookConfiguration, the ClusterRoles), which Helm would refuse
@@ -10,6 +12,7 @@ to adopt, as on any cluster where coschedule was applied with kubectl first.
 
 from __future__ import annotations
 
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,7 +20,7 @@ from typing import Any
 import pytest
 
 from tests.chart import CHART, NAMESPACE, RELEASE, helm
-from tests.e2e.cluster import ControlPlane
+from tests.e2e.cluster import ControlPlane, find_kubectl
 from tests.e2e.conftest import BINARIES
 from tests.e2e.kube import Api
 
@@ -60,7 +63,37 @@ def test_documented_helm_install_upgrade_uninstall(fresh: ControlPlane) -> None:
             assert labels["app.kubernetes.io/managed-by"] == "Helm", labels
         assert api.get("MutatingWebhookConfiguration", "coschedule") is not None
         assert api.get("CustomResourceDefinition", CRD) is not None
+        control = {
+            "apiVersion": "coschedule.dev/v1alpha1",
+            "kind": "ConcurrencyControl",
+            "metadata": {"name": "deploys", "namespace": "default"},
+            "spec": {"selector": {}, "strategy": "Queue", "key": "prod"},
+        }
+        api.create(control)
 
+        # docs/upgrade.md: Helm never upgrades crds/, so the CRD is applied first, by hand.
+        kubectl = find_kubectl(BINARIES)
+        if kubectl is not None:
+            done = subprocess.run(
+                [
+                    str(kubectl),
+                    "--kubeconfig",
+                    str(fresh.admin_kubeconfig),
+                    "apply",
+                    "--server-side",
+                    "--force-conflicts",
+                    "-f",
+                    str(CHART / "crds"),
+                ],
+                capture_output=True,
+                text=True,
+                timeout=90,
+                check=False,
+            )
+            assert done.returncode == 0, done.stderr
+            assert f"customresourcedefinition.apiextensions.k8s.io/{CRD} serverside-applied" in (
+                done.stdout
+            )
         upgraded = config.upgrade(
             str(CHART), RELEASE, {"webhook": {"replicas": 3}}, namespace=NAMESPACE, timeout=120
         )
@@ -75,5 +108,6 @@ def test_documented_helm_install_upgrade_uninstall(fresh: ControlPlane) -> None:
         # nor the namespace --create-namespace made.
         assert api.get("Namespace", NAMESPACE) is not None
         assert api.get("CustomResourceDefinition", CRD) is not None
+        assert api.get("ConcurrencyControl", "deploys", "default") is not None
     finally:
         config.close()

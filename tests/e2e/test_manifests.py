@@ -43,6 +43,25 @@ def test_overlay_applies_with_server_dry_run(e2e: E2E, overlay: str) -> None:
     assert e2e.api.get("Deployment", "coschedule-webhook", "coschedule-system") is None
 
 
+def test_deleting_an_overlay_keeps_the_crd_and_the_controls(e2e: E2E) -> None:
+    """``kubectl delete -k`` of an overlay (server dry run) would delete the objects it renders
+    that exist here (the suite's namespace and RBAC, for one), never the CRD, which
+    ``manifests/crds`` applies on its own: every ConcurrencyControl stays."""
+    crds = MANIFESTS / "crds"
+    done = e2e.kubectl_run("apply", "--dry-run=server", "-k", str(crds))
+    assert done.returncode == 0, done.stderr
+    crd = "customresourcedefinition.apiextensions.k8s.io/concurrencycontrols.coschedule.dev"
+    assert crd in done.stdout, done.stdout
+    overlay = MANIFESTS / "overlays" / "self-signed"
+    done = e2e.kubectl_run(
+        "delete", "--dry-run=server", "--ignore-not-found", "--wait=false", "-k", str(overlay)
+    )
+    assert done.returncode == 0, done.stderr
+    assert 'namespace "coschedule-system" deleted (server dry run)' in done.stdout, done.stdout
+    assert "customresourcedefinition" not in done.stdout, done.stdout
+    assert e2e.api.get("CustomResourceDefinition", "concurrencycontrols.coschedule.dev")
+
+
 @pytest.mark.parametrize("source", ["self-signed", "cert-manager"])
 def test_chart_applies_with_server_dry_run(e2e: E2E, source: str, tmp_path: Path) -> None:
     """charts/coschedule rendered by a real Helm (every option set) applies to the server."""

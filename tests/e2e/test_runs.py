@@ -252,3 +252,46 @@ def test_argo_workflow_run_lands_together_and_is_torn_down(
         pod_phase(api, pod, "Succeeded")
     api.patch("Workflow", name, {"status": {"phase": "Succeeded"}}, ns, subresource="status")
     wait_statefulset_gone(api, ns, placeholder, "the Workflow's phase is Succeeded")
+
+
+def test_a_pod_pinned_by_tekton_s_own_assistant_too_is_told_once(
+    e2e: E2E, namespace: Callable[..., str]
+) -> None:
+    """Tekton's assistant left on: its term on the TaskRun pod as well as ours. A Warning on
+    the pod and one on the PipelineRun, once each; the pod cannot schedule (no such
+    placeholder here), and the reconciler's looks at it do not repeat them."""
+    e2e.require("reconciler")
+    api = e2e.api
+    ns = namespace(mode="pipelineruns")
+    bound_claim(api, ns, "source")
+    run = TektonRun(api, ns, unique("pr")).create()
+    manifest = run.pod_manifest("build", claims={"pvc-1f1344866c": "source"})
+    tekton = {
+        "labelSelector": {
+            "matchLabels": {
+                "app.kubernetes.io/instance": "affinity-assistant-0123456789",
+                "app.kubernetes.io/component": "affinity-assistant",
+            }
+        },
+        "topologyKey": "kubernetes.io/hostname",
+    }
+    manifest["spec"]["affinity"] = {"podAffinity": {REQUIRED: [tekton]}}
+    pod = create_pod(api, manifest)
+    terms = pod["spec"]["affinity"]["podAffinity"][REQUIRED]
+    assert len(terms) == 2, dump(pod)  # Tekton's and ours
+
+    def told() -> list[tuple[str, str, str]]:
+        return sorted(
+            (e["involvedObject"]["kind"], e["involvedObject"]["name"], e["involvedObject"]["uid"])
+            for e in api.list("Event", ns)
+            if e.get("reason") == "TektonAffinityAssistantConflict"
+        )
+
+    want = [
+        ("PipelineRun", run.name, run.uid),
+        ("Pod", pod["metadata"]["name"], pod["metadata"]["uid"]),
+    ]
+    wait_for("a Warning on the pod and on its PipelineRun", lambda: told() == want, timeout=15)
+    api.patch("Pod", pod["metadata"]["name"], {"metadata": {"labels": {"looked": "again"}}}, ns)
+    time.sleep(2.0)
+    assert told() == want

@@ -7,6 +7,7 @@ fixtures, then what the apiserver adds after admission (uid, creationTimestamp, 
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -32,10 +33,14 @@ def marked_pod(
     settings: Settings | None = None,
     namespace_labels: dict[str, str] | None = None,
     labels: dict[str, str] | None = None,
+    before: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
+    """``before`` changes the pod as its engine made it, before admission."""
     pod = load_pod(fixture)
     if labels:
         pod["metadata"].setdefault("labels", {}).update(labels)
+    if before is not None:
+        before(pod)
     namespace = pod["metadata"].get("namespace") or "default"
     # The pod-affinity encoding unless ``settings`` say otherwise: most reconciler tests
     # are about the group, not how its pods are tied (``by_node_name`` for that).

@@ -1,0 +1,184 @@
+"""``coschedule release-held``: start every run that concurrency control holds pending, before
+coschedule is removed (nothing else would ever start them once the reconciler is gone).
+
+It lists the runs the webhook grouped (label ``coschedule.dev/concurrency``) of every run
+engine, in the namespaces asked for or all of them, and starts those held pending by
+coschedule through the reconciler's own start path (``reconcile.concurrency.start_run``: the
+engine's start patch with the run's resourceVersion, a log line, a ``Started`` Event). Runs
+their authors made pending are left alone, as the reconciler leaves them. A run that changed
+meanwhile (409) is read again and started if it is still held. Run twice, the second run
+finds nothing to release.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from coschedule.cli.options import EXIT_FAILED, EXIT_OK, EXIT_USAGE
+from coschedule.concurrency.runs import Run, State, parse_run
+from coschedule.engines import RUN_ENGINES, Kind
+from coschedule.kube.client import ApiError, KubeClient
+from coschedule.marks import LABEL_CONCURRENCY_GROUPED
+from coschedule.reconcile.concurrency import run_path, start_run
+
+# A run that keeps changing under us (another writer) is left after this many tries.
+ATTEMPTS = 3
+PAGE = 500
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    run: Run
+    released: bool  # False: dry run, or it was no longer held when started
+    note: str  # who held it, or why it was left
+
+    def line(self, dry_run: bool) -> str:
+        verb = "would release" if dry_run else "released" if self.released else "left"
+        return f"{verb} {self.run.kind.value} {self.run.namespace}/{self.run.name} ({self.note})"
+
+
+def held_by(run: Run) -> str:
+    """The controls that hold the run and its key under each, for a person."""
+    parts = [f"ConcurrencyControl {c}, key {run.key_of(c)}" for c in sorted(run.groups())]
+    return "; ".join(parts) or "no control named on it"
+
+
+async def list_grouped(client: KubeClient, kind: Kind, namespace: str | None) -> list[Run] | None:
+    """The runs of ``kind`` the webhook grouped (all namespaces when ``namespace`` is None),
+    every page; None when the cluster does not serve the kind."""
+    engine = RUN_ENGINES[kind]
+    where = f"/namespaces/{namespace}" if namespace else ""
+    path = f"/apis/{engine.api_version}{where}/{engine.plural}"
+    runs: list[Run] = []
+    params: dict[str, str | int] = {"labelSelector": LABEL_CONCURRENCY_GROUPED, "limit": PAGE}
+    while True:
+        try:
+            page = await client.list(path, params)
+        except ApiError as exc:
+            if exc.status == 404:
+                return None
+            raise
+        runs.extend(parse_run(kind, item) for item in page.get("items") or ())
+        token = (page.get("metadata") or {}).get("continue")
+        if not token:
+            return runs
+        params["continue"] = token
+
+
+async def release(client: KubeClient, run: Run) -> Outcome:
+    """Start one held run; read it again after a 409 and start it if it is still held."""
+    why = f"released by coschedule release-held (held by {held_by(run)})"
+    for _ in range(ATTEMPTS):
+        try:
+            await start_run(client, run, why)
+        except ApiError as exc:
+            if exc.status != 409:
+                raise
+            fresh = await client.get(run_path(run))
+            if fresh is None:
+                return Outcome(run, False, "deleted meanwhile")
+            run = parse_run(run.kind, fresh)
+            if run.state is not State.PENDING_BY_US:
+                return Outcome(run, False, f"no longer held: {run.state.value}")
+            continue
+        return Outcome(run, True, f"held by {held_by(run)}")
+    return Outcome(run, False, f"changed {ATTEMPTS} times while being released; run again")
+
+
+async def release_held(
+    client: KubeClient,
+    namespaces: Sequence[str] | None,
+    *,
+    dry_run: bool,
+    say: Callable[[str], None],
+) -> list[Outcome]:
+    """Release (or, ``dry_run``, name) every held run in ``namespaces`` (None: all), saying
+    each as it goes; the outcomes, in kind, namespace and creation order."""
+    outcomes: list[Outcome] = []
+    for kind in RUN_ENGINES:
+        found: list[Run] = []
+        served = True
+        scopes: Sequence[str | None] = namespaces or [None]
+        for namespace in scopes:
+            runs = await list_grouped(client, kind, namespace)
+            if runs is None:
+                served = False
+                break
+            found.extend(runs)
+        if not served:
+            say(f"{kind.value}s: not served by this cluster (CRD not installed)")
+            continue
+        held = sorted(
+            (r for r in found if r.state is State.PENDING_BY_US),
+            key=lambda r: (r.namespace, r.order),
+        )
+        for run in held:
+            if dry_run:
+                outcome = Outcome(run, False, f"held by {held_by(run)}")
+            else:
+                outcome = await release(client, run)
+            say(outcome.line(dry_run))
+            outcomes.append(outcome)
+    return outcomes
+
+
+def summary(outcomes: Sequence[Outcome], dry_run: bool) -> str:
+    if not outcomes:
+        return "no run is held pending by coschedule"
+    if dry_run:
+        return f"{len(outcomes)} held run(s) would be released (dry run: nothing changed)"
+    released = sum(o.released for o in outcomes)
+    left = len(outcomes) - released
+    return f"released {released} held run(s)" + (f", left {left}" if left else "")
+
+
+def cmd_release_held(args: argparse.Namespace) -> int:
+    """Exit 0 when every held run was released (or none was held), 1 when the cluster could
+    not be read or written or a run was left, 2 for an unusable kubeconfig or namespace."""
+    import asyncio
+    import logging
+    import os
+
+    import httpx
+
+    from coschedule.k8s.names import valid_dns_label
+    from coschedule.kube.client import KubeConfigError, require
+    from coschedule.kube.reachability import describe
+
+    namespaces: list[str] | None = args.namespace or None
+    for namespace in namespaces or ():
+        if not valid_dns_label(namespace):
+            print(
+                f"coschedule release-held: {namespace!r} is not a namespace name", file=sys.stderr
+            )
+            return EXIT_USAGE
+    try:
+        creds = require(args.kubeconfig, os.environ, "release-held")
+    except KubeConfigError as exc:
+        print(f"coschedule release-held: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+
+    async def go() -> list[Outcome]:
+        client = KubeClient(creds, user_agent="coschedule-release-held")
+        try:
+            return await release_held(
+                client, namespaces, dry_run=args.dry_run, say=lambda line: print(line, flush=True)
+            )
+        finally:
+            await client.aclose()
+
+    # A command does not wait for an unreachable API server: the one line below says it, so
+    # the long-running processes' "waiting ... retrying with backoff" would mislead.
+    logging.getLogger("coschedule.apiserver").setLevel(logging.ERROR)
+    try:
+        outcomes = asyncio.run(go())
+    except (ApiError, OSError, httpx.TransportError) as exc:
+        why = describe(exc) if isinstance(exc, httpx.TransportError) else str(exc)
+        print(f"coschedule release-held: cannot read or patch the runs: {why}", file=sys.stderr)
+        return EXIT_FAILED
+    print(summary(outcomes, args.dry_run))
+    left = any(not o.released and o.note.startswith("changed") for o in outcomes)
+    return EXIT_FAILED if left else EXIT_OK
