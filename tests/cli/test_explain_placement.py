@@ -41,10 +41,16 @@ def test_as_if_the_placeholder_were_bound_the_pod_is_pinned_there() -> None:
 
 
 def test_pod_affinity_placements_say_so_and_why() -> None:
-    # The default placement; and under auto, an Argo pod (its step fails if deleted).
-    _, default = explain(load_pod("tekton-taskrun"), SETTINGS, placeholder_node="node-7")
-    _, argo = explain(load_pod("argo-workflow-pod"), SETTINGS, placement=Placement.AUTO)
-    for report in (default, argo):
+    # Placement pod-affinity; and under auto (the default), an Argo pod (its step fails if
+    # deleted).
+    _, chosen = explain(
+        load_pod("tekton-taskrun"),
+        SETTINGS,
+        placement=Placement.POD_AFFINITY,
+        placeholder_node="node-7",
+    )
+    _, argo = explain(load_pod("argo-workflow-pod"), SETTINGS)
+    for report in (chosen, argo):
         assert report["placement"] == {"by": "pod-affinity", "gated": False, "node": None}
         assert report["affinity"]["podAffinity"]
         assert "placement:   pod affinity" in render_text(report)

@@ -257,8 +257,8 @@ def test_argo_workflow_run_lands_together_and_is_torn_down(
 def test_a_pod_pinned_by_tekton_s_own_assistant_too_is_told_once(
     e2e: E2E, namespace: Callable[..., str]
 ) -> None:
-    """Tekton's assistant left on: its term on the TaskRun pod as well as ours. A Warning on
-    the pod and one on the PipelineRun, once each; the pod cannot schedule (no such
+    """Tekton's assistant left on: its term on the TaskRun pod as well as our placement. A
+    Warning on the pod and one on the PipelineRun, once each; the pod cannot schedule (no such
     placeholder here), and the reconciler's looks at it do not repeat them."""
     e2e.require("reconciler")
     api = e2e.api
@@ -278,7 +278,9 @@ def test_a_pod_pinned_by_tekton_s_own_assistant_too_is_told_once(
     manifest["spec"]["affinity"] = {"podAffinity": {REQUIRED: [tekton]}}
     pod = create_pod(api, manifest)
     terms = pod["spec"]["affinity"]["podAffinity"][REQUIRED]
-    assert len(terms) == 2, dump(pod)  # Tekton's and ours
+    # Tekton's term stays; ours is the placement by node name (placement auto): the gate.
+    assert terms == [tekton], dump(pod)
+    assert {"name": "coschedule.dev/placeholder"} in pod["spec"]["schedulingGates"], dump(pod)
 
     def told() -> list[tuple[str, str, str]]:
         return sorted(
