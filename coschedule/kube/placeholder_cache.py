@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from coschedule.k8s.constants import TERMINAL_PHASES
 from coschedule.kube.client import KubeClient
 from coschedule.kube.informer import Informer, Obj
 from coschedule.marks import (
@@ -25,7 +26,6 @@ from coschedule.marks import (
 )
 
 SELECTOR = f"{LABEL_MANAGED_BY}={MANAGED_BY},{LABEL_COMPONENT}={COMPONENT_AFFINITY_ASSISTANT}"
-_DONE_PHASES = frozenset({"Succeeded", "Failed"})
 
 
 def _dict(value: Any) -> Mapping[str, Any]:
@@ -37,7 +37,7 @@ def bound_node(pod: Mapping[str, Any]) -> str | None:
     meta = _dict(pod.get("metadata"))
     if meta.get("deletionTimestamp"):
         return None
-    if _dict(pod.get("status")).get("phase") in _DONE_PHASES:
+    if _dict(pod.get("status")).get("phase") in TERMINAL_PHASES:
         return None
     node = _dict(pod.get("spec")).get("nodeName")
     return node if isinstance(node, str) and node else None

@@ -17,13 +17,12 @@ from prometheus_client import Gauge
 
 from coschedule.config.settings import Settings
 from coschedule.k8s import fit
+from coschedule.k8s.constants import TERMINAL_PHASES
 from coschedule.k8s.volumes import volume_topology
 from coschedule.kube.client import KubeClient, object_path
 from coschedule.reconcile import stuck
 from coschedule.reconcile.model import Observed
 from coschedule.reconcile.stuck_runs import StuckFacts, facts_wanted
-
-TERMINAL_PHASES = ("Succeeded", "Failed")
 
 
 class StuckMemory:
