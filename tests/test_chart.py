@@ -29,9 +29,11 @@ from tests.test_manifests import (
     Obj,
     _permissions,
     _webhook,
+    container_port,
     ident,
     objects,
     one,
+    parse_args,
     pod_templates,
     render,
     schema_problems,
@@ -39,7 +41,17 @@ from tests.test_manifests import (
 
 DEFAULTS: Obj = yaml.safe_load((CHART / "values.yaml").read_text("utf-8"))
 # Values whose default is an empty mapping or list: a leaf for "every value is exercised".
-_LEAF_MAPPINGS = {"resources", "nodeSelector", "affinity", "requests", "limits"}
+_LEAF_MAPPINGS = {
+    "resources",
+    "nodeSelector",
+    "affinity",
+    "requests",
+    "limits",
+    "podAnnotations",
+    "podLabels",
+    "podSecurityContext",
+    "containerSecurityContext",
+}
 
 
 def _values(source: str) -> Obj:
@@ -227,6 +239,54 @@ def test_every_option_reaches_the_objects() -> None:
     assert "--days=90" in args
     assert "--renew-before-days=20" in args
 
+    # Pod metadata, log level, extra args and env, security contexts.
+    for name, given in (
+        ("webhook", values["webhook"]),
+        ("reconciler", values["reconciler"]),
+        ("certs", values["certificates"]["selfSigned"]),
+    ):
+        meta, spec = pods[name]["metadata"], pods[name]["spec"]
+        assert meta["annotations"] == given["podAnnotations"], name
+        assert meta["labels"] == {
+            **given["podLabels"],
+            "app.kubernetes.io/name": "coschedule",
+            "app.kubernetes.io/component": name,
+        }, name
+        assert spec["securityContext"] == {
+            "runAsNonRoot": True,
+            "seccompProfile": {"type": "RuntimeDefault"},
+            "supplementalGroups": [1000],
+        }, name
+        assert spec["containers"][0]["securityContext"] == {
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "runAsNonRoot": True,
+            "capabilities": {"drop": ["ALL"]},
+            "seccompProfile": {"type": "RuntimeDefault"},
+            "procMount": "Default",
+        }, name
+    for name in ("webhook", "reconciler"):
+        (container,) = pods[name]["spec"]["containers"]
+        given = values[name]
+        assert container["args"][-len(given["extraArgs"]) :] == given["extraArgs"], name
+        for env in given["extraEnv"]:
+            assert env in container["env"], name
+        args = parse_args(container["args"])
+        assert args.log_level == "debug", name
+    # The webhook on the node's network, on the ports it was given; the Service follows.
+    webhook_spec = pods["webhook"]["spec"]
+    assert webhook_spec["hostNetwork"] is True
+    assert webhook_spec["dnsPolicy"] == "ClusterFirstWithHostNet"
+    assert "hostNetwork" not in pods["reconciler"]["spec"]
+    (container,) = webhook_spec["containers"]
+    args = parse_args(container["args"])
+    assert (args.port, args.health_port) == (10260, 10261)
+    (service_port,) = one(docs, "Service", "coschedule-webhook")["spec"]["ports"]
+    assert container_port(container, service_port["targetPort"]) == 10260
+    assert service_port["port"] == 443
+    for probe in ("livenessProbe", "readinessProbe"):
+        assert container_port(container, container[probe]["httpGet"]["port"]) == 10261
+
     settings = parse_settings(one(docs, "ConfigMap", "coschedule-config")["data"])
     assert settings.mode is Mode.PIPELINERUNS
     assert settings.topology_key == "topology.kubernetes.io/zone"
@@ -316,6 +376,19 @@ def test_the_schema_knows_exactly_the_config_keys() -> None:
         ({"webhook": {"replicas": 0}}, "/webhook/replicas"),
         ({"webhook": {"replicas": 0, "failurePolicy": "Ignore"}}, "/webhook/replicas"),
         ({"webhook": {"replicas": 0, "runsFailurePolicy": "Ignore"}}, "/webhook/replicas"),
+        ({"logLevel": "verbose"}, "/logLevel"),
+        ({"webhook": {"port": 0}}, "/webhook/port"),
+        ({"webhook": {"healthPort": 70000}}, "/webhook/healthPort"),
+        ({"webhook": {"hostNetwork": "yes"}}, "/webhook/hostNetwork"),
+        ({"reconciler": {"extraArgs": [3]}}, "/reconciler/extraArgs/0"),
+        ({"webhook": {"extraEnv": [{"value": "x"}]}}, "/webhook/extraEnv/0"),
+        ({"webhook": {"podAnnotations": {"a": 1}}}, "/webhook/podAnnotations/a"),
+        # The selector labels are the Deployment's, immutable: podLabels cannot set them.
+        (
+            {"reconciler": {"podLabels": {"app.kubernetes.io/component": "x"}}},
+            "invalid propertyName 'app.kubernetes.io/component'",
+        ),
+        ({"podSecurityContext": "restricted"}, "/podSecurityContext"),
     ],
 )
 def test_bad_values_are_refused_by_the_schema(values: Obj, fragment: str) -> None:
@@ -350,6 +423,54 @@ def test_the_schema_enums_are_the_processes_words() -> None:
     for key in POLICY_KEYS:
         assert set(config[key]["enum"]) == {m.value for m in PolicyMode} | {""}, key
     assert set(config["isolation-scope"]["enum"]) == {s.value for s in IsolationScope} | {""}
+
+
+def test_openshift_assigns_the_uid_when_the_values_drop_it() -> None:
+    """restricted-v2 refuses a fixed UID outside the namespace's range: null drops a key
+    from the shipped securityContext and keeps the rest."""
+    values = {
+        "podSecurityContext": {"runAsUser": None, "runAsGroup": None, "fsGroup": None},
+        "containerSecurityContext": {"runAsUser": None, "runAsGroup": None},
+    }
+    docs = render_chart(values)
+    for owner, pod in pod_templates(docs):
+        spec = pod["spec"]
+        assert spec["securityContext"] == {
+            "runAsNonRoot": True,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        }, ident(owner)
+        for container in spec["containers"]:
+            context = container["securityContext"]
+            assert "runAsUser" not in context, ident(owner)
+            assert "runAsGroup" not in context, ident(owner)
+            assert context["capabilities"] == {"drop": ["ALL"]}
+            assert context["readOnlyRootFilesystem"] is True
+    for version in K8S_VERSIONS:
+        assert schema_problems(docs, version) == []
+
+
+def test_the_webhook_ports_follow_without_host_network() -> None:
+    docs = render_chart({"webhook": {"port": 9443, "healthPort": 9080}})
+    pod = _pod(docs, "Deployment", "coschedule-webhook")
+    assert "hostNetwork" not in pod["spec"]
+    (container,) = pod["spec"]["containers"]
+    args = parse_args(container["args"])
+    assert (args.port, args.health_port) == (9443, 9080)
+    (service_port,) = one(docs, "Service", "coschedule-webhook")["spec"]["ports"]
+    assert container_port(container, service_port["targetPort"]) == 9443
+
+
+def test_one_port_for_both_webhook_listeners_is_refused() -> None:
+    with pytest.raises(Exception, match=r"webhook\.port and webhook\.healthPort are both 9443"):
+        render_chart({"webhook": {"port": 9443, "healthPort": 9443}})
+
+
+def test_pod_labels_add_to_the_selector_labels() -> None:
+    docs = render_chart({"webhook": {"podLabels": {"team": "platform"}}})
+    deployment = one(docs, "Deployment", "coschedule-webhook")
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert labels == {**deployment["spec"]["selector"]["matchLabels"], "team": "platform"}
+    assert "annotations" not in deployment["spec"]["template"]["metadata"]
 
 
 def test_no_webhook_replica_is_allowed_only_when_both_webhooks_fail_open() -> None:

@@ -92,7 +92,10 @@ def build_parser() -> argparse.ArgumentParser:
         "serve", formatter_class=_DefaultsHelp, help="serve the admission webhook over HTTPS"
     )
     serve.add_argument(
-        "--host", default="0.0.0.0", help="address to listen on (make run: 127.0.0.1)"
+        "--host",
+        default="::",
+        help="address to listen on; :: is every address, IPv6 and IPv4 (0.0.0.0 where the "
+        "kernel has no IPv6), 0.0.0.0 every IPv4 one (make run: 127.0.0.1)",
     )
     serve.add_argument(
         "--port", type=options.port, default=8443, help="HTTPS port: /mutate and probes"

@@ -16,6 +16,7 @@ import uvicorn
 from coschedule.config.store import SettingsStore, open_store_or_exit, reload_loop
 from coschedule.kube.client import Credentials, KubeClient, KubeConfigError, require
 from coschedule.kube.leader import ElectionConfig, LeaderElector
+from coschedule.listen import EVERY_ADDRESS, ListenError, listen_socket
 from coschedule.probes import Probes, probes_app
 from coschedule.reconcile.concurrency import ConcurrencyController
 from coschedule.reconcile.controller import Controller
@@ -47,7 +48,11 @@ def run_reconciler(args: argparse.Namespace) -> int:
     except KubeConfigError as exc:
         print(f"coschedule reconcile: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    asyncio.run(serve_reconciler(args, creds, store, metrics))
+    try:
+        asyncio.run(serve_reconciler(args, creds, store, metrics))
+    except ListenError as exc:
+        print(f"coschedule reconcile: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -58,6 +63,9 @@ async def serve_reconciler(
     metrics: ReconcileMetrics,
     stopping: asyncio.Event | None = None,
 ) -> None:
+    # Probes reach the pod on its IPv6 or IPv4 address: listen on both (coschedule.listen);
+    # bound first, so a port in use stops the process before anything else starts.
+    health_socket = listen_socket(EVERY_ADDRESS, args.health_port)
     client = KubeClient(creds, user_agent="coschedule-reconciler")
     manager = Manager(metrics, store)
     manager.add(Controller(client, lambda: store.current, metrics, leading=manager.is_leading))
@@ -67,7 +75,7 @@ async def serve_reconciler(
     health = _Server(
         uvicorn.Config(
             probes_app(probes, metrics.registry),
-            host="0.0.0.0",
+            host=EVERY_ADDRESS,
             port=args.health_port,
             log_config=None,
             access_log=False,
@@ -93,7 +101,7 @@ async def serve_reconciler(
 
     manager.start_informers()
     tasks = [
-        asyncio.create_task(health.serve()),
+        asyncio.create_task(health.serve(sockets=[health_socket])),
         asyncio.create_task(reload_loop(RELOAD_INTERVAL_SECONDS, manager.reload, "config reload")),
     ]
     if elector is not None:
@@ -119,3 +127,4 @@ async def serve_reconciler(
         await asyncio.gather(*tasks, return_exceptions=True)
         await manager.stop()
         await client.aclose()
+        health_socket.close()

@@ -14,12 +14,14 @@ from typing import Any
 
 from coschedule import certs, logs
 from coschedule.config.store import open_store_or_exit
+from coschedule.listen import ListenError
 from coschedule.server.cluster import ClusterLink, ClusterUnavailable
 from coschedule.server.serve import ServeOptions, build_webhook, serve
 from coschedule.server.tls import CertificateUnusable
 from coschedule.server.webhook_metrics import WebhookMetrics
 
 EXIT_OK = 0
+EXIT_LISTEN = 1  # as uvicorn's own exit when a port cannot be bound
 EXIT_USAGE = 2
 
 
@@ -83,7 +85,11 @@ def run_webhook(args: argparse.Namespace) -> int:
         async with link.running():
             await serve(webhook, serve_options)
 
-    _run(main())
+    try:
+        _run(main())
+    except ListenError as exc:
+        print(f"coschedule serve: {exc}", file=sys.stderr)
+        return EXIT_LISTEN
     return EXIT_OK
 
 

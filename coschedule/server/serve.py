@@ -14,6 +14,7 @@ from pathlib import Path
 import uvicorn
 
 from coschedule.config.store import SettingsStore, reload_loop
+from coschedule.listen import EVERY_ADDRESS, describe, listen_socket
 from coschedule.mutate.decision import PlaceholderView, VolumeView
 from coschedule.probes import Probes, probes_app
 from coschedule.server.admission import NamespaceLookup
@@ -30,7 +31,7 @@ RELOAD_INTERVAL_SECONDS = 2.0  # the design allows 10 s for a reload to take eff
 
 @dataclass(frozen=True, slots=True)
 class ServeOptions:
-    host: str = "0.0.0.0"
+    host: str = EVERY_ADDRESS  # IPv6 and IPv4 (coschedule.listen)
     port: int = 8443
     health_port: int = 8080
     cert_dir: Path = Path("certs")
@@ -112,6 +113,8 @@ async def serve(webhook: Webhook, options: ServeOptions) -> None:
         lifespan="off",
     )
     servers = [_Server(https_config), _Server(health_config)]
+    # Bound before anything is served: a port in use stops the process with one line.
+    sockets = [listen_socket(options.host, port) for port in (options.port, options.health_port)]
 
     loop = asyncio.get_running_loop()
 
@@ -132,13 +135,18 @@ async def serve(webhook: Webhook, options: ServeOptions) -> None:
         extra={
             "https_port": options.port,
             "health_port": options.health_port,
+            "listen": [describe(sock) for sock in sockets],
             "mode": webhook.settings.current.mode.value,
         },
     )
     try:
-        await asyncio.gather(*(server.serve() for server in servers))
+        await asyncio.gather(
+            *(server.serve(sockets=[sock]) for server, sock in zip(servers, sockets, strict=True))
+        )
     finally:
         reloader.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await reloader
+        for sock in sockets:
+            sock.close()
     log.info("stopped")

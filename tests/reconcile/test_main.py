@@ -20,6 +20,7 @@ from tests.reconcile.apiserver import MiniApi
 from tests.reconcile.conftest import eventually
 from tests.reconcile.pods import marked_pod, placeholder_of
 from tests.reconcile.test_controller import seed_cluster
+from tests.test_listen import HAS_IPV6
 
 ROOT = Path(__file__).resolve().parents[2]
 LEASE = ("leases", "coschedule-system", "coschedule-reconciler")
@@ -106,6 +107,10 @@ async def test_cli_process_serves_probes_and_releases_the_lease_on_sigterm(
             assert await ready()
             metrics = (await http.get("/metrics")).text
             assert "coschedule_watch_relists_total" in metrics
+        if HAS_IPV6:  # the health port listens on IPv6 too (tests/test_listen.py)
+            async with httpx.AsyncClient() as http6:
+                livez = await http6.get(f"http://[::1]:{unused_tcp_port}/livez")
+                assert livez.status_code == 200
         await eventually(lambda: holder(api) != "")
         process.send_signal(signal.SIGTERM)
         assert await asyncio.wait_for(process.wait(), 5) == 0

@@ -45,27 +45,35 @@ affinity:
 {{- end }}
 {{- end }}
 
+{{/* Pod and container securityContext: the values' (podSecurityContext and
+containerSecurityContext), the kustomize base's by default. A key set to null in a values
+file is dropped, so OpenShift's restricted-v2 can assign the UID from the namespace's range. */}}
 {{- define "coschedule.podSecurityContext" -}}
+{{- with .Values.podSecurityContext }}
 securityContext:
-  runAsNonRoot: true
-  runAsUser: 65532
-  runAsGroup: 65532
-  fsGroup: 65532
-  seccompProfile:
-    type: RuntimeDefault
+  {{- toYaml . | nindent 2 }}
+{{- end }}
 {{- end }}
 
 {{- define "coschedule.containerSecurityContext" -}}
+{{- with .Values.containerSecurityContext }}
 securityContext:
-  allowPrivilegeEscalation: false
-  readOnlyRootFilesystem: true
-  runAsNonRoot: true
-  runAsUser: 65532
-  runAsGroup: 65532
-  capabilities:
-    drop: [ALL]
-  seccompProfile:
-    type: RuntimeDefault
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end }}
+
+{{/* A pod template's metadata: its selector labels (which podLabels cannot replace: they
+are the Deployment's immutable selector) and podAnnotations. Given (dict "component" C
+"values" V), V holding podLabels and podAnnotations. */}}
+{{- define "coschedule.podMetadata" -}}
+{{- $selector := include "coschedule.selector" .component | fromYaml }}
+metadata:
+  {{- with .values.podAnnotations }}
+  annotations:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  labels:
+    {{- merge $selector (.values.podLabels | default dict) | toYaml | nindent 4 }}
 {{- end }}
 
 {{- define "coschedule.spread" -}}
