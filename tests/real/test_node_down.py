@@ -156,7 +156,18 @@ def test_a_node_dies_under_a_running_task(real: RealCluster, namespace: Callable
         for tr in api.list("TaskRun", ns)
         if (tr["metadata"].get("labels") or {}).get("tekton.dev/pipelineTask") == "first"
     ]
-    real.notes.append(f"node down: first TaskRun status {first_run.get('status')}")
+    # Tekton's verdict on the attempt that ran on the dead node: its pod deleted (once the
+    # node was declared out of service), that attempt Failed; the retry ran where the
+    # placeholder went.
+    status = first_run.get("status") or {}
+    [attempt] = status.get("retriesStatus") or [{}]
+    assert attempt.get("podName") == f"{RUN}-first-pod", attempt
+    assert [(c.get("status"), c.get("reason")) for c in attempt.get("conditions") or []] == [
+        ("False", "Failed")
+    ], attempt
+    assert status.get("podName") == f"{RUN}-first-pod-retry1", status
+    retried = api.must_get("Pod", f"{RUN}-first-pod-retry1", ns)
+    assert retried["spec"]["nodeName"] == new["spec"]["nodeName"], describe(api, ns)
     events = [
         str(e.get("message"))
         for e in api.list("Event", ns)
