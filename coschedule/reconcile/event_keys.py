@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from coschedule.k8s.nodes import Taint, parse_taints
+from coschedule.k8s.nodes import Taint, parse_taints, ready_status
 from coschedule.kube.informer import IndexFunc, Obj
 from coschedule.reconcile import shapes
 
@@ -62,10 +62,15 @@ def placeholder_pod_keys(event: str, obj: Obj, old: Obj | None) -> list[str]:
     return placeholder_pod_key(obj) or (placeholder_pod_key(old) if old is not None else [])
 
 
-def _repels(node: Obj) -> tuple[bool, tuple[Taint, ...]]:
-    """What of a node can move a placeholder off it: cordon and taints."""
+def _repels(node: Obj) -> tuple[bool, tuple[Taint, ...], str]:
+    """What of a node can move a placeholder off it: cordon, taints, and whether its kubelet
+    reports (a silent one leaves a deleted placeholder pod Terminating: it is forced)."""
     spec = node.get("spec") or {}
-    return bool(spec.get("unschedulable")), parse_taints(spec)
+    return (
+        bool(spec.get("unschedulable")),
+        parse_taints(spec),
+        ready_status(node.get("status") or {}),
+    )
 
 
 def node_keys(event: str, obj: Obj, old: Obj | None, pods_on_node: Sequence[Obj]) -> list[str]:

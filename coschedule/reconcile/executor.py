@@ -195,13 +195,26 @@ class Executor:
             ),
         )
 
-    async def _delete_pod(self, namespace: str, name: str) -> bool:
-        """Delete a placeholder pod; False when this very version was deleted already."""
+    async def _delete_pod(self, namespace: str, name: str, *, force_uid: str | None = None) -> bool:
+        """Delete a placeholder pod; False when this very version was deleted already.
+
+        ``force_uid``: grace period 0, only the pod of that uid (a pod made again under the
+        same name meanwhile is never deleted: 409, False)."""
         pod_key = f"{namespace}/{name}"
         version = self.pod_version(pod_key)
         if self.deleted.get(pod_key) == version:
             return False
-        await self.client.delete(object_path("v1", "pods", namespace, name))
+        body: dict[str, Any] | None = None
+        if force_uid is not None:
+            body = {"apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": 0}
+            if force_uid:
+                body["preconditions"] = {"uid": force_uid}
+        try:
+            await self.client.delete(object_path("v1", "pods", namespace, name), body=body)
+        except ApiError as exc:
+            if force_uid is None or exc.status not in STALE:
+                raise
+            return False
         self.deleted[pod_key] = version
         return True
 
@@ -330,11 +343,14 @@ class Executor:
 
     async def _evict(self, key: str, action: DeletePlaceholderPod) -> bool:
         """Delete the placeholder pod; False when this very version was deleted already."""
-        if not await self._delete_pod(action.namespace, action.name):
+        force = action.uid if action.force else None
+        if not await self._delete_pod(action.namespace, action.name, force_uid=force):
             return False
         self.metrics.evictions.labels(action.reason).inc()
         log.info(
-            "deleted placeholder pod so that it moves",
+            "force-deleted placeholder pod: its node's kubelet cannot finish the delete"
+            if action.force
+            else "deleted placeholder pod so that it moves",
             extra=self._extra(
                 key,
                 "delete-placeholder-pod",

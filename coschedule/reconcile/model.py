@@ -77,6 +77,9 @@ class PlaceholderPod:
     node_name: str  # "" while unscheduled
     tolerations: tuple[Mapping[str, Any], ...]
     deleting: bool
+    uid: str = ""
+    # deletionTimestamp: when its graceful delete should have ended (None: not deleted)
+    deletion_due: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,16 +196,22 @@ class PatchStatefulSet:
 
 @dataclass(frozen=True, slots=True)
 class DeletePlaceholderPod:
-    """Delete the placeholder pod so that it moves; ``event`` is recorded once deleted (not
-    when this very version of the pod was deleted already)."""
+    """Delete the placeholder pod so that its StatefulSet makes it again elsewhere; ``event``
+    is recorded once deleted (not when this very version of the pod was deleted already).
+
+    ``force`` (its node's kubelet stopped reporting, or never finished the graceful delete):
+    grace period 0, conditional on the pod's ``uid`` (never the pod made again under the
+    same name). A placeholder runs nothing, so nothing is cut short."""
 
     namespace: str
     name: str
     statefulset: str
     node: str
-    reason: str  # "cordoned" | "tainted" (the evictions metric label)
+    reason: str  # "cordoned" | "tainted" | "node-down" (the evictions metric label)
     message: str
     event: RecordEvent
+    force: bool = False
+    uid: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,7 +224,7 @@ class HoldPinnedPlaceholder:
     name: str
     statefulset: str
     node: str
-    reason: str  # "cordoned" | "tainted"
+    reason: str  # "cordoned" | "tainted" | "node-down"
     message: str
     event: RecordEvent
 

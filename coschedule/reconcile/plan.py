@@ -4,7 +4,9 @@ Level-based: for one placeholder, compare what should exist with what does, ever
 - a live marked pod and no StatefulSet: create it;
 - a StatefulSet that drifted from what we own (replicas, labels, template, owner): patch;
 - its pod on a node that is cordoned or tainted against it: delete that pod (not the set),
-  unless its volumes can be used on that node only: then it stays, explained;
+  unless its volumes can be used on that node only: then it stays, explained; on a node
+  whose kubelet stopped reporting (or left a delete unfinished), force-delete it: a
+  placeholder runs nothing, and the StatefulSet makes it again only once it is gone;
 - no live pod: tear down when the run is done (owner complete or gone; or, with no
   owner, idle for ``idle_grace_seconds``, or at once when a workspaces group's claim is
   being deleted), else look again later.
@@ -17,6 +19,7 @@ from collections.abc import Sequence
 from coschedule import marks
 from coschedule.config.settings import Settings
 from coschedule.k8s.constants import HOSTNAME
+from coschedule.k8s.nodes import Node, kubelet_silent, not_ready
 from coschedule.k8s.taints import eviction_reason
 from coschedule.marks import ANNOTATION_MODE, ClaimTemplate, Mode
 from coschedule.reconcile import owners
@@ -35,6 +38,7 @@ from coschedule.reconcile.model import (
     OwnerState,
     OwnerStatus,
     PatchStatefulSet,
+    PlaceholderPod,
     Plan,
     RecordEvent,
     ReleaseClaim,
@@ -57,6 +61,10 @@ DELETING_RECHECK_SECONDS = 1.0
 # The owner lookup failed while pods wait: the placeholder is created without an owner
 # and the lookup tried again this soon (the owner is patched in once it works).
 OWNER_RETRY_SECONDS = 5.0
+# A placeholder pod still there this long after its grace period ended, on a node whose
+# kubelet reports it not ready: that kubelet will not finish the delete; force it.
+STRANDED_DELETE_SECONDS = 5.0
+NODE_DOWN = "node-down"  # the evictions metric label of a force-delete
 
 
 def plan(
@@ -74,11 +82,20 @@ def plan(
     if lookup_failed and (not live or sts is not None):
         # Nothing waits on the owner: decide nothing on half the facts; retry with backoff.
         return Plan(retry=owner.detail if owner is not None else "")
+    moves = Plan()
+    if sts is not None and not sts.deleting:
+        moves = evictions(observed, now)
+    return moves.then(_converge(observed, settings, now, owner_recheck))
+
+
+def _converge(observed: Observed, settings: Settings, now: float, owner_recheck: float) -> Plan:
+    """Create, patch or tear down the StatefulSet (its pods' moves are ``evictions``')."""
+    sts = observed.statefulset
+    live = any(pod.live for pod in observed.pods)
+    owner = observed.owner
+    lookup_failed = owner is not None and owner.status is OwnerStatus.LOOKUP_FAILED
     group = group_spec(observed.namespace, observed.name, observed.pods)
     actions: list[Action] = []
-
-    if sts is not None and not sts.deleting:
-        actions.extend(_evictions(observed))
 
     if live:
         assert group is not None  # live pods make a group
@@ -165,17 +182,32 @@ def _owner_for(group: GroupSpec, owner: OwnerState | None) -> OwnerRef | None:
     return owner.root
 
 
-def _evictions(observed: Observed) -> list[Action]:
+def evictions(observed: Observed, now: float) -> Plan:
+    """Placeholder pods that must leave their node: deleted so that the StatefulSet makes
+    them again elsewhere, force-deleted where the node's kubelet cannot finish a graceful
+    delete (it stopped reporting, or it let the pod's grace period pass), or held, explained,
+    where their volumes can be used on that node only."""
     actions: list[Action] = []
+    soonest: float | None = None
     for pod in observed.placeholder_pods:
-        if pod.deleting or not pod.node_name:
+        if not pod.node_name:
             continue
         node = observed.nodes.get(pod.node_name)
-        if node is None:  # a vanished node is the node lifecycle controller's to handle
+        if node is None:  # a vanished node's pods are the pod garbage collector's (~40 s)
+            continue
+        if pod.deleting:
+            action, wait = _finish_delete(observed, pod, node, now)
+            if action is not None:
+                actions.append(action)
+            if wait is not None:
+                soonest = wait if soonest is None else min(soonest, wait)
             continue
         reason, why = eviction_reason(node, pod.tolerations)
-        if not reason:
+        silent = kubelet_silent(node)  # Ready Unknown comes a moment before the taints
+        if not reason and not silent:
             continue
+        if not reason:
+            reason, why = NODE_DOWN, silent
         pins = pinned_by(observed, node.name)
         if pins:
             message = (
@@ -193,11 +225,15 @@ def _evictions(observed: Observed) -> list[Action]:
                 )
             )
             continue
+        if silent:
+            actions.append(_force(observed, pod, node.name, silent))
+            continue
         event = RecordEvent(
             observed.namespace,
             observed.name,
             "PlaceholderMoved",
-            f"deleted placeholder pod {pod.name} so that it moves: {why}",
+            f"deleted placeholder pod {pod.name}: {why}; its StatefulSet makes it again on a "
+            "node that admits it once the pod is gone",
             "Warning",
         )
         actions.append(
@@ -205,7 +241,51 @@ def _evictions(observed: Observed) -> list[Action]:
                 observed.namespace, pod.name, observed.name, node.name, reason, why, event
             )
         )
-    return actions
+    requeue = None
+    if soonest is not None:
+        requeue = Requeue(soonest, "a placeholder pod's delete may not finish on a node not ready")
+    return Plan(tuple(actions), requeue)
+
+
+def _finish_delete(
+    observed: Observed, pod: PlaceholderPod, node: Node, now: float
+) -> tuple[Action | None, float | None]:
+    """A placeholder pod being deleted on ``node``: force it when the node's kubelet will
+    not finish the delete (silent: at once; reporting but not ready: once the grace period
+    has passed by ``STRANDED_DELETE_SECONDS``), else nothing. (action, look again after)."""
+    down = not_ready(node)
+    if not down or pinned_by(observed, node.name):
+        return None, None  # the kubelet finishes it; or moved, it could run nowhere
+    silent = kubelet_silent(node)
+    if not silent:
+        due = (pod.deletion_due if pod.deletion_due is not None else now) + STRANDED_DELETE_SECONDS
+        if now < due:
+            return None, due - now
+        down = f"{down}, and the pod's graceful delete did not finish"
+    return _force(observed, pod, node.name, silent or down), None
+
+
+def _force(observed: Observed, pod: PlaceholderPod, node: str, why: str) -> DeletePlaceholderPod:
+    event = RecordEvent(
+        observed.namespace,
+        observed.name,
+        "PlaceholderMoved",
+        f"force-deleted placeholder pod {pod.name} (grace period 0): {why}. Its kubelet "
+        "cannot finish a graceful delete and a placeholder runs nothing, so its StatefulSet "
+        "makes it again on another node now",
+        "Warning",
+    )
+    return DeletePlaceholderPod(
+        observed.namespace,
+        pod.name,
+        observed.name,
+        node,
+        NODE_DOWN,
+        why,
+        event,
+        force=True,
+        uid=pod.uid,
+    )
 
 
 def pinned_by(observed: Observed, node: str) -> list[str]:

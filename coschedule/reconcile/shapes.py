@@ -13,6 +13,7 @@ from typing import Any
 from coschedule import marks
 from coschedule.engines import pod_recreated_by_owner
 from coschedule.k8s.constants import REQUIRED, TERMINAL_PHASES
+from coschedule.k8s.nodes import ready_status
 from coschedule.k8s.timefmt import parse_time
 from coschedule.marks import (
     ALL_MARK_ANNOTATIONS,
@@ -120,6 +121,7 @@ def slim_placeholder_pod(obj: Obj) -> Obj:
     slim_meta: Obj = {
         "name": meta.get("name"),
         "namespace": meta.get("namespace"),
+        "uid": meta.get("uid"),
         "resourceVersion": meta.get("resourceVersion"),
         "labels": {k: v for k, v in _dict(meta.get("labels")).items() if k in _PLACEHOLDER_LABELS},
     }
@@ -144,7 +146,7 @@ def slim_node(obj: Obj) -> Obj:
     ]
     if taints:
         slim_spec["taints"] = taints
-    return {
+    slim: Obj = {
         "metadata": {
             "name": meta.get("name"),
             "resourceVersion": meta.get("resourceVersion"),
@@ -152,6 +154,10 @@ def slim_node(obj: Obj) -> Obj:
         },
         "spec": slim_spec,
     }
+    ready = ready_status(_dict(obj.get("status")))
+    if ready:  # whether its kubelet reports (a dead node's placeholder pod is force-deleted)
+        slim["status"] = {"conditions": [{"type": "Ready", "status": ready}]}
+    return slim
 
 
 def slim_statefulset(obj: Obj) -> Obj:
@@ -222,6 +228,8 @@ def parse_placeholder_pod(obj: Mapping[str, Any]) -> PlaceholderPod:
         node_name=str(spec.get("nodeName") or ""),
         tolerations=tuple(t for t in _list(spec.get("tolerations")) if isinstance(t, dict)),
         deleting=bool(meta.get("deletionTimestamp")),
+        uid=str(meta.get("uid") or ""),
+        deletion_due=parse_time(meta.get("deletionTimestamp")),
     )
 
 

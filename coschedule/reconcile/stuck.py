@@ -103,7 +103,7 @@ def with_allocatable(transform: Callable[[Obj], Obj]) -> Callable[[Obj], Obj]:
         slim = transform(obj)
         allocatable = (obj.get("status") or {}).get("allocatable")
         if isinstance(allocatable, dict):
-            slim["status"] = {"allocatable": dict(allocatable)}
+            slim.setdefault("status", {})["allocatable"] = dict(allocatable)
         return slim
 
     return wrapped

@@ -189,6 +189,7 @@ class ControlPlane:
     procs: dict[str, Proc] = field(default_factory=dict)
     api: Api | None = None
     kcm_controllers: str = KCM_CONTROLLERS
+    kcm_args: tuple[str, ...] = ()  # more kube-controller-manager flags (node lifecycle)
 
     @property
     def has_scheduler(self) -> bool:
@@ -277,6 +278,7 @@ class ControlPlane:
                     f"--root-ca-file={self.pki.ca_crt}",
                     "--use-service-account-credentials=true",
                     f"--controllers={self.kcm_controllers}",
+                    *self.kcm_args,
                     "--v=1",
                 ],
             )

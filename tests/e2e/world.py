@@ -488,11 +488,14 @@ class FakeNodeAgents(Ticker):
     thread_name: ClassVar[str] = "fake-kubelet"
     api: Api
     provisioned: dict[str, str] = field(default_factory=dict)  # ns/claim -> node
+    # Nodes whose kubelet is dead: nothing there confirms a graceful delete.
+    dead: set[str] = field(default_factory=set)
 
     def step(self) -> None:
         for pod in self.api.list("Pod"):
             meta = pod["metadata"]
-            if meta.get("deletionTimestamp") and (pod.get("spec") or {}).get("nodeName"):
+            node = (pod.get("spec") or {}).get("nodeName")
+            if meta.get("deletionTimestamp") and node and node not in self.dead:
                 with contextlib.suppress(ApiError):
                     self.api.delete("Pod", meta["name"], meta["namespace"], grace_period=0)
         for claim in self.api.list("PersistentVolumeClaim"):

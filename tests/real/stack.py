@@ -57,6 +57,12 @@ CONFIG = {
     "placeholder-image": PLACEHOLDER_IMAGE,
 }
 RECONCILERS = ("reconciler-a",)
+# Node lifecycle (kube-controller-manager): a node whose kubelet stopped posting is marked
+# Ready Unknown and tainted node.kubernetes.io/unreachable after 30 s (Kubernetes' default:
+# 50 s), checked every 2 s (default 5 s). The kubelets renew their Lease every 10 s (their
+# default), so a busy machine does not flap. Pods keep the DefaultTolerationSeconds admission
+# plugin's 300 s for not-ready/unreachable (the API server's default).
+NODE_LIFECYCLE = ("--node-monitor-grace-period=30s", "--node-monitor-period=2s")
 # Three general nodes (two-run and relocation scenarios need two, a cordon needs a third to go
 # to); two small pool nodes (allocatable 0.5 CPU) for the stuck-run scenarios, tainted so that
 # only those scenarios' pods go there. Every node sees the machine's CPUs; what is reserved
@@ -222,7 +228,9 @@ def start(tmp: Path, notes: list[str]) -> RealCluster:
     assert binaries is not None
     # unix sockets live in the stack's work dir: keep its path short
     workdir = Path(tempfile.mkdtemp(prefix="rs-", dir="/tmp"))
-    plane = ControlPlane(binaries, tmp, kcm_controllers=KCM_CONTROLLERS_WITH_KUBELETS)
+    plane = ControlPlane(
+        binaries, tmp, kcm_controllers=KCM_CONTROLLERS_WITH_KUBELETS, kcm_args=NODE_LIFECYCLE
+    )
     stack = None
     provisioner: HostPathProvisioner | None = None
     try:

@@ -199,6 +199,64 @@ async def test_cordon_and_taint_delete_the_placeholder_pod_within_a_second(
     )
 
 
+async def test_a_dead_nodes_terminating_placeholder_pod_is_force_deleted_by_uid(
+    api: MiniApi, make: Callable[..., Any]
+) -> None:
+    """The kubelet of worker-1 died after the placeholder pod there was deleted gracefully:
+    the pod stays Terminating. Once the node lifecycle controller marks the node (Ready
+    Unknown, the unreachable taint), that pod is deleted with grace period 0 and the uid it
+    had: the StatefulSet can make it again elsewhere."""
+    controller = await make()
+    pod = marked_pod("tekton-taskrun", node="worker-1")
+    name = placeholder_of(pod)
+    api.put("pods", pod)
+    await eventually(lambda: api.get("statefulsets", "ci", name) is not None)
+    stranded = placeholder_pod(name, "worker-1")
+    stranded["metadata"]["deletionTimestamp"] = "2026-11-21T06:00:01Z"
+    stranded["metadata"]["deletionGracePeriodSeconds"] = 1
+    uid = api.put("pods", stranded)["metadata"]["uid"]
+    await asyncio.sleep(0.1)
+    assert api.count("DELETE", "pods") == 0  # the node reports: its kubelet finishes it
+
+    unreachable = [
+        {"key": "node.kubernetes.io/unreachable", "effect": "NoSchedule"},
+        {"key": "node.kubernetes.io/unreachable", "effect": "NoExecute"},
+    ]
+    api.edit(
+        "nodes",
+        None,
+        "worker-1",
+        {
+            "spec": {"taints": unreachable},
+            "status": {"conditions": [{"type": "Ready", "status": "Unknown"}]},
+        },
+    )
+    took = await eventually(lambda: api.get("pods", "ci", f"{name}-0") is None)
+    assert took < 1.0
+    [(_, _, _, options)] = api.deletes
+    assert options["gracePeriodSeconds"] == 0
+    assert options["preconditions"] == {"uid": uid}
+    assert api.get("pods", "ci", pod["metadata"]["name"]) is not None  # the run's pod stays
+    await eventually(
+        lambda: (
+            metric(controller, "coschedule_placeholder_evictions_total", reason="node-down") == 1
+        )
+    )
+    await eventually(lambda: api.count("POST", "events") == 2)
+    [moved] = [
+        o
+        for (p, _, _), o in api.objects.items()
+        if p == "events" and o["reason"] == "PlaceholderMoved"
+    ]
+    assert moved["message"].startswith(f"force-deleted placeholder pod {name}-0")
+    assert "worker-1" in moved["message"]
+
+    # The StatefulSet controller made it again on worker-2; a later look deletes nothing.
+    api.put("pods", placeholder_pod(name, "worker-2"))
+    await asyncio.sleep(0.2)
+    assert len(api.deletes) == 1
+
+
 async def test_hand_scaled_statefulset_is_patched_back_after_a_conflict(
     api: MiniApi, make: Callable[..., Any]
 ) -> None:

@@ -91,8 +91,15 @@ def ppod(name: str, instance: str, node: str) -> dict[str, Any]:
     )
 
 
-def node(name: str, **spec: Any) -> dict[str, Any]:
-    return shapes.slim_node({"metadata": {"name": name, "labels": {"a": "b"}}, "spec": spec})
+def node(name: str, ready: str = "True", **spec: Any) -> dict[str, Any]:
+    heartbeat = {"type": "Ready", "status": ready, "lastHeartbeatTime": "2026-11-26T23:00:00Z"}
+    return shapes.slim_node(
+        {
+            "metadata": {"name": name, "labels": {"a": "b"}},
+            "spec": spec,
+            "status": {"conditions": [heartbeat, {"type": "MemoryPressure", "status": "False"}]},
+        }
+    )
 
 
 def test_node_changes_reach_only_the_placeholders_on_that_node_and_only_when_they_matter() -> None:
@@ -110,6 +117,17 @@ def test_node_changes_reach_only_the_placeholders_on_that_node_and_only_when_the
     assert index.node("MODIFIED", node("n2", unschedulable=True)) == ["ci/p1", "ci/p2"]
     assert index.placeholder_pod("DELETED", ppod("p1-0", "p1", "n2")) == ["ci/p1"]
     assert index.keys() == {"ci/p2"}
+
+
+def test_a_node_whose_kubelet_stops_reporting_reaches_its_placeholders() -> None:
+    """Ready turning Unknown (before the lifecycle controller's taint) concerns the
+    placeholder pods there: one terminating there is force-deleted."""
+    index = KeyIndex()
+    index.placeholder_pod("ADDED", ppod("p1-0", "p1", "n1"))
+    index.node("ADDED", node("n1"))
+    assert index.node("MODIFIED", node("n1", ready="Unknown")) == ["ci/p1"]
+    assert index.node("MODIFIED", node("n1", ready="Unknown")) == []
+    assert index.node("MODIFIED", node("n1", ready="True")) == ["ci/p1"]
 
 
 def test_marked_pods_are_grouped_by_their_label_and_regrouped_when_it_changes() -> None:

@@ -39,6 +39,7 @@ from coschedule.reconcile.placeholder import (
 from coschedule.reconcile.plan import (
     OWNER_RECHECK_SECONDS,
     OWNER_RETRY_SECONDS,
+    STRANDED_DELETE_SECONDS,
     owner_check_due,
     plan,
 )
@@ -364,7 +365,6 @@ def test_schedulable_node_leaves_the_placeholder_alone() -> None:
 @pytest.mark.parametrize(
     "taint",
     [
-        Taint("node.kubernetes.io/unreachable", "", "NoExecute"),
         Taint("node.kubernetes.io/not-ready", "", "NoExecute"),
         Taint("ToBeDeletedByClusterAutoscaler", "1732171000", "NoSchedule"),
         Taint("dedicated", "gpu", "NoSchedule"),
@@ -456,6 +456,112 @@ def test_pods_already_terminating_or_unscheduled_are_not_deleted_again() -> None
         assert not only(
             plan(replace(observed, placeholder_pods=(other,)), SETTINGS, NOW), DeletePlaceholderPod
         )
+
+
+# ---- a dead node: its kubelet stopped reporting -----------------------------------------
+
+UNREACHABLE = Taint("node.kubernetes.io/unreachable", "", "NoExecute")
+UNREACHABLE_NOSCHEDULE = Taint("node.kubernetes.io/unreachable", "", "NoSchedule")
+NOT_READY = Taint("node.kubernetes.io/not-ready", "", "NoExecute")
+
+
+def _on_dead_node(node: Node, **pod: Any) -> tuple[Observed, PlaceholderPod]:
+    observed, ppod = _with_placeholder_pod(node, DEFAULT_TOLERATIONS)
+    ppod = replace(ppod, uid="uid-ppod-1", **pod)
+    return replace(observed, placeholder_pods=(ppod,)), ppod
+
+
+@pytest.mark.parametrize(
+    "node",
+    [
+        Node("worker-1", False, (UNREACHABLE_NOSCHEDULE, UNREACHABLE), ready="Unknown"),
+        Node("worker-1", False, (UNREACHABLE,)),  # the taint alone
+        Node("worker-1", False, (), ready="Unknown"),  # the condition, before the taint
+    ],
+)
+def test_a_placeholder_on_a_node_whose_kubelet_stopped_reporting_is_force_deleted(
+    node: Node,
+) -> None:
+    """Its kubelet would never confirm a graceful delete: the pod would stay Terminating and
+    the StatefulSet would never make it again. A placeholder runs nothing: force it, once,
+    only the pod seen (its uid), and say so."""
+    observed, ppod = _on_dead_node(node)
+    result = plan(observed, SETTINGS, NOW)
+    [delete] = only(result, DeletePlaceholderPod)
+    assert (delete.name, delete.node, delete.force, delete.uid) == (
+        ppod.name,
+        "worker-1",
+        True,
+        "uid-ppod-1",
+    )
+    assert delete.reason == "node-down"
+    assert delete.event.reason == "PlaceholderMoved"
+    assert delete.event.message.startswith(f"force-deleted placeholder pod {ppod.name}")
+    assert "worker-1" in delete.event.message
+    assert "runs nothing" in delete.event.message
+    assert not only(result, DeleteStatefulSet)
+
+
+@pytest.mark.parametrize("due", [NOW + 1, NOW - 300])  # grace not over yet; long over
+def test_a_terminating_placeholder_on_a_silent_node_is_forced_at_once(due: float) -> None:
+    """Deleted gracefully earlier (a cordon, the taint manager, before the node went
+    silent): nobody will finish that delete, whatever its grace period says."""
+    node = Node("worker-1", False, (UNREACHABLE,), ready="Unknown")
+    observed, ppod = _on_dead_node(node, deleting=True, deletion_due=due)
+    [delete] = only(plan(observed, SETTINGS, NOW), DeletePlaceholderPod)
+    assert (delete.name, delete.force, delete.uid) == (ppod.name, True, "uid-ppod-1")
+
+
+def test_a_not_ready_node_whose_kubelet_reports_gets_the_grace_period_first() -> None:
+    """Ready False: the kubelet still reports and may finish the delete itself. It has the
+    pod's grace period and a few seconds more; then the delete is forced."""
+    node = Node("worker-1", False, (NOT_READY,), ready="False")
+    observed, ppod = _on_dead_node(node)
+    [delete] = only(plan(observed, SETTINGS, NOW), DeletePlaceholderPod)
+    assert (delete.force, delete.reason) == (False, "tainted")  # graceful first
+    assert delete.event.message.startswith(f"deleted placeholder pod {ppod.name}: ")
+    assert "so that it moves" not in delete.event.message  # it moves once gone, not before
+
+    deleting, _ = _on_dead_node(node, deleting=True, deletion_due=NOW + 1)
+    waiting = plan(deleting, SETTINGS, NOW)
+    assert not only(waiting, DeletePlaceholderPod)
+    assert waiting.requeue is not None
+    assert waiting.requeue.after == pytest.approx(1 + STRANDED_DELETE_SECONDS)
+
+    later = NOW + 1 + STRANDED_DELETE_SECONDS
+    [forced] = only(plan(deleting, SETTINGS, later), DeletePlaceholderPod)
+    assert (forced.force, forced.reason, forced.uid) == (True, "node-down", "uid-ppod-1")
+    assert "did not finish" in forced.event.message
+
+
+@pytest.mark.parametrize(
+    "node",
+    [
+        Node("worker-1", True, (), ready="True"),  # cordoned: its kubelet finishes the delete
+        Node("worker-1", False, (Taint("dedicated", "gpu", "NoSchedule"),), ready="True"),
+    ],
+)
+def test_a_terminating_placeholder_on_a_reporting_node_is_left_to_its_kubelet(node: Node) -> None:
+    observed, _ = _on_dead_node(node, deleting=True, deletion_due=NOW - 600)
+    result = plan(observed, SETTINGS, NOW)
+    assert not only(result, DeletePlaceholderPod)
+    assert result.requeue is None
+
+
+def test_a_placeholder_pinned_to_a_dead_node_by_its_volume_is_not_forced() -> None:
+    """Its data is on that node only: made again elsewhere it could run nowhere."""
+    node = Node("worker-1", False, (UNREACHABLE,), ready="Unknown")
+    local = (("source", _pinned("pv-local-1", "kubernetes.io/hostname", "worker-1")),)
+    for deleting in (False, True):
+        observed, _ = _on_dead_node(node, deleting=deleting, deletion_due=NOW - 60)
+        result = plan(replace(observed, placeholder_volumes=local), SETTINGS, NOW)
+        assert not only(result, DeletePlaceholderPod)
+        assert bool(only(result, HoldPinnedPlaceholder)) is not deleting
+
+
+def test_a_placeholder_whose_node_object_is_gone_is_left_to_the_pod_garbage_collector() -> None:
+    observed, _ = _on_dead_node(Node("worker-1", False, (UNREACHABLE,), ready="Unknown"))
+    assert not only(plan(replace(observed, nodes={}), SETTINGS, NOW), DeletePlaceholderPod)
 
 
 # ---- teardown -------------------------------------------------------------------------

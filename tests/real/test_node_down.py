@@ -1,0 +1,177 @@
+"""A node dies under a running task (realstack ``node down``: kubelet, containers and
+containerd gone; the Node object left, as a cloud leaves it while the machine is not
+deleted). The node lifecycle controller marks it (Ready Unknown, the unreachable taints);
+the reconciler force-deletes the run's placeholder pod there, which a dead kubelet would
+leave Terminating for ever, and the StatefulSet makes it again on a live node. The task that
+was running there is Tekton's to judge: once the operator declares the node shut down
+(``node.kubernetes.io/out-of-service``, Kubernetes' non-graceful node shutdown), its pod is
+deleted, and the task's ``retries`` run it again, on the placeholder's new node, where the
+later tasks follow with the data of the "network" volume; the run Succeeds."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import time
+from collections.abc import Callable
+
+from tests.e2e.kube import Api, Obj, wait_for
+from tests.real.nodes import restore
+from tests.real.runs import (
+    Recorder,
+    assert_succeeded,
+    claim_template,
+    describe,
+    pipeline_run,
+    placeholder_name,
+    task,
+    task_pods,
+    wait_runs,
+)
+from tests.real.stack import NODES, RealCluster
+
+RUN = "node-down"
+OUT_OF_SERVICE = {
+    "key": "node.kubernetes.io/out-of-service",
+    "value": "nodeshutdown",
+    "effect": "NoExecute",
+}
+
+
+def _running_on(api: Api, namespace: str, task_name: str) -> str | None:
+    pod = task_pods(api, namespace, RUN).get(task_name)
+    if pod and (pod.get("status") or {}).get("phase") == "Running":
+        node: str = pod["spec"]["nodeName"]
+        return node
+    return None
+
+
+def _ready(api: Api, node: str) -> str:
+    for cond in (api.must_get("Node", node).get("status") or {}).get("conditions") or []:
+        if cond.get("type") == "Ready":
+            return str(cond.get("status"))
+    return ""
+
+
+def node_down(real: RealCluster, node: str) -> None:
+    """realstack ``node down``, keeping the Node object (``DELETE_NODE=0``): what a dead
+    machine leaves behind until a cloud controller or a person deletes it."""
+    assert real.stack is not None
+    subprocess.run(
+        [real.stack.script, "node", "down", str(real.stack.workdir), node],
+        env={**os.environ, "DELETE_NODE": "0"},
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
+
+
+def node_back(real: RealCluster, node: str) -> None:
+    """The machine back: the operator lifts out-of-service, the node rejoins."""
+    api = real.api
+    taints = api.must_get("Node", node)["spec"].get("taints") or []
+    kept = [t for t in taints if t.get("key") != OUT_OF_SERVICE["key"]]
+    api.patch("Node", node, {"spec": {"taints": kept or None}})
+    real.stack.add_node(node, **NODES[node])
+    restore(api, node)
+
+
+def _placeholder_pod(api: Api, namespace: str) -> Obj | None:
+    return api.get("Pod", f"{placeholder_name(namespace, RUN)}-0", namespace)
+
+
+def test_a_node_dies_under_a_running_task(real: RealCluster, namespace: Callable[..., str]) -> None:
+    real.require("own-stack", "network-class")
+    assert real.network_class is not None
+    api = real.api
+    ns = namespace("pipelineruns", prefix="node-down")
+    first = task("first", "echo kept > $(workspaces.ws.path)/f\nsleep 20\n", ["ws"])
+    first["retries"] = 1
+    tasks = [
+        first,
+        task("second", "grep -qx kept $(workspaces.ws.path)/f\n", ["ws"], run_after=["first"]),
+    ]
+    recorder = Recorder(api)
+    seen = recorder.watch(ns)
+    recorder.start()
+    node: str | None = None
+    timings: dict[str, float] = {}
+    try:
+        api.create(
+            pipeline_run(
+                ns, RUN, tasks, {"ws": {"volumeClaimTemplate": claim_template(real.network_class)}}
+            )
+        )
+        node = wait_for(
+            "the first task to run",
+            lambda: _running_on(api, ns, "first"),
+            timeout=120,
+            describe=lambda: describe(api, ns),
+        )
+        dead = node
+        placeholder = _placeholder_pod(api, ns)
+        assert placeholder is not None
+        assert placeholder["spec"]["nodeName"] == node
+        started = time.monotonic()
+        node_down(real, node)
+        wait_for(
+            f"node {node} to be marked Ready Unknown",
+            lambda: _ready(api, dead) == "Unknown",
+            timeout=90,
+            describe=lambda: str(api.must_get("Node", dead).get("status", {}).get("conditions")),
+        )
+        timings["marked"] = time.monotonic() - started
+
+        def moved() -> Obj | None:
+            pod = _placeholder_pod(api, ns)
+            if pod is None or pod["metadata"]["uid"] == placeholder["metadata"]["uid"]:
+                return None
+            return pod if pod["spec"].get("nodeName") else None
+
+        new = wait_for(
+            "the placeholder made again on a live node",
+            moved,
+            timeout=20,
+            describe=lambda: describe(api, ns),
+        )
+        timings["moved"] = time.monotonic() - started
+        assert new["spec"]["nodeName"] != dead, describe(api, ns)
+        # The operator's step for a node that is shut down for good (non-graceful shutdown).
+        taints = api.must_get("Node", dead)["spec"].get("taints") or []
+        api.patch("Node", dead, {"spec": {"taints": [*taints, OUT_OF_SERVICE]}})
+        runs = wait_runs(api, ns, [RUN], timeout=240)
+        timings["done"] = time.monotonic() - started
+    finally:
+        recorder.stop()
+        if node is not None:
+            with contextlib.suppress(Exception):
+                node_back(real, node)
+    real.notes.append(f"node down: {', '.join(f'{k} {v:.0f}s' for k, v in timings.items())}")
+    assert_succeeded(runs, api, ns, RUN)
+    pods = task_pods(api, ns, RUN)
+    assert pods["second"]["spec"]["nodeName"] == new["spec"]["nodeName"], describe(api, ns)
+    [first_run] = [
+        tr
+        for tr in api.list("TaskRun", ns)
+        if (tr["metadata"].get("labels") or {}).get("tekton.dev/pipelineTask") == "first"
+    ]
+    # Tekton's verdict on the attempt that ran on the dead node: its pod deleted (once the
+    # node was declared out of service), that attempt Failed; the retry ran where the
+    # placeholder went.
+    status = first_run.get("status") or {}
+    [attempt] = status.get("retriesStatus") or [{}]
+    assert attempt.get("podName") == f"{RUN}-first-pod", attempt
+    assert [(c.get("status"), c.get("reason")) for c in attempt.get("conditions") or []] == [
+        ("False", "Failed")
+    ], attempt
+    assert status.get("podName") == f"{RUN}-first-pod-retry1", status
+    retried = api.must_get("Pod", f"{RUN}-first-pod-retry1", ns)
+    assert retried["spec"]["nodeName"] == new["spec"]["nodeName"], describe(api, ns)
+    events = [
+        str(e.get("message"))
+        for e in api.list("Event", ns)
+        if e.get("reason") == "PlaceholderMoved"
+    ]
+    assert any(m.startswith("force-deleted placeholder pod") and node in m for m in events), events
+    assert seen.placeholder_nodes(placeholder_name(ns, RUN)) == {node, new["spec"]["nodeName"]}
