@@ -147,7 +147,7 @@ def _action_text(action: CancelRun | StartRun | MarkWaiting) -> str:
     if isinstance(action, StartRun):
         return f"start {name}: {action.why}"
     if isinstance(action, CancelRun):
-        return f"cancel {name} ({action.value}): newer run {action.newer}"
+        return f"cancel {name} ({action.value}): {action.why}"
     return f"tell {name} why it waits"
 
 

@@ -131,6 +131,13 @@ def _then(control: Control, key: str) -> str:
             "oldest first; while it waits, a newer run of that key replaces it (it is "
             "cancelled); running runs are never cancelled"
         )
+    if control.max_running > 1:
+        n = control.max_running
+        return (
+            f"starts if it is one of the {n} newest runs of key {key!r}; older unfinished runs "
+            f"of that key are cancelled ({control.strategy.value}), and it is cancelled when "
+            f"{n} newer ones have arrived"
+        )
     return (
         f"starts if it is the newest run of key {key!r}; older unfinished runs of that key are "
         f"cancelled ({control.strategy.value}), and it is cancelled when a newer one arrives"

@@ -14,7 +14,7 @@ from typing import Any
 from coschedule.concurrency.names import API_VERSION, KIND, MAX_CONTROL_NAME
 from coschedule.concurrency.selector import BadSelector, parse_selector
 from coschedule.concurrency.template import BadTemplate, Template, parse_template
-from coschedule.engines import RUN_ENGINES, SLOTTED, Kind, Order, Strategy
+from coschedule.engines import RUN_ENGINES, Kind, Order, Strategy
 from coschedule.k8s.selectors import Selector
 
 DEFAULT_KINDS = frozenset(RUN_ENGINES)  # every run engine
@@ -92,11 +92,6 @@ def parse_control(obj: Mapping[str, Any], namespace: str | None = None) -> Contr
     max_running = spec.get("maxRunning", 1)
     if not isinstance(max_running, int) or isinstance(max_running, bool) or max_running < 1:
         raise BadControl(f"spec.maxRunning must be an integer of at least 1, not {max_running!r}")
-    if strategy not in SLOTTED and max_running != 1:
-        raise BadControl(
-            "spec.maxRunning applies to strategies Queue and Replace only: remove it or use "
-            "strategy: Queue or Replace"
-        )
     raw_order = spec.get("order")
     order = Order.OLDEST_FIRST
     if raw_order is not None:

@@ -1,11 +1,11 @@
 """The reconciler's decision for one group (namespace, control, key): which runs start and
 which are cancelled. Pure: observed runs and controls in, actions out.
 
-- ``Cancel``, ``GracefullyCancel``, ``GracefullyStop``: the newest run (creation time, then
-  name) may start; every older run that is running or pending by us is cancelled with the
-  strategy's value. Finished and stopping runs are never touched; runs their authors made
-  pending are never started, never cancelled, and never count as "newer" (they may never
-  start).
+- ``Cancel``, ``GracefullyCancel``, ``GracefullyStop``: the ``maxRunning`` newest runs
+  (creation time, then name; 1 by default) may start; every older run that is running or
+  pending by us is cancelled with the strategy's value (limit plus supersede). Finished and
+  stopping runs are never touched; runs their authors made pending are never started, never
+  cancelled, and never count as "newer" (they may never start).
 - ``Queue``: the oldest runs pending by us (the newest with ``order: newest-first``) may start
   while fewer than ``maxRunning`` runs of the group are running (a stopping run still runs);
   nothing is cancelled.
@@ -59,7 +59,8 @@ class Group:
 class Verdict:
     held: frozenset[str]  # runs (by ident) the group's control holds
     allowed: frozenset[str]  # held runs this group lets start
-    cancels: Mapping[str, tuple[str, str]]  # run -> (cancel value, the newer run's name)
+    # run -> (cancel value, the newer run's name, why when more than "newer run <name>")
+    cancels: Mapping[str, tuple[str, str, str]]
     running: int = 0
     waiting: Mapping[str, str] = field(default_factory=dict)  # held back run -> why
 
@@ -72,6 +73,11 @@ class CancelRun:
     control: str
     newer: str
     key: str
+    reason: str = ""  # why, when not only "newer run <newer>" (the Event says it)
+
+    @property
+    def why(self) -> str:
+        return self.reason or f"newer run {self.newer}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,16 +114,30 @@ def verdict(group: Group) -> Verdict:
         return Verdict(names, frozenset(), {})
     if control.strategy in SLOTTED:
         return _slotted(control, held, names)
-    contenders = [r for r in held if r.state is not State.PENDING_BY_AUTHOR]
+    contenders = sorted(
+        (r for r in held if r.state is not State.PENDING_BY_AUTHOR),
+        key=lambda r: r.order,
+        reverse=True,
+    )
     if not contenders:
         return Verdict(names, frozenset(), {})
-    newest = max(contenders, key=lambda r: r.order)
+    # The maxRunning newest are kept (1 by default: the newest alone); every older one that
+    # runs or waits is superseded, so at most maxRunning run and an arrival at the limit
+    # cancels the oldest running run.
+    kept, older = contenders[: control.max_running], contenders[control.max_running :]
+    newest = contenders[0]
+    limit = (
+        f"newer run {newest.name}; maxRunning {control.max_running} keeps the "
+        f"{control.max_running} newest"
+        if control.max_running > 1
+        else ""
+    )
     cancels = {
-        r.ident: (run_control(r.kind).cancel_values[control.strategy], newest.name)
-        for r in contenders
-        if r is not newest and r.state in (State.RUNNING, State.PENDING_BY_US)
+        r.ident: (run_control(r.kind).cancel_values[control.strategy], newest.name, limit)
+        for r in older
+        if r.state in (State.RUNNING, State.PENDING_BY_US)
     }
-    allowed = frozenset({newest.ident}) if newest.state is State.PENDING_BY_US else frozenset()
+    allowed = frozenset(r.ident for r in kept if r.state is State.PENDING_BY_US)
     running = sum(1 for r in held if r.state is State.RUNNING)
     return Verdict(names, allowed, cancels, running)
 
@@ -136,11 +156,11 @@ def _slotted(control: Control, held: Sequence[Run], names: frozenset[str]) -> Ve
     if control.strategy is Strategy.QUEUE and control.order is Order.NEWEST_FIRST:
         waiting.reverse()
     starts = frozenset(r.ident for r in waiting[:free])
-    cancels: dict[str, tuple[str, str]] = {}
+    cancels: dict[str, tuple[str, str, str]] = {}
     if control.strategy is Strategy.REPLACE:
         rest = waiting[free:]  # rest[-1], the newest, stays pending
         cancels = {
-            r.ident: (run_control(r.kind).cancel_values[Strategy.REPLACE], rest[-1].name)
+            r.ident: (run_control(r.kind).cancel_values[Strategy.REPLACE], rest[-1].name, "")
             for r in rest[:-1]
         }
     # The line as this plan leaves it: the runs that run (those starting now, and those it
@@ -195,10 +215,16 @@ def plan(key: GroupKey, groups: Mapping[GroupKey, Group]) -> list[Action]:
     actions: list[Action] = []
     for run in sorted(group.runs, key=lambda r: r.order):
         if run.ident in mine.cancels and control is not None:
-            value, newer = mine.cancels[run.ident]
+            value, newer, reason = mine.cancels[run.ident]
             actions.append(
                 CancelRun(
-                    run, value, control.strategy, control.name, newer, run.key_of(key.control)
+                    run,
+                    value,
+                    control.strategy,
+                    control.name,
+                    newer,
+                    run.key_of(key.control),
+                    reason,
                 )
             )
     for run in sorted(group.runs, key=lambda r: r.order):
@@ -282,7 +308,9 @@ def _why(control: Control, run: Run, mine: Verdict) -> str:
             f"({mine.running} of maxRunning {control.max_running} running), "
             f"key {run.key_of(control.name)}"
         )
-    return f"newest run of ConcurrencyControl {control.name}, key {run.key_of(control.name)}"
+    newest = "newest run" if control.max_running == 1 else f"{control.max_running} newest runs"
+    one = "one of the " if control.max_running > 1 else ""
+    return f"{one}{newest} of ConcurrencyControl {control.name}, key {run.key_of(control.name)}"
 
 
 def group_keys(run: Run) -> list[GroupKey]:

@@ -378,8 +378,7 @@ class ConcurrencyController:
             await self.client.patch(path, cancel_patch(run, action.value))
             self.metrics.cancellations.labels(action.strategy.value).inc()
             message = (
-                f"cancelled by ConcurrencyControl {action.control}: newer run {action.newer}, "
-                f"key {action.key}"
+                f"cancelled by ConcurrencyControl {action.control}: {action.why}, key {action.key}"
             )
             log.info(
                 "cancelled run",

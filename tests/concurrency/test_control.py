@@ -66,7 +66,7 @@ BAD: list[tuple[dict[str, Any], str]] = [
     ({"selector": {}}, "spec.strategy is required"),
     ({"selector": {}, "strategy": "Queue", "maxRunning": 0}, "spec.maxRunning must be"),
     ({"selector": {}, "strategy": "Queue", "maxRunning": True}, "spec.maxRunning must be"),
-    ({"selector": {}, "strategy": "Cancel", "maxRunning": 2}, "spec.maxRunning applies"),
+    ({"selector": {}, "strategy": "Cancel", "maxRunning": 0}, "spec.maxRunning must be"),
     ({"selector": {}, "strategy": "Replace", "maxRunning": 0}, "spec.maxRunning must be"),
     ({"selector": {}, "strategy": "Queue", "order": "random"}, "spec.order: 'random' is not"),
     ({"selector": {}, "strategy": "Replace", "order": "newest-first"}, "spec.order applies"),

@@ -175,6 +175,59 @@ def test_a_newest_finished_run_still_cancels_older_ones() -> None:
     assert summary(actions) == [("cancel", "old", "Cancelled")]
 
 
+# ---- limit plus supersede: Cancel family with maxRunning ----------------------------
+
+
+@pytest.mark.parametrize(
+    ("strategy", "tekton"),
+    [("Cancel", "Cancelled"), ("GracefullyCancel", "CancelledRunFinally")],
+)
+def test_with_max_running_the_newest_n_run_and_an_arrival_cancels_the_oldest_running(
+    strategy: str, tekton: str
+) -> None:
+    control = ctl(strategy=strategy, maxRunning=2)
+    # Two run; a third arrives: the oldest running one is superseded, the arrival starts.
+    actions = decide(control, pr("a", 0), pr("b", 1), pending_pr("c", 2))
+    assert summary(actions) == [("cancel", "a", tekton), ("start", "c", "")]
+    (cancel, _) = actions
+    assert cancel.why == "newer run c; maxRunning 2 keeps the 2 newest"
+    # Below the limit nothing is cancelled.
+    assert summary(decide(control, pr("a", 0), pending_pr("b", 1))) == [("start", "b", "")]
+    # A burst of four while one runs: the two newest start, the rest are cancelled.
+    actions = decide(
+        control, pr("a", 0), pending_pr("b", 1), pending_pr("c", 2), pending_pr("d", 3)
+    )
+    assert summary(actions) == [
+        ("cancel", "a", tekton),
+        ("cancel", "b", tekton),
+        ("start", "c", ""),
+        ("start", "d", ""),
+    ]
+    start = actions[-1]
+    assert isinstance(start, StartRun)
+    assert start.why == "one of the 2 newest runs of ConcurrencyControl ci, key main"
+
+
+def test_with_max_running_stopping_done_and_author_pending_runs_are_left_alone() -> None:
+    control = ctl(maxRunning=2)
+    actions = decide(
+        control,
+        pr("stopping", 0, status="Cancelled"),
+        pr("done", 1, succeeded="True"),
+        pr("held", 2, status="PipelineRunPending"),
+        pr("running", 3),
+    )
+    assert actions == []
+    # A newer finished run counts among the newest, as with maxRunning 1.
+    actions = decide(control, pr("a", 0), pr("b", 1), pr("c", 2, succeeded="True"))
+    assert summary(actions) == [("cancel", "a", "Cancelled")]
+
+
+def test_max_running_one_is_the_plain_cancel_event_text() -> None:
+    (cancel, _) = decide(ctl(), pr("old", 0), pending_pr("new", 1))
+    assert cancel.why == "newer run new"
+
+
 def test_cancelling_a_pending_run_drops_our_annotation_and_argo_suspension() -> None:
     run = pending_wf("w", 0)
     patch = cancel_patch(run, "Terminate")

@@ -32,8 +32,7 @@ STATES = [State.PENDING_BY_US, State.PENDING_BY_AUTHOR, State.RUNNING, State.STO
 def groups(draw: st.DrawFn) -> Group:
     strategy = draw(st.sampled_from(list(Strategy)))
     spec: dict[str, object] = {"selector": {}, "strategy": strategy.value}
-    if strategy in SLOTTED:
-        spec["maxRunning"] = draw(st.integers(1, 4))
+    spec["maxRunning"] = draw(st.integers(1, 4))
     if strategy is Strategy.QUEUE:
         spec["order"] = draw(st.sampled_from(list(Order)))
     ctl = parse_control(control("ci", spec))
@@ -109,14 +108,24 @@ def test_what_a_plan_may_touch(group: Group) -> None:
             if cancels:
                 assert left == [waiting[-1]]  # the newest is the one kept
     else:
-        assert len(starts) <= 1
-        contenders = [r for r in group.runs if r.state is not State.PENDING_BY_AUTHOR]
-        if starts:
-            assert starts[0].order == max(r.order for r in contenders)
-        newest = max(contenders, key=lambda r: r.order, default=None)
+        # Limit plus supersede: only the maxRunning newest start; a run is cancelled only
+        # when maxRunning newer runs exist.
+        n = control.max_running
+        assert len(starts) <= n
+        contenders = sorted(
+            (r for r in group.runs if r.state is not State.PENDING_BY_AUTHOR),
+            key=lambda r: r.order,
+            reverse=True,
+        )
+        for run in starts:
+            assert run in contenders[:n]
         for run in cancels:
-            assert newest is not None
-            assert run.order < newest.order
+            assert run not in contenders[:n]
+        # Afterwards at most maxRunning run (stopping ones are on their way out).
+        running_after = sum(1 for r in group.runs if r.state is State.RUNNING) - len(
+            [r for r in cancels if r.state is State.RUNNING]
+        )
+        assert running_after + len(starts) <= n
 
 
 @settings(max_examples=300, deadline=None)

@@ -192,13 +192,8 @@ BAD_CONTROLS: list[tuple[str, Obj, str]] = [
     ("unknown strategy", {"selector": {}, "strategy": "Drop"}, "spec.strategy"),
     ("maxRunning 0", {"selector": {}, "strategy": "Queue", "maxRunning": 0}, "spec.maxRunning"),
     (
-        "maxRunning without Queue",
-        {"selector": {}, "strategy": "Cancel", "maxRunning": 3},
-        "spec.maxRunning",
-    ),
-    (
-        "maxRunning with Cancel",
-        {"selector": {}, "strategy": "GracefullyCancel", "maxRunning": 2},
+        "maxRunning above 1000",
+        {"selector": {}, "strategy": "Cancel", "maxRunning": 1001},
         "spec.maxRunning",
     ),
     (
@@ -337,6 +332,34 @@ def test_newest_run_starts_older_ones_are_cancelled(
         assert cancelled[-1].startswith("cancelled by ConcurrencyControl ci: newer run "), cancelled
         assert cancelled[-1].endswith("key main"), cancelled
     assert any(r == "Started" for r, _ in run_events(api, ns, "third")), events(api, ns)
+
+
+@pytest.mark.usefixtures("reconciling")
+def test_limit_plus_supersede_keeps_the_newest_n_and_cancels_the_oldest_running(
+    e2e: E2E, namespace: Callable[..., str]
+) -> None:
+    api, kind = e2e.api, "PipelineRun"
+    ns = namespace(prefix="cc-limit")
+    spec = {"selector": {}, "strategy": "GracefullyCancel", "maxRunning": 2, "key": "main"}
+    make_control(e2e, ns, "ci", spec, kind)
+    assert api.must_get("ConcurrencyControl", "ci", ns)["spec"]["maxRunning"] == 2
+    api.create(run_manifest(kind, ns, "a", {}))
+    time.sleep(1.0)
+    api.create(run_manifest(kind, ns, "b", {}))
+    wait_states(api, kind, ns, {"a": "started", "b": "started"})
+    time.sleep(1.0)  # creation times are in seconds: c is the newest
+    api.create(run_manifest(kind, ns, "c", {}))
+    wait_states(api, kind, ns, {"a": "CancelledRunFinally", "b": "started", "c": "started"})
+    time.sleep(1.0)  # nothing more may happen
+    assert states(api, kind, ns, ["a", "b", "c"]) == {
+        "a": "CancelledRunFinally",
+        "b": "started",
+        "c": "started",
+    }
+    (message,) = [m for r, m in run_events(api, ns, "a") if r == "Cancelled"]
+    assert message == (
+        "cancelled by ConcurrencyControl ci: newer run c; maxRunning 2 keeps the 2 newest, key main"
+    )
 
 
 def readme_control(name: str) -> Obj:
