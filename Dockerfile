@@ -1,32 +1,47 @@
 # syntax=docker/dockerfile:1
 # coschedule: one image, two processes (`coschedule serve`, `coschedule reconcile`).
 #
+#   make image                      # docker, or podman (../shared/image where no registry)
 #   docker build -t ghcr.io/coschedule/coschedule:0.1.0 .
 #
-# Both stages use the same base, pinned by digest (a multi-arch index: linux/amd64 and
-# linux/arm64), so the virtualenv built in the first stage runs unchanged in the second.
+# Every stage uses the same base, pinned by digest (a multi-arch index: linux/amd64 and
+# linux/arm64), so the virtualenv built in the first stages runs unchanged in the last.
 # Update tag and digest together (`docker buildx imagetools inspect python:3.11-slim`).
 ARG PYTHON_IMAGE=python:3.11.14-slim@sha256:c8271b1f627d0068857dce5b53e14a9558603b527e46f1f901722f935b786a39
 
-# ---- builder: build the wheel, install it and its pinned dependencies into /opt/venv ----
-FROM ${PYTHON_IMAGE} AS builder
+# ---- deps: the locked dependencies, before any code, so a code change reuses this layer ----
+FROM ${PYTHON_IMAGE} AS deps
 
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PYTHONDONTWRITEBYTECODE=1
 
 WORKDIR /src
+# The locks pin every package, transitive ones included, by version and hash (`make lock`
+# writes them from pyproject.toml); pip refuses anything else. All ship as binary wheels, so
+# no compiler is needed. /opt/build holds the build backend (setuptools, wheel), /opt/venv
+# what runs; pip compiles the bytecode now, so the read-only runtime never writes any.
+COPY requirements/build.lock requirements/runtime.lock ./requirements/
+RUN python -m venv /opt/build \
+    && /opt/build/bin/python -m pip install --require-hashes --no-deps --only-binary=:all: \
+       -r requirements/build.lock \
+    && python -m venv /opt/venv \
+    && /opt/venv/bin/python -m pip install --require-hashes --no-deps --only-binary=:all: \
+       --no-compile -r requirements/runtime.lock \
+    && /opt/venv/bin/python -m compileall -q /opt/venv/lib
+
+# ---- venv: the dependencies as they run, without an installer ----
+FROM deps AS venv
+RUN /opt/venv/bin/python -m pip uninstall --yes pip setuptools
+
+# ---- app: the package's wheel, its files staged under /staging/opt/venv ----
+FROM deps AS app
 COPY pyproject.toml README.md ./
 COPY coschedule ./coschedule
-
-# Every runtime dependency is pinned (==) in pyproject.toml and ships as a binary wheel, so
-# no compiler is needed even here. pip compiles the bytecode at install time, so the
-# read-only runtime never has to write any.
-RUN python -m pip wheel --no-deps --wheel-dir /wheels . \
-    && python -m venv /opt/venv \
-    && /opt/venv/bin/python -m pip install --no-compile /wheels/coschedule-*.whl \
-    && /opt/venv/bin/python -m compileall -q /opt/venv/lib \
-    && /opt/venv/bin/python -m pip uninstall --yes pip setuptools
+RUN /opt/build/bin/python -m pip wheel --no-deps --no-build-isolation --wheel-dir /wheels . \
+    && /opt/venv/bin/python -m pip install --no-deps --no-compile --no-warn-script-location \
+       --root /staging /wheels/coschedule-*.whl \
+    && /opt/venv/bin/python -m compileall -q -s /staging -p / /staging/opt/venv/lib
 
 # ---- runtime: the interpreter and /opt/venv, nothing else ----
 FROM ${PYTHON_IMAGE} AS runtime
@@ -42,7 +57,9 @@ RUN python -m pip uninstall --yes pip setuptools wheel \
     && useradd --system --uid 65532 --gid 65532 --no-create-home \
        --home-dir /nonexistent --shell /usr/sbin/nologin coschedule
 
-COPY --from=builder /opt/venv /opt/venv
+# The dependencies (changed only by the locks), then the package (changed by every commit).
+COPY --from=venv /opt/venv /opt/venv
+COPY --from=app /staging/opt/venv /opt/venv
 
 # Read-only root filesystem: no bytecode writes, HOME and temp files under /tmp (an
 # emptyDir in the manifests).
@@ -58,4 +75,10 @@ WORKDIR /tmp
 # 8443 HTTPS (admission), 8080 webhook probes and metrics, 8081 reconciler probes.
 EXPOSE 8443 8080 8081
 ENTRYPOINT ["coschedule"]
-CMD ["serve", "--cert-dir", "/etc/coschedule/tls", "--config-dir", "/etc/coschedule/config"]
+# With no arguments: the webhook with a self-signed certificate made under /tmp/certs and the
+# built-in settings (`docker run -p 8443:8443 IMAGE`); the manifests give their own args.
+CMD ["serve"]
+
+# Last, so that a new version rebuilds one metadata layer only (`make image VERSION=...`).
+ARG VERSION=dev
+LABEL org.opencontainers.image.version="${VERSION}"

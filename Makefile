@@ -14,7 +14,8 @@ HOST ?= 127.0.0.1
 PORT ?= 8443
 HEALTH_PORT ?= 8080
 
-.PHONY: help venv run test lint typecheck unit e2e e2e-real realstack-deps bench certs clean FORCE
+.PHONY: help venv run test lint typecheck unit e2e e2e-real realstack-deps bench certs clean FORCE \
+	lock image image-deps image-clean
 
 help:
 	@echo "make run    serve the webhook on https://$(HOST):$(PORT) (probes on http://$(HOST):$(HEALTH_PORT)); runtime dependencies only"
@@ -22,6 +23,8 @@ help:
 	@echo "make e2e    the end-to-end suite against a real control plane"
 	@echo "make e2e-real  real PipelineRuns on real kubelets and Tekton (../shared/realstack, root)"
 	@echo "make bench  the benchmarks (not part of make test)"
+	@echo "make image  the container image $(IMAGE), saved to $(IMAGE_TAR) (docker, or podman)"
+	@echo "make lock   requirements/*.lock (hash-pinned, what the image installs) from pyproject.toml"
 
 # The venv belongs to $(PYTHON). One made by another interpreter, by another Python version
 # or by an interpreter that no longer runs is made again here, not left to fail until
@@ -98,6 +101,66 @@ e2e-real: $(STAMP) realstack-deps
 
 bench: $(STAMP)
 	$(BIN)/python -m bench
+
+# The image installs exactly these: every runtime package, transitive ones included, pinned
+# by version and hash, for Python 3.11 on any platform (--universal); the build backend too
+# ([build-system].requires). uv keeps the versions already locked unless pyproject.toml asks
+# for others (`make lock UV_FLAGS=--upgrade` moves everything to the newest).
+UV_FLAGS ?=
+LOCK_FLAGS = --quiet --universal --python-version 3.11 --generate-hashes \
+	--custom-compile-command 'make lock' $(UV_FLAGS)
+lock: $(STAMP)
+	mkdir -p requirements
+	$(BIN)/uv pip compile $(LOCK_FLAGS) --output-file requirements/runtime.lock pyproject.toml
+	$(BIN)/python -c 'import tomllib; print(*tomllib.load(open("pyproject.toml", "rb"))["build-system"]["requires"], sep="\n")' \
+		| $(BIN)/uv pip compile $(LOCK_FLAGS) --output-file requirements/build.lock -
+
+# The image from this Dockerfile, as it is. With docker when its daemon answers, else, where
+# no registry is reachable and ../shared/image is beside the checkout (root), podman through
+# its imagekit: its work dir IMAGE_WORK holds podman's state and the base
+# localhost/python:3.11-local it makes from Debian packages (PYTHON_IMAGE unless given), and
+# `imagekit deps` installs podman (apt-get). Else a podman on PATH. IMAGE_TOOL=docker|podman|
+# imagekit picks one. The image is saved as a docker-archive to IMAGE_TAR (`docker load`,
+# `ctr images import`).
+IMAGE ?= localhost/coschedule:dev
+IMAGE_TAR ?= build/coschedule-image.tar
+PYTHON_IMAGE ?=
+VERSION ?= $(shell sed -n 's/^version = "\(.*\)"$$/\1/p' pyproject.toml)
+IMAGEKIT ?= ../shared/image/imagekit
+IMAGE_WORK ?= /tmp/coschedule-image
+IMAGE_TOOL ?= $(shell if docker info >/dev/null 2>&1; then echo docker; \
+	elif [ -x $(IMAGEKIT) ] && [ "$$(id -u)" = 0 ]; then echo imagekit; \
+	elif podman info >/dev/null 2>&1; then echo podman; else echo none; fi)
+BUILD_ARGS = $(if $(PYTHON_IMAGE),--build-arg PYTHON_IMAGE=$(PYTHON_IMAGE)) --build-arg VERSION=$(VERSION)
+
+image-deps:
+	@if [ -x "$(IMAGEKIT)" ] && [ "$$(id -u)" = 0 ]; then $(IMAGEKIT) deps; \
+	else echo "image-deps: no $(IMAGEKIT) or not root: nothing to install"; fi
+
+image:
+	@tool="$(IMAGE_TOOL)"; start=$$(date +%s); set -e; \
+	echo "make image: $(IMAGE) (version $(VERSION)) with $$tool"; \
+	case "$$tool" in \
+	docker|podman) \
+		$$tool build $(BUILD_ARGS) -t $(IMAGE) .; \
+		mkdir -p $(dir $(IMAGE_TAR)); rm -f $(IMAGE_TAR); \
+		$$tool save -o $(IMAGE_TAR) $(IMAGE) ;; \
+	imagekit) \
+		$(IMAGEKIT) deps; \
+		base="$(PYTHON_IMAGE)"; \
+		if [ -z "$$base" ]; then out=$$($(IMAGEKIT) base $(IMAGE_WORK)); base=$${out##*[[:space:]]}; fi; \
+		$(IMAGEKIT) podman $(IMAGE_WORK) build $$($(IMAGEKIT) build-env $(IMAGE_WORK)) \
+			--pull=never --build-arg PYTHON_IMAGE=$$base --build-arg VERSION=$(VERSION) \
+			-t $(IMAGE) .; \
+		mkdir -p $(dir $(IMAGE_TAR)); rm -f $(IMAGE_TAR); \
+		$(IMAGEKIT) podman $(IMAGE_WORK) save --format docker-archive -o $(IMAGE_TAR) $(IMAGE) ;; \
+	*) echo "make image: no docker daemon, no podman, and no $(IMAGEKIT) (as root)" >&2; exit 1 ;; \
+	esac; \
+	echo "make image: $(IMAGE) saved to $(IMAGE_TAR) in $$(( $$(date +%s) - start )) s"
+
+image-clean:
+	@if [ -x "$(IMAGEKIT)" ] && [ -d "$(IMAGE_WORK)" ]; then $(IMAGEKIT) clean $(IMAGE_WORK); fi
+	rm -rf $(IMAGE_WORK) $(IMAGE_TAR)
 
 certs: $(RUNTIME)
 	$(BIN)/coschedule certs --dns-name localhost --dns-name 127.0.0.1 --out certs

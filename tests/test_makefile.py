@@ -174,3 +174,56 @@ print("blocked", len(blocked))
     assert "--port" in result.stdout
     blocked = int(result.stdout.rsplit("blocked ", 1)[1])
     assert blocked >= 5, "the dev packages were found and refused"
+
+
+def _image_plan(tmp_path: Path, *args: str) -> str:
+    plan = _make(_copy(tmp_path), "-n", "image", *args)
+    assert plan.returncode == 0, plan.stderr
+    return plan.stdout
+
+
+@needs_make
+@pytest.mark.parametrize("tool", ["docker", "podman"])
+def test_make_image_builds_the_dockerfile_and_saves_an_archive(tmp_path: Path, tool: str) -> None:
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    plan = _image_plan(tmp_path, f"IMAGE_TOOL={tool}", "IMAGE=reg.example/cs:1")
+    assert f'tool="{tool}"' in plan
+    assert re.search(rf"\$tool build +--build-arg VERSION={version} -t reg\.example/cs:1 \.;", plan)
+    assert "$tool save -o build/coschedule-image.tar reg.example/cs:1" in plan
+    # The Dockerfile's own base unless PYTHON_IMAGE is given.
+    given = _image_plan(tmp_path, f"IMAGE_TOOL={tool}", "PYTHON_IMAGE=mirror.example/py:3.11")
+    assert "--build-arg PYTHON_IMAGE=mirror.example/py:3.11 --build-arg VERSION=" in given
+
+
+@needs_make
+def test_make_image_without_a_registry_uses_the_imagekit(tmp_path: Path) -> None:
+    """Where no registry is reachable: podman through ../shared/image's imagekit, its system
+    packages by `imagekit deps`, the base it makes from Debian passed as PYTHON_IMAGE."""
+    plan = _image_plan(tmp_path, "IMAGE_TOOL=imagekit", "IMAGE_WORK=/tmp/ik-test", "VERSION=9.9")
+    kit = _makefile_default("IMAGEKIT")
+    assert f"{kit} deps" in plan
+    assert f"out=$({kit} base /tmp/ik-test); base=${{out##*[[:space:]]}}" in plan
+    assert f"{kit} podman /tmp/ik-test build $({kit} build-env /tmp/ik-test)" in plan
+    assert "--pull=never --build-arg PYTHON_IMAGE=$base --build-arg VERSION=9.9" in plan
+    assert "save --format docker-archive -o build/coschedule-image.tar" in plan
+
+
+@needs_make
+def test_make_image_names_what_is_missing(tmp_path: Path) -> None:
+    done = _make(_copy(tmp_path), "image", "IMAGE_TOOL=none")
+    assert done.returncode != 0
+    assert "no docker daemon, no podman" in done.stderr
+
+
+@needs_make
+def test_make_lock_compiles_from_pyproject_with_hashes(tmp_path: Path) -> None:
+    plan = _make(_copy(tmp_path), "-n", "lock")
+    assert plan.returncode == 0, plan.stderr
+    compiles = [line for line in plan.stdout.splitlines() if "uv pip compile" in line]
+    assert len(compiles) == 2, plan.stdout
+    for line in compiles:
+        assert "--generate-hashes" in line
+        assert "--python-version 3.11" in line
+    assert compiles[0].endswith("--output-file requirements/runtime.lock pyproject.toml")
+    assert "build-system" in plan.stdout
+    assert "uv==" in (ROOT / "pyproject.toml").read_text(), "uv pinned in the dev extra"
