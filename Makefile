@@ -14,7 +14,7 @@ HOST ?= 127.0.0.1
 PORT ?= 8443
 HEALTH_PORT ?= 8080
 
-.PHONY: help venv run test lint typecheck unit e2e e2e-real realstack-deps bench certs clean FORCE \
+.PHONY: help venv run test lint typecheck unit e2e e2e-real realstack-deps bench certs dist release-manifest clean FORCE \
 	lock image image-deps image-clean
 
 help:
@@ -164,6 +164,43 @@ image-clean:
 
 certs: $(RUNTIME)
 	$(BIN)/coschedule certs --dns-name localhost --dns-name 127.0.0.1 --out certs
+
+# The Python package PyPI gets, in $(DIST): one wheel (pure Python: every platform, every
+# Python >= 3.11), built in an isolated environment from pyproject.toml. The release checks
+# it with `.github/scripts/release_version.py v$(VERSION) --dist $(DIST)` before publishing.
+DIST ?= dist
+dist:
+	@mkdir -p $(DIST)
+	rm -f $(DIST)/coschedule-*.whl
+	$(PYTHON) -m pip wheel --quiet --no-deps --wheel-dir $(DIST) .
+
+# The release's one-file install, dist/coschedule.yaml: manifests/release (the CRD and the
+# self-signed overlay) with IMAGE in every workload, the certs Job included. VERSION must be
+# the one pyproject.toml, the chart and the manifests carry (.github/scripts/release_version.py);
+# IMAGE defaults to the tag the release pushes, and may be a digest (REPO@sha256:...).
+# Standard library and kubectl (or kustomize) only: the release job runs it on a bare runner.
+KUSTOMIZE ?= kubectl kustomize
+RELEASE_IMAGE_NAME := ghcr.io/coschedule/coschedule
+IMAGE ?= $(RELEASE_IMAGE_NAME):$(VERSION)
+RELEASE_DIR := build/release
+release-manifest:
+	@test -n "$(VERSION)" || { echo "usage: make release-manifest VERSION=x.y.z [IMAGE=REPO:TAG|REPO@sha256:...]" >&2; exit 2; }
+	@$(PYTHON) .github/scripts/release_version.py "v$(VERSION)" >/dev/null
+	@mkdir -p $(RELEASE_DIR) dist
+	@image='$(IMAGE)'; last="$${image##*/}"; \
+	case "$$image" in \
+		*@sha256:*) pin="  newName: \"$${image%%@*}\"\n  digest: \"$${image#*@}\"" ;; \
+		*) case "$$last" in \
+			*:*) pin="  newName: \"$${image%:*}\"\n  newTag: \"$${last##*:}\"" ;; \
+			*) echo "IMAGE=$$image: give REPO:TAG or REPO@sha256:DIGEST" >&2; exit 2 ;; \
+		esac ;; \
+	esac; \
+	printf 'apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - ../../manifests/release\nimages:\n- name: $(RELEASE_IMAGE_NAME)\n%b\n' "$$pin" > $(RELEASE_DIR)/kustomization.yaml
+	@{ echo "# coschedule $(VERSION): the ConcurrencyControl CRD and the install with a self-signed certificate."; \
+	   echo "#   kubectl apply -f coschedule.yaml"; \
+	   $(KUSTOMIZE) $(RELEASE_DIR); } > dist/coschedule.yaml.tmp
+	@mv dist/coschedule.yaml.tmp dist/coschedule.yaml
+	@echo "dist/coschedule.yaml: $(IMAGE)"
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -82,6 +83,8 @@ def test_bench_uvicorn_options_are_the_servers(tmp_path: Path) -> None:
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(serve_module._Server, "serve", record)
+        # Port 1 is only a value to compare: bind nothing (a non-root runner could not).
+        patch.setattr(serve_module, "listen_socket", lambda _host, _port: socket.socket())
         asyncio.run(serve_module.serve(webhook, ServeOptions(host="127.0.0.1", port=1)))
     served = seen[0]  # the HTTPS listener (the second is the plain probe port)
     assert served.ssl_context_factory is not None
