@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import orjson
 from fastapi import FastAPI, Request
 from fastapi.responses import PlainTextResponse, Response
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from coschedule.wire.review import error_body
@@ -31,6 +31,18 @@ class Probes:
             ready = ready and ok
             results[name] = {"ok": ok, **({"detail": detail} if detail else {})}
         return ready, {"status": "ok" if ready else "not ready", "checks": results}
+
+
+def cache_stale_gauge(registry: CollectorRegistry) -> Gauge:
+    """Both processes: per cache, seconds without word from the API server while its watch
+    is down (0 while watching); each cache sets its child with ``set_function``."""
+    return Gauge(
+        "coschedule_cache_stale_seconds",
+        "Seconds a watch-fed cache has not heard from the API server while its watch is "
+        "down (0 while the watch is established), by cache.",
+        ["cache"],
+        registry=registry,
+    )
 
 
 def probes_app(probes: Probes, registry: CollectorRegistry | None) -> FastAPI:

@@ -16,7 +16,7 @@ import os
 import ssl
 import tempfile
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -484,14 +484,23 @@ class KubeClient:
                 return None
             raise
 
-    async def watch(self, path: str, params: Mapping[str, Any]) -> AsyncIterator[dict[str, Any]]:
-        """Stream watch events (``{"type": ..., "object": {...}}``) until the server ends it."""
+    async def watch(
+        self,
+        path: str,
+        params: Mapping[str, Any],
+        *,
+        opened: Callable[[], None] | None = None,
+    ) -> AsyncIterator[dict[str, Any]]:
+        """Stream watch events (``{"type": ..., "object": {...}}``) until the server ends it;
+        ``opened()`` once the server accepted the watch (before any event)."""
         query = {**params, "watch": "true"}
         timeout = httpx.Timeout(None, connect=5.0)  # a watch is long by design
         async with self._stream(path, query, timeout) as response:
             if response.status_code >= 300:
                 await response.aread()
                 raise _error(response)
+            if opened is not None:
+                opened()
             async for line in response.aiter_lines():
                 if not line:
                     continue

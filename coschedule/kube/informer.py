@@ -2,6 +2,9 @@
 
 List, then watch from the list's resourceVersion with bookmarks; on 410 Gone relist and
 turn the difference into events; on any other error back off with jitter and resume.
+A cache tells how long it has not heard from the API server while its watch is down
+(``silent_for``: no list, event, bookmark or accepted watch for that long): for ``/readyz``
+and ``coschedule_cache_stale_seconds``; an established watch is fresh however quiet.
 Handlers see every change once, in order, as ``(event_type, obj, old)`` (``old``: the
 object as the cache held it before, None if new). Indexes (controller-runtime's
 ``IndexField``, kopf's ``@kopf.index``) are kept by the informer on every change, before
@@ -13,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
@@ -30,6 +34,13 @@ IndexFunc = Callable[[Obj], Iterable[str]]
 WATCH_TIMEOUT_SECONDS = 290  # the server ends each watch; we resume from the last version
 BACKOFF_START = 0.5
 BACKOFF_MAX = 30.0
+# An API server that does not answer (restarting, upgraded) is tried again at least this
+# often: once it is back, the caches resume within seconds, not after a long backoff. One
+# connection attempt per cache, so cheap.
+UNREACHABLE_BACKOFF_MAX = 4.0
+# A cache that has not heard from the API server for this long while its watch is down is
+# stale: said in /readyz (the reconciler turns not ready; the webhook stays ready).
+STALE_AFTER_SECONDS = 10.0
 
 
 def object_key(obj: Mapping[str, Any]) -> str:
@@ -86,6 +97,23 @@ class Informer:
         self.resource_version = ""
         self.lists = 0  # how many full lists were made: relists must stay rare
         self.last_error: str | None = None  # of the last failed list or watch, for readyz
+        self.watching = False  # a watch is established (the server accepted it)
+        self.heard_at: float | None = None  # monotonic: last list, watch accepted, event
+
+    def _heard(self) -> None:
+        self.heard_at = time.monotonic()
+
+    def _opened(self) -> None:
+        self.watching = True
+        self._heard()
+
+    def silent_for(self, now: float | None = None) -> float:
+        """Seconds since the cache last heard from the API server while its watch is down;
+        0 while a watch is established (or before the first list: not synced is said
+        elsewhere)."""
+        if self.watching or self.heard_at is None:
+            return 0.0
+        return max(0.0, (time.monotonic() if now is None else now) - self.heard_at)
 
     def add_handler(self, handler: Handler) -> None:
         self.handlers.append(handler)
@@ -186,6 +214,7 @@ class Informer:
         for key, obj in items.items():
             self._file(key, obj)
         self.lists += 1
+        self._heard()
         for key, obj in old.items():
             if key not in items:
                 self._emit("DELETED", obj, obj)
@@ -206,7 +235,8 @@ class Informer:
             "allowWatchBookmarks": "true",
             "timeoutSeconds": WATCH_TIMEOUT_SECONDS,
         }
-        async for event in self.client.watch(self.path, params):
+        async for event in self.client.watch(self.path, params, opened=self._opened):
+            self._heard()
             event_type = event.get("type")
             obj = event.get("object")
             if not isinstance(obj, dict):
@@ -238,7 +268,11 @@ class Informer:
                     need_list = False
                     self.last_error = None
                 started = loop.time()
-                await self._watch()
+                try:
+                    await self._watch()
+                finally:
+                    self.watching = False
+                self._heard()  # the server ended the watch: it answered
                 if loop.time() - started < 1.0:
                     # A watch the server ends at once, again and again, must not spin.
                     await asyncio.sleep(_jitter(backoff))
@@ -264,21 +298,51 @@ class Informer:
                 backoff = min(backoff * 2, BACKOFF_MAX)
             except Exception as exc:
                 self.last_error = describe(exc)
-                if not is_unreachable(exc):  # the client's reachability says that, once
+                unreachable = is_unreachable(exc)
+                if not unreachable:  # the client's reachability says that, once
                     log.warning("watch failed", extra={"informer": self.name, "error": repr(exc)})
                 await asyncio.sleep(_jitter(backoff))
-                backoff = min(backoff * 2, BACKOFF_MAX)
+                backoff = min(backoff * 2, UNREACHABLE_BACKOFF_MAX if unreachable else BACKOFF_MAX)
 
 
 def _jitter(seconds: float) -> float:
     return seconds * (0.5 + random.random())
 
 
-def caches_readiness(informers: Sequence[Informer], client: KubeClient) -> tuple[bool, str | None]:
-    """Ready when every cache has synced; else which have not, and why (for readyz)."""
+def stale_detail(
+    informers: Sequence[Informer],
+    client: KubeClient,
+    stale_after: float | None = None,
+    now: float | None = None,
+) -> str | None:
+    """Which synced caches have not heard from the API server for ``stale_after`` seconds
+    (default ``STALE_AFTER_SECONDS``) while their watch is down, for how long, and why; None
+    when all are fresh."""
+    stale_after = STALE_AFTER_SECONDS if stale_after is None else stale_after
+    stale = [
+        (informer.name, silent)
+        for informer in informers
+        if informer.synced.is_set() and (silent := informer.silent_for(now)) >= stale_after
+    ]
+    if not stale:
+        return None
+    caches = ", ".join(f"{name} {silent:.0f} s" for name, silent in stale)
+    why = client.reachability.waiting_detail() or next(
+        (f"{i.name}: {i.last_error}" for i in informers if i.last_error and not i.watching), None
+    )
+    detail = f"caches stale (no word from the API server, watch down): {caches}"
+    return f"{detail}; {why}" if why else detail
+
+
+def caches_readiness(
+    informers: Sequence[Informer], client: KubeClient, stale_after: float | None = None
+) -> tuple[bool, str | None]:
+    """Ready when every cache has synced and none is stale (``stale_detail``); else which,
+    and why (for readyz)."""
     waiting = [informer for informer in informers if not informer.synced.is_set()]
     if not waiting:
-        return True, None
+        stale = stale_detail(informers, client, stale_after)
+        return stale is None, stale
     detail = f"caches not synced: {', '.join(informer.name for informer in waiting)}"
     why = client.reachability.waiting_detail() or next(
         (f"{i.name}: {i.last_error}" for i in waiting if i.last_error), None

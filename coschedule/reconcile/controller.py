@@ -115,6 +115,8 @@ class Controller:
             shapes.slim_statefulset,
         )
         self.informers = [self.pods, self.placeholder_pods, self.nodes, self.statefulsets]
+        for informer in self.informers:
+            self.metrics.cache_stale.labels(informer.name).set_function(informer.silent_for)
         self.topology = TopologyLabels(
             settings().topology_key, self.metrics.nodes_missing_topology.set
         )

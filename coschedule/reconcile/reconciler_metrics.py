@@ -6,6 +6,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from coschedule.config.store import last_reload_gauge, reload_errors_counter
 from coschedule.k8s.scheduler_messages import Cause
+from coschedule.probes import cache_stale_gauge
 
 
 class ReconcileMetrics:
@@ -41,6 +42,7 @@ class ReconcileMetrics:
             "used there only (explained by a PlaceholderPinned Event).",
             registry=self.registry,
         )
+        self.cache_stale = cache_stale_gauge(self.registry)
         self.relists = Counter(
             "coschedule_watch_relists_total",
             "Full relists after a watch expired (410 Gone), by resource.",

@@ -13,11 +13,13 @@ import logging
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, replace
 
+from prometheus_client import Gauge
+
 from coschedule.config.settings import Settings
 from coschedule.kube.claim_cache import ClaimCache
 from coschedule.kube.client import Credentials, KubeClient, KubeConfigError, discover
 from coschedule.kube.controls_cache import ControlCache
-from coschedule.kube.informer import Informer
+from coschedule.kube.informer import Informer, stale_detail
 from coschedule.kube.namespace_cache import NamespaceCache
 from coschedule.kube.placeholder_cache import PlaceholderCache
 from coschedule.kube.volume_cache import VolumeCache
@@ -70,10 +72,37 @@ class ClusterLink:
     def adjust_settings(self, settings: Settings) -> Settings:
         return settings if self.online else replace(settings, rewrite_claims=False)
 
-    def add_probes(self, probes: Probes) -> None:
+    def informers(self) -> list[Informer]:
+        found: list[Informer] = []
+        if self.namespaces is not None:
+            found.append(self.namespaces.informer)
+        if self.claims is not None:
+            found += [self.claims.claims, self.claims.statefulsets, self.claims.pods]
+        if self.volumes is not None:
+            found.append(self.volumes.informer)
+        if self.placeholders is not None:
+            found.append(self.placeholders.informer)
+        if self.controls is not None:
+            found.append(self.controls.informer)
+        return found
+
+    def add_probes(self, probes: Probes, stale_gauge: Gauge | None = None) -> None:
         cache, client = self.namespaces, self.client
         if cache is None or client is None:
             return
+        informers = self.informers()
+        if stale_gauge is not None:
+            for informer in informers:
+                stale_gauge.labels(informer.name).set_function(informer.silent_for)
+
+        def fresh() -> tuple[bool, str | None]:
+            # Stale caches are said, not acted on: the webhook stays ready. Taking every
+            # replica out of its Service because the API server restarted would stop all
+            # admissions (failurePolicy Fail) or let pods pass unmarked (Ignore); answers
+            # from caches a few seconds old are better than either.
+            return True, stale_detail(informers, client)
+
+        probes.checks["cache-freshness"] = fresh
 
         def not_synced(what: str) -> str:
             waiting = client.reachability.waiting_detail()

@@ -76,7 +76,7 @@ def run_webhook(args: argparse.Namespace) -> int:
     except CertificateUnusable as exc:
         print(f"coschedule serve: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    link.add_probes(webhook.probes)
+    link.add_probes(webhook.probes, metrics.cache_stale)
     serve_options = ServeOptions(
         host=args.host, port=args.port, health_port=args.health_port, cert_dir=cert_dir
     )

@@ -5,6 +5,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from coschedule.config.store import last_reload_gauge, reload_errors_counter
+from coschedule.probes import cache_stale_gauge
 from coschedule.server.admission_metrics import AdmissionMetrics
 
 
@@ -15,6 +16,7 @@ class WebhookMetrics:
         self.admissions = AdmissionMetrics(self.registry)
         self.config_reload_errors = reload_errors_counter(self.registry)
         self.config_last_reload_success = last_reload_gauge(self.registry)
+        self.cache_stale = cache_stale_gauge(self.registry)
         self.cert_reloads = Counter(
             "coschedule_certificate_reloads_total",
             "Serving certificate reloads, by result.",
