@@ -42,6 +42,13 @@ class Strategy(enum.StrEnum):
 SLOTTED = frozenset({Strategy.QUEUE, Strategy.REPLACE})
 
 
+class Overflow(enum.StrEnum):
+    """Which waiting run a Queue cancels when more than ``maxPending`` wait (spec.overflow)."""
+
+    CANCEL_NEWEST = "CancelNewest"  # the arrival (GitHub Actions' queue: max)
+    CANCEL_OLDEST = "CancelOldest"  # the one that waited longest
+
+
 class Order(enum.StrEnum):
     """Which runs pending by us a Queue starts first (spec.order)."""
 

@@ -8,6 +8,7 @@ import argparse
 import asyncio
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -124,7 +125,7 @@ def _explain_live(args: argparse.Namespace) -> int:
     async def look() -> dict[str, Any]:
         client = KubeClient(creds, user_agent="coschedule-explain")
         try:
-            return live_report(*await observe_run(client, kind, namespace, name))
+            return live_report(*await observe_run(client, kind, namespace, name), time.time())
         finally:
             await client.aclose()
 

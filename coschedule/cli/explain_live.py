@@ -110,8 +110,12 @@ async def _list(
 
 
 def live_report(
-    run: Run, controls: Sequence[Control], groups: Mapping[GroupKey, Group]
+    run: Run,
+    controls: Sequence[Control],
+    groups: Mapping[GroupKey, Group],
+    now: float | None = None,
 ) -> dict[str, Any]:
+    """``now``: the reconciler's clock (epoch seconds) for ``maxWaitSeconds``."""
     rows: list[dict[str, Any]] = []
     for key in group_keys(run):
         group = groups[key]
@@ -124,9 +128,9 @@ def live_report(
             row.update(control_status(control, [group]))
             if not control.holds(run.kind, run.labels):
                 row["control_state"] = "no longer selects the run: it starts"
-        row["next"] = [_action_text(a) for a in plan(key, groups)]
+        row["next"] = [_action_text(a) for a in plan(key, groups, now)]
         rows.append(row)
-    why = waiting_why(run, groups)
+    why = waiting_why(run, groups, now)
     report: dict[str, Any] = {
         "kind": run.kind.value,
         "namespace": run.namespace,

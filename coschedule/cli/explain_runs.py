@@ -13,7 +13,7 @@ from coschedule.concurrency.admission import admit_run
 from coschedule.concurrency.control import BadControl, Control, parse_control
 from coschedule.concurrency.names import KIND as CONTROL_KIND
 from coschedule.concurrency.runs import engine_labels
-from coschedule.engines import RUN_ENGINES, Kind, Order, Strategy, run_kind_of
+from coschedule.engines import RUN_ENGINES, Kind, Order, Overflow, Strategy, run_kind_of
 
 RUN_KINDS = tuple(k.value for k in Kind)
 # What a run file may be: "tekton.dev/v1, argoproj.io/v1alpha1".
@@ -123,13 +123,13 @@ def _then(control: Control, key: str) -> str:
         first = "newest" if control.order is Order.NEWEST_FIRST else "oldest"
         return (
             f"starts when fewer than {control.max_running} run(s) of key {key!r} are running, "
-            f"{first} first"
+            f"{first} first" + _bounds(control)
         )
     if control.strategy is Strategy.REPLACE:
         return (
             f"starts when fewer than {control.max_running} run(s) of key {key!r} are running, "
             "oldest first; while it waits, a newer run of that key replaces it (it is "
-            "cancelled); running runs are never cancelled"
+            "cancelled); running runs are never cancelled" + _bounds(control)
         )
     if control.max_running > 1:
         n = control.max_running
@@ -142,6 +142,19 @@ def _then(control: Control, key: str) -> str:
         f"starts if it is the newest run of key {key!r}; older unfinished runs of that key are "
         f"cancelled ({control.strategy.value}), and it is cancelled when a newer one arrives"
     )
+
+
+def _bounds(control: Control) -> str:
+    said = ""
+    if control.max_pending is not None:
+        said += (
+            f"; at most {control.max_pending} wait, past that the "
+            f"{'newest' if control.overflow is Overflow.CANCEL_NEWEST else 'oldest'} waiting "
+            "run is cancelled"
+        )
+    if control.max_wait_seconds is not None:
+        said += f"; cancelled if still waiting {control.max_wait_seconds} s after its creation"
+    return said
 
 
 def render_run_text(report: Mapping[str, Any]) -> str:

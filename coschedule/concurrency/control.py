@@ -14,11 +14,25 @@ from typing import Any
 from coschedule.concurrency.names import API_VERSION, KIND, MAX_CONTROL_NAME
 from coschedule.concurrency.selector import BadSelector, parse_selector
 from coschedule.concurrency.template import BadTemplate, Template, parse_template
-from coschedule.engines import RUN_ENGINES, Kind, Order, Strategy
+from coschedule.engines import RUN_ENGINES, SLOTTED, Kind, Order, Overflow, Strategy
 from coschedule.k8s.selectors import Selector
 
 DEFAULT_KINDS = frozenset(RUN_ENGINES)  # every run engine
-SPEC_FIELDS = frozenset({"selector", "kinds", "key", "strategy", "maxRunning", "order"})
+SPEC_FIELDS = frozenset(
+    {
+        "selector",
+        "kinds",
+        "key",
+        "strategy",
+        "maxRunning",
+        "order",
+        "maxPending",
+        "overflow",
+        "maxWaitSeconds",
+    }
+)
+MAX_PENDING = 100_000
+MAX_WAIT_SECONDS = 31_536_000  # a year
 
 
 class BadControl(ValueError):
@@ -35,6 +49,9 @@ class Control:
     strategy: Strategy
     max_running: int = 1
     order: Order = Order.OLDEST_FIRST
+    max_pending: int | None = None  # Queue: how many runs of a group may wait
+    overflow: Overflow = Overflow.CANCEL_NEWEST  # which waiting run goes past maxPending
+    max_wait_seconds: int | None = None  # Queue, Replace: a waiting run is cancelled after
 
     @property
     def ref(self) -> str:
@@ -101,7 +118,51 @@ def parse_control(obj: Mapping[str, Any], namespace: str | None = None) -> Contr
             order = Order(raw_order)
         except ValueError:
             raise BadControl(f"spec.order: {raw_order!r} is not one of {_choices(Order)}") from None
-    return Control(ns, name, selector, kinds, key, strategy, max_running, order)
+    max_pending = _bounded(spec, "maxPending", 0, MAX_PENDING)
+    if max_pending is not None and strategy is not Strategy.QUEUE:
+        raise BadControl(
+            "spec.maxPending applies to strategy Queue only (Replace keeps one run waiting): "
+            "remove it or use strategy: Queue"
+        )
+    raw_overflow = spec.get("overflow")
+    overflow = Overflow.CANCEL_NEWEST
+    if raw_overflow is not None:
+        if max_pending is None:
+            raise BadControl("spec.overflow needs spec.maxPending: set both, or remove overflow")
+        try:
+            overflow = Overflow(raw_overflow)
+        except ValueError:
+            raise BadControl(
+                f"spec.overflow: {raw_overflow!r} is not one of {_choices(Overflow)}"
+            ) from None
+    max_wait = _bounded(spec, "maxWaitSeconds", 1, MAX_WAIT_SECONDS)
+    if max_wait is not None and strategy not in SLOTTED:
+        raise BadControl(
+            "spec.maxWaitSeconds applies to strategies Queue and Replace only (the others "
+            "never keep a run waiting): remove it or use strategy: Queue or Replace"
+        )
+    return Control(
+        ns,
+        name,
+        selector,
+        kinds,
+        key,
+        strategy,
+        max_running,
+        order,
+        max_pending,
+        overflow,
+        max_wait,
+    )
+
+
+def _bounded(spec: Mapping[str, Any], name: str, low: int, high: int) -> int | None:
+    value = spec.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+        raise BadControl(f"spec.{name} must be an integer from {low} to {high}, not {value!r}")
+    return value
 
 
 def _kinds(raw: Any) -> frozenset[Kind]:

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 from coschedule.concurrency.control import Control
 from coschedule.concurrency.runs import Run, State
-from coschedule.engines import SLOTTED, Order, Strategy, run_control
+from coschedule.engines import SLOTTED, Order, Overflow, Strategy, run_control
 from coschedule.marks import ANNOTATION_WAITING
 
 
@@ -106,14 +106,14 @@ def held_runs(group: Group) -> list[Run]:
     return [r for r in group.runs if control.holds(r.kind, r.labels)]
 
 
-def verdict(group: Group) -> Verdict:
+def verdict(group: Group, now: float | None = None) -> Verdict:
     control = group.control
     held = held_runs(group)
     names = frozenset(r.ident for r in held)
     if control is None or not held:
         return Verdict(names, frozenset(), {})
     if control.strategy in SLOTTED:
-        return _slotted(control, held, names)
+        return _slotted(control, held, names, now)
     contenders = sorted(
         (r for r in held if r.state is not State.PENDING_BY_AUTHOR),
         key=lambda r: r.order,
@@ -142,12 +142,15 @@ def verdict(group: Group) -> Verdict:
     return Verdict(names, allowed, cancels, running)
 
 
-def _slotted(control: Control, held: Sequence[Run], names: frozenset[str]) -> Verdict:
+def _slotted(
+    control: Control, held: Sequence[Run], names: frozenset[str], now: float | None
+) -> Verdict:
     """Queue and Replace: runs pending by us start while fewer than ``maxRunning`` run (a
-    stopping run still runs). Queue starts them oldest (or newest) first and cancels nothing.
-    Replace acts as if the runs had arrived one at a time in creation order: the oldest start
-    while slots are free, and of the rest only the newest stays pending; the others are
-    cancelled, superseded by it."""
+    stopping run still runs). Queue starts them oldest (or newest) first and cancels nothing
+    but the runs past ``maxPending`` (``overflow`` says which) and those that waited longer
+    than ``maxWaitSeconds``. Replace acts as if the runs had arrived one at a time in
+    creation order: the oldest start while slots are free, and of the rest only the newest
+    stays pending; the others are cancelled, superseded by it."""
     running = sorted(
         (r for r in held if r.state in (State.RUNNING, State.STOPPING)), key=lambda r: r.order
     )
@@ -156,13 +159,32 @@ def _slotted(control: Control, held: Sequence[Run], names: frozenset[str]) -> Ve
     if control.strategy is Strategy.QUEUE and control.order is Order.NEWEST_FIRST:
         waiting.reverse()
     starts = frozenset(r.ident for r in waiting[:free])
+    rest = waiting[free:]
     cancels: dict[str, tuple[str, str, str]] = {}
     if control.strategy is Strategy.REPLACE:
-        rest = waiting[free:]  # rest[-1], the newest, stays pending
-        cancels = {
-            r.ident: (run_control(r.kind).cancel_values[Strategy.REPLACE], rest[-1].name, "")
-            for r in rest[:-1]
-        }
+        # rest[-1], the newest, stays pending
+        cancels = {r.ident: (_held_cancel(r), rest[-1].name, "") for r in rest[:-1]}
+    if control.max_wait_seconds is not None and now is not None:
+        for r in rest:
+            if r.ident not in cancels and expired(control, r, now):
+                cancels[r.ident] = (
+                    _held_cancel(r),
+                    "",
+                    f"waited longer than maxWaitSeconds {control.max_wait_seconds}",
+                )
+    if control.max_pending is not None:
+        left = [r for r in rest if r.ident not in cancels]
+        # As if the runs had arrived one at a time: past maxPending the arrival is cancelled
+        # (CancelNewest) or the run that waited longest (CancelOldest).
+        by_age = sorted(
+            left, key=lambda r: r.order, reverse=control.overflow is Overflow.CANCEL_NEWEST
+        )
+        reason = (
+            f"the queue of its key was full (maxPending {control.max_pending}, overflow "
+            f"{control.overflow.value})"
+        )
+        for r in by_age[: max(0, len(left) - control.max_pending)]:
+            cancels[r.ident] = (_held_cancel(r), "", reason)
     # The line as this plan leaves it: the runs that run (those starting now, and those it
     # cancels: they stop), by creation, then the ones still waiting in the order they start.
     after = {r.ident: State.RUNNING for r in waiting if r.ident in starts}
@@ -178,6 +200,31 @@ def _slotted(control: Control, held: Sequence[Run], names: frozenset[str]) -> Ve
 
 
 SHOWN_PLACES = 10  # a waiting run's place is told up to this one
+
+
+def _held_cancel(run: Run) -> str:
+    """The cancel value for a run that never started (Tekton Cancelled, Argo Terminate)."""
+    return run_control(run.kind).cancel_values[Strategy.CANCEL]
+
+
+def expired(control: Control, run: Run, now: float) -> bool:
+    """The run waited ``maxWaitSeconds`` since its creation (unknown creation: never)."""
+    limit = control.max_wait_seconds
+    return limit is not None and run.created_at > 0 and now - run.created_at >= limit
+
+
+def next_deadline(group: Group) -> float | None:
+    """When the first run the group keeps waiting reaches ``maxWaitSeconds`` (the reconciler
+    looks at the group again then), or None."""
+    control = group.control
+    if control is None or control.max_wait_seconds is None:
+        return None
+    deadlines = [
+        r.created_at + control.max_wait_seconds
+        for r in held_runs(group)
+        if r.state is State.PENDING_BY_US and r.created_at > 0
+    ]
+    return min(deadlines, default=None)
 
 
 def _waiting_why(
@@ -204,11 +251,12 @@ def ordinal(n: int) -> str:
     return f"{n}{suffix}"
 
 
-def plan(key: GroupKey, groups: Mapping[GroupKey, Group]) -> list[Action]:
+def plan(key: GroupKey, groups: Mapping[GroupKey, Group], now: float | None = None) -> list[Action]:
     """Actions for group ``key``; ``groups`` holds it and every other group its runs are in
-    (a group missing from it counts as holding nothing)."""
+    (a group missing from it counts as holding nothing). ``now`` (epoch seconds) cancels the
+    runs past ``maxWaitSeconds``; None: no run has waited too long."""
     group = groups[key]
-    of = verdicts_of(groups)
+    of = verdicts_of(groups, now)
     mine = of(key)
     assert mine is not None
     control = group.control
@@ -255,7 +303,7 @@ def plan(key: GroupKey, groups: Mapping[GroupKey, Group]) -> list[Action]:
     return actions
 
 
-def verdicts_of(groups: Mapping[GroupKey, Group]) -> VerdictOf:
+def verdicts_of(groups: Mapping[GroupKey, Group], now: float | None = None) -> VerdictOf:
     """Each group's verdict, computed once when first asked; None for a group not observed."""
     verdicts: dict[GroupKey, Verdict] = {}
 
@@ -264,18 +312,18 @@ def verdicts_of(groups: Mapping[GroupKey, Group]) -> VerdictOf:
             g = groups.get(k)
             if g is None:
                 return None
-            verdicts[k] = verdict(g)
+            verdicts[k] = verdict(g, now)
         return verdicts[k]
 
     return of
 
 
-def waiting_why(run: Run, groups: Mapping[GroupKey, Group]) -> str | None:
+def waiting_why(run: Run, groups: Mapping[GroupKey, Group], now: float | None = None) -> str | None:
     """Why a run pending by us waits (what its annotation should say), or None when it does
     not wait (it starts, or is cancelled, on the next look)."""
     if run.state is not State.PENDING_BY_US:
         return None
-    return _waiting_why_of(run, verdicts_of(groups))
+    return _waiting_why_of(run, verdicts_of(groups, now))
 
 
 def _waiting_why_of(run: Run, of: VerdictOf) -> str | None:

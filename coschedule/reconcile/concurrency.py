@@ -32,6 +32,7 @@ from coschedule.concurrency.plan import (
     StartRun,
     control_status,
     group_keys,
+    next_deadline,
     plan,
 )
 from coschedule.concurrency.runs import (
@@ -90,9 +91,8 @@ class ConcurrencyMetrics:
             "Runs started by coschedule.",
             registry=registry,
         )
-        for strategy in Strategy:
-            if strategy is not Strategy.QUEUE:
-                self.cancellations.labels(strategy.value)
+        for strategy in Strategy:  # Queue too: maxPending and maxWaitSeconds cancel
+            self.cancellations.labels(strategy.value)
 
 
 def slim_run(obj: Obj, kind: Kind) -> Obj:
@@ -322,7 +322,15 @@ class ConcurrencyController:
             await self.update_status(namespace, name)
             return
         group = GroupKey.parse(key)
-        for action in plan(group, self.observe(group)):
+        observed = self.observe(group)
+        now = self.clock()
+        deadline = next_deadline(observed[group])
+        if deadline is not None and deadline > now:
+            # A run of the group reaches maxWaitSeconds then: look again (a second after,
+            # so that clock skew with the API server's creation time cannot make it early).
+            with contextlib.suppress(RuntimeError):
+                self.queue.add_after(key, deadline - now + 1.0)
+        for action in plan(group, observed, now):
             if not self.leading():
                 raise NotLeader
             try:

@@ -16,6 +16,7 @@ from coschedule.concurrency.plan import (
     StartRun,
     control_status,
     group_keys,
+    next_deadline,
     ordinal,
     plan,
 )
@@ -173,6 +174,79 @@ def test_author_pending_runs_are_neither_started_nor_cancelled_nor_newer() -> No
 def test_a_newest_finished_run_still_cancels_older_ones() -> None:
     actions = decide(ctl(), pr("old", 0), pr("new", 1, succeeded="True"))
     assert summary(actions) == [("cancel", "old", "Cancelled")]
+
+
+# ---- bounded and timed queues ---------------------------------------------------------
+
+
+def at(second: int) -> float:
+    """The epoch time of 2026-11-23T02:00:SS (the runs' creation times)."""
+    return pr("x", second).created_at
+
+
+def test_past_max_pending_the_newest_waiting_run_is_cancelled() -> None:
+    control = ctl(strategy="Queue", maxPending=2)
+    runs = (pr("a", 0), pending_pr("b", 1), pending_pr("c", 2), pending_wf("d", 3))
+    actions = decide(control, *runs)
+    assert summary(actions) == [("cancel", "d", "Terminate")]
+    (cancel,) = [a for a in actions if isinstance(a, CancelRun)]
+    assert cancel.why == "the queue of its key was full (maxPending 2, overflow CancelNewest)"
+    assert cancel.strategy.value == "Queue"
+    # The ones that stay say why they wait.
+    assert set(waits(actions)) == {"b", "c"}
+
+
+def test_overflow_cancel_oldest_cancels_the_run_that_waited_longest() -> None:
+    control = ctl(strategy="Queue", maxPending=1, overflow="CancelOldest")
+    runs = (pr("a", 0), pending_pr("b", 1), pending_pr("c", 2), pending_pr("d", 3))
+    assert summary(decide(control, *runs)) == [
+        ("cancel", "b", "Cancelled"),
+        ("cancel", "c", "Cancelled"),
+    ]
+
+
+def test_max_pending_counts_only_runs_that_do_not_start_now() -> None:
+    control = ctl(strategy="Queue", maxRunning=2, maxPending=1)
+    # b starts (a slot is free), c waits, d overflows.
+    runs = (pr("a", 0), pending_pr("b", 1), pending_pr("c", 2), pending_pr("d", 3))
+    assert summary(decide(control, *runs)) == [("cancel", "d", "Cancelled"), ("start", "b", "")]
+
+
+def test_max_pending_zero_keeps_no_run_waiting() -> None:
+    control = ctl(strategy="Queue", maxPending=0)
+    assert summary(decide(control, pr("a", 0), pending_pr("b", 1))) == [
+        ("cancel", "b", "Cancelled")
+    ]
+    assert summary(decide(control, pending_pr("b", 1))) == [("start", "b", "")]
+
+
+@pytest.mark.parametrize("strategy", ["Queue", "Replace"])
+def test_a_run_waiting_longer_than_max_wait_seconds_is_cancelled(strategy: str) -> None:
+    control = ctl(strategy=strategy, maxWaitSeconds=30)
+    runs = (pr("a", 0), pending_pr("b", 10))
+    # Before its time: it waits.
+    assert summary(decide_at(control, at(39), *runs)) == []
+    actions = decide_at(control, at(40), *runs)
+    assert summary(actions) == [("cancel", "b", "Cancelled")]
+    (cancel,) = actions
+    assert isinstance(cancel, CancelRun)
+    assert cancel.why == "waited longer than maxWaitSeconds 30"
+    # A run that can start when its time is up starts instead.
+    assert summary(decide_at(control, at(40), pending_pr("b", 10))) == [("start", "b", "")]
+    # Without a clock (explain of a file) nothing times out.
+    assert summary(decide(control, *runs)) == []
+
+
+def test_next_deadline_is_the_first_waiting_runs_time() -> None:
+    control = ctl(strategy="Queue", maxWaitSeconds=30)
+    group = Group(KEY, control, (pr("a", 0), pending_pr("b", 10), pending_pr("c", 5)))
+    assert next_deadline(group) == at(35)
+    assert next_deadline(Group(KEY, ctl(strategy="Queue"), group.runs)) is None
+    assert next_deadline(Group(KEY, control, (pr("a", 0),))) is None
+
+
+def decide_at(control: Control, now: float, *runs: Run) -> list[Any]:
+    return plan(KEY, {KEY: Group(KEY, control, runs)}, now)
 
 
 # ---- limit plus supersede: Cancel family with maxRunning ----------------------------

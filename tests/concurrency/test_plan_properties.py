@@ -17,13 +17,15 @@ from coschedule.concurrency.plan import (
     GroupKey,
     MarkWaiting,
     StartRun,
+    expired,
     plan,
 )
 from coschedule.concurrency.runs import Run, State
-from coschedule.engines import SLOTTED, Kind, Order, Strategy
+from coschedule.engines import SLOTTED, Kind, Order, Overflow, Strategy
 from tests.concurrency.runs import control
 
 KEY = GroupKey("ci", "ci", "k")
+NOW = 10.0  # runs are created at 1-4: a maxWaitSeconds of 1-12 has passed for some
 WAITING = "coschedule.dev/waiting"
 STATES = [State.PENDING_BY_US, State.PENDING_BY_AUTHOR, State.RUNNING, State.STOPPING, State.DONE]
 
@@ -35,6 +37,11 @@ def groups(draw: st.DrawFn) -> Group:
     spec["maxRunning"] = draw(st.integers(1, 4))
     if strategy is Strategy.QUEUE:
         spec["order"] = draw(st.sampled_from(list(Order)))
+        if draw(st.booleans()):
+            spec["maxPending"] = draw(st.integers(0, 3))
+            spec["overflow"] = draw(st.sampled_from(list(Overflow)))
+    if strategy in SLOTTED and draw(st.booleans()):
+        spec["maxWaitSeconds"] = draw(st.integers(1, 12))
     ctl = parse_control(control("ci", spec))
     count = draw(st.integers(0, 8))
     runs = []
@@ -50,7 +57,7 @@ def groups(draw: st.DrawFn) -> Group:
                 labels={"concurrency.coschedule.dev/ci": "k"},
                 annotations={},
                 state=draw(st.sampled_from(STATES)),
-                created_at=float(draw(st.integers(0, 3))),  # ties: the name decides
+                created_at=float(draw(st.integers(1, 4))),  # ties: the name decides
             )
         )
     return Group(KEY, ctl, tuple(runs))
@@ -75,7 +82,7 @@ def carry_out(group: Group, actions: list[Action]) -> Group:
 @settings(max_examples=300, deadline=None)
 @given(groups())
 def test_what_a_plan_may_touch(group: Group) -> None:
-    actions = plan(KEY, {KEY: group})
+    actions = plan(KEY, {KEY: group}, NOW)
     starts = [a.run for a in actions if isinstance(a, StartRun)]
     cancels = [a.run for a in actions if isinstance(a, CancelRun)]
     assert all(r.state is State.PENDING_BY_US for r in starts)
@@ -95,17 +102,26 @@ def test_what_a_plan_may_touch(group: Group) -> None:
         # Never more than maxRunning running (runs already over it are left to finish).
         assert running + len(starts) <= max(running, control.max_running)
         if control.strategy is Strategy.QUEUE:
-            assert not cancels
+            # Queue cancels only runs that wait: past maxPending, or past maxWaitSeconds.
+            assert all(r.state is State.PENDING_BY_US for r in cancels)
+            for run in cancels:
+                assert control.max_pending is not None or expired(control, run, NOW)
             if control.order is Order.NEWEST_FIRST:
                 waiting.reverse()
             # In order, no skipping (the actions themselves come oldest first).
             assert {r.ident for r in starts} == {r.ident for r in waiting[: len(starts)]}
+            left = [r for r in waiting if r not in starts and r not in cancels]
+            if control.max_pending is not None:
+                assert len(left) <= control.max_pending
+            assert not any(expired(control, r, NOW) for r in left)
         else:
             assert all(r.state is State.PENDING_BY_US for r in cancels)  # running: never
             assert starts == waiting[: len(starts)]  # oldest first, no skipping
             left = [r for r in waiting if r not in starts and r not in cancels]
             assert len(left) <= 1
-            if cancels:
+            if cancels and not left:
+                assert expired(control, waiting[-1], NOW)  # the newest timed out
+            elif cancels:
                 assert left == [waiting[-1]]  # the newest is the one kept
     else:
         # Limit plus supersede: only the maxRunning newest start; a run is cancelled only
@@ -131,20 +147,23 @@ def test_what_a_plan_may_touch(group: Group) -> None:
 @settings(max_examples=300, deadline=None)
 @given(groups())
 def test_carrying_out_a_plan_converges(group: Group) -> None:
-    actions = plan(KEY, {KEY: group})
+    actions = plan(KEY, {KEY: group}, NOW)
     after = carry_out(group, actions)
-    assert plan(KEY, {KEY: after}) == []
+    assert plan(KEY, {KEY: after}, NOW) == []
 
 
 @settings(max_examples=300, deadline=None)
 @given(groups())
 def test_after_one_plan_replace_holds_at_most_one_run_pending(group: Group) -> None:
     assert group.control is not None
-    after = carry_out(group, plan(KEY, {KEY: group}))
+    after = carry_out(group, plan(KEY, {KEY: group}, NOW))
     pending = [r for r in after.runs if r.state is State.PENDING_BY_US]
     if group.control.strategy is Strategy.REPLACE:
         assert len(pending) <= 1
+    if group.control.max_pending is not None:
+        assert len(pending) <= group.control.max_pending
     if group.control.strategy in SLOTTED and pending:
+        assert not any(expired(group.control, r, NOW) for r in pending)
         # A run is left waiting only when the group is full.
         running = sum(1 for r in after.runs if r.state in (State.RUNNING, State.STOPPING))
         assert running >= group.control.max_running
@@ -154,7 +173,7 @@ def test_after_one_plan_replace_holds_at_most_one_run_pending(group: Group) -> N
 @given(groups())
 def test_every_held_run_says_why_it_waits_and_a_second_look_writes_nothing(group: Group) -> None:
     assert group.control is not None
-    after = carry_out(group, plan(KEY, {KEY: group}))
+    after = carry_out(group, plan(KEY, {KEY: group}, NOW))
     for run in after.runs:
         if run.state is State.PENDING_BY_US:
             assert group.control.strategy in SLOTTED  # the others start or cancel at once
@@ -162,4 +181,4 @@ def test_every_held_run_says_why_it_waits_and_a_second_look_writes_nothing(group
         else:
             assert WAITING not in run.annotations or run.state is State.PENDING_BY_AUTHOR
     # The reconciler restarted, or another replica leads: same runs, same plan: nothing.
-    assert plan(KEY, {KEY: after}) == []
+    assert plan(KEY, {KEY: after}, NOW) == []

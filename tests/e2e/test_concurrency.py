@@ -10,6 +10,7 @@ import contextlib
 import itertools
 import math
 import os
+import re
 import statistics
 import threading
 import time
@@ -202,6 +203,36 @@ BAD_CONTROLS: list[tuple[str, Obj, str]] = [
         "spec.order",
     ),
     ("unknown order", {"selector": {}, "strategy": "Queue", "order": "random"}, "spec.order"),
+    (
+        "maxPending with Replace",
+        {"selector": {}, "strategy": "Replace", "maxPending": 2},
+        "spec.maxPending",
+    ),
+    (
+        "maxPending below 0",
+        {"selector": {}, "strategy": "Queue", "maxPending": -1},
+        "spec.maxPending",
+    ),
+    (
+        "overflow without maxPending",
+        {"selector": {}, "strategy": "Queue", "overflow": "CancelOldest"},
+        "spec.overflow",
+    ),
+    (
+        "unknown overflow",
+        {"selector": {}, "strategy": "Queue", "maxPending": 1, "overflow": "Drop"},
+        "spec.overflow",
+    ),
+    (
+        "maxWaitSeconds with Cancel",
+        {"selector": {}, "strategy": "Cancel", "maxWaitSeconds": 60},
+        "spec.maxWaitSeconds",
+    ),
+    (
+        "maxWaitSeconds 0",
+        {"selector": {}, "strategy": "Queue", "maxWaitSeconds": 0},
+        "spec.maxWaitSeconds",
+    ),
     ("unclosed $(", {"selector": {}, "strategy": "Cancel", "key": "$(params.branch"}, "spec.key"),
     ("unknown reference", {"selector": {}, "strategy": "Cancel", "key": "$(foo.x)"}, "spec.key"),
     ("unknown kind", {"selector": {}, "strategy": "Cancel", "kinds": ["Job"]}, "spec.kinds[0]"),
@@ -356,10 +387,93 @@ def test_limit_plus_supersede_keeps_the_newest_n_and_cancels_the_oldest_running(
         "b": "started",
         "c": "started",
     }
-    (message,) = [m for r, m in run_events(api, ns, "a") if r == "Cancelled"]
+    (message,) = cancel_events(api, ns, "a")
     assert message == (
         "cancelled by ConcurrencyControl ci: newer run c; maxRunning 2 keeps the 2 newest, key main"
     )
+
+
+@pytest.mark.usefixtures("reconciling")
+def test_a_bounded_queue_cancels_the_overflow_and_a_timed_one_the_runs_that_waited_too_long(
+    e2e: E2E, namespace: Callable[..., str]
+) -> None:
+    api, kind = e2e.api, "PipelineRun"
+    ns = namespace(prefix="cc-bounded")
+    spec = {
+        "selector": {"matchExpressions": [{"key": "timed", "operator": "DoesNotExist"}]},
+        "strategy": "Queue",
+        "key": "main",
+        "maxPending": 1,
+        "overflow": "CancelNewest",
+    }
+    make_control(e2e, ns, "q", spec, kind)
+    make_control(
+        e2e,
+        ns,
+        "t",
+        {
+            "selector": {"matchLabels": {"timed": "yes"}},
+            "strategy": "Queue",
+            "key": "main",
+            "maxWaitSeconds": 3,
+        },
+        kind,
+    )
+    if e2e.kubectl is not None:
+        shown = e2e.kubectl_run("get", "ccontrol", "-n", ns, "-o", "wide").stdout
+        table = wide_columns(shown, ["MAX-PENDING", "OVERFLOW", "MAX-WAIT"])
+        assert table == {"q": ["1", "CancelNewest", ""], "t": ["", "", "3"]}, shown
+    # Bounded: one runs, one waits, the third arrival overflows.
+    api.create(run_manifest(kind, ns, "a", {}))
+    wait_states(api, kind, ns, {"a": "started"})
+    api.create(run_manifest(kind, ns, "b", {}))
+    wait_states(api, kind, ns, {"a": "started", "b": "pending-us"})
+    api.create(run_manifest(kind, ns, "c", {}))
+    wait_states(api, kind, ns, {"a": "started", "b": "pending-us", "c": "Cancelled"})
+    (message,) = cancel_events(api, ns, "c")
+    assert message == (
+        "cancelled by ConcurrencyControl q: the queue of its key was full (maxPending 1, "
+        "overflow CancelNewest), key main"
+    )
+    # Timed: the second run waits, then is cancelled once it waited 3 s.
+    timed = {"timed": "yes"}
+    api.create(run_manifest(kind, ns, "t1", {}, labels=timed))
+    wait_states(api, kind, ns, {"t1": "started"})
+    api.create(run_manifest(kind, ns, "t2", {}, labels=timed))
+    since = time.monotonic()
+    wait_states(api, kind, ns, {"t1": "started", "t2": "pending-us"})
+    wait_states(api, kind, ns, {"t1": "started", "t2": "Cancelled"}, timeout=15)
+    (message,) = cancel_events(api, ns, "t2")
+    assert message == (
+        "cancelled by ConcurrencyControl t: waited longer than maxWaitSeconds 3, key main"
+    )
+    # Creation times are whole seconds: at least 2 s of the 3 had passed.
+    assert time.monotonic() - since >= 2.0
+
+
+def cancel_events(api: Api, ns: str, name: str) -> list[str]:
+    """The run's Cancelled Events' messages, once there is one (Events are written after
+    the patch)."""
+    return wait_for(
+        f"a Cancelled Event on {name}",
+        lambda: [m for r, m in run_events(api, ns, name) if r == "Cancelled"] or None,
+        timeout=10,
+        describe=lambda: events(api, ns),
+    )
+
+
+def wide_columns(shown: str, names: list[str]) -> dict[str, list[str]]:
+    """Columns of a ``kubectl get -o wide`` table by header, per row name (an empty cell,
+    which kubectl leaves blank, is ""). A cell starts under its header and ends where the
+    next header starts."""
+    header, *lines = [line for line in shown.splitlines() if line.strip()]
+    starts = [m.start() for m in re.finditer(r"\S+", header)]
+    spans = {
+        header[a:].split()[0]: (a, b) for a, b in zip(starts, [*starts[1:], None], strict=True)
+    }
+    return {
+        line.split()[0]: [line[slice(*spans[name])].strip() for name in names] for line in lines
+    }
 
 
 def readme_control(name: str) -> Obj:
