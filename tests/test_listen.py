@@ -14,7 +14,7 @@ import pytest
 from coschedule import certs
 from coschedule.cli.main import build_parser
 from coschedule.listen import EVERY_ADDRESS, ListenError, describe, listen_socket
-from tests.conftest import RunningServer, start_server
+from tests.conftest import RunningServer, free_port, start_server
 
 
 def _ipv6_loopback() -> bool:
@@ -118,3 +118,40 @@ def test_the_webhook_answers_https_and_probes_on_both_families(
     assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
     host = f"[{address}]" if ":" in address else address
     assert httpx.get(f"http://{host}:{server.health_port}/livez", timeout=5).status_code == 200
+
+
+def test_serve_on_a_port_in_use_says_so_in_one_line(
+    every_address: socket.socket, tmp_path: Path
+) -> None:
+    from tests.test_cli import run
+
+    taken = every_address.getsockname()[1]
+    cert_dir = tmp_path / "tls"
+    certs.write_bundle(certs.generate(["localhost"]), cert_dir)
+    done = run(
+        "serve", "--no-cluster", "--cert-dir", str(cert_dir), "--port", str(taken),
+        "--health-port", str(free_port()),
+    )  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    assert "Traceback" not in done.stderr
+    [line] = [line for line in done.stderr.splitlines() if line.startswith("coschedule serve:")]
+    assert line.startswith(f"coschedule serve: cannot listen on [::]:{taken}: ")
+    assert "in use" in line
+
+
+def test_reconcile_on_a_health_port_in_use_says_so_in_one_line(
+    every_address: socket.socket, tmp_path: Path
+) -> None:
+    from tests.conftest import write_kubeconfig
+    from tests.test_cli import run
+
+    taken = every_address.getsockname()[1]
+    kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", "http://127.0.0.1:9")
+    done = run("reconcile", "--kubeconfig", str(kubeconfig), "--health-port", str(taken))
+    assert done.returncode == 1, done.stderr
+    assert "Traceback" not in done.stderr
+    assert (
+        done.stderr.strip()
+        .splitlines()[-1]
+        .startswith(f"coschedule reconcile: cannot listen on [::]:{taken}: ")
+    )
