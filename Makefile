@@ -14,14 +14,14 @@ HOST ?= 127.0.0.1
 PORT ?= 8443
 HEALTH_PORT ?= 8080
 
-.PHONY: help venv run test lint typecheck unit e2e e2e-real realstack-deps bench certs dist release-manifest clean FORCE \
-	lock image image-deps image-clean
+.PHONY: help venv run test lint typecheck unit e2e e2e-real realstack-deps bench certs dist release-manifest clean lock image image-deps image-clean e2e-faults FORCE
 
 help:
 	@echo "make run    serve the webhook on https://$(HOST):$(PORT) (probes on http://$(HOST):$(HEALTH_PORT)); runtime dependencies only"
 	@echo "make test   lint, type-check and run the tests (e2e too when KUBEBUILDER_ASSETS is set); adds the dev tools"
 	@echo "make e2e    the end-to-end suite against a real control plane"
 	@echo "make e2e-real  real PipelineRuns on real kubelets and Tekton (../shared/realstack, root)"
+	@echo "make e2e-faults  faults injected into live runs on that stack (API server, etcd, leader)"
 	@echo "make bench  the benchmarks (not part of make test)"
 	@echo "make image  the container image $(IMAGE), saved to $(IMAGE_TAR) (docker, or podman)"
 	@echo "make lock   requirements/*.lock (hash-pinned, what the image installs) from pyproject.toml"
@@ -97,7 +97,13 @@ realstack-deps:
 e2e-real: $(STAMP) realstack-deps
 	@assets="$$KUBEBUILDER_ASSETS"; \
 	if [ -z "$$assets" ] && [ -x "$(SHARED_K8S)" ]; then assets=$$($(SHARED_K8S) | tail -n 1); fi; \
-	KUBEBUILDER_ASSETS="$$assets" COSCHEDULE_REAL_REQUIRED=1 $(BIN)/pytest tests/real -m real -p no:randomly
+	KUBEBUILDER_ASSETS="$$assets" COSCHEDULE_REAL_REQUIRED=1 $(BIN)/pytest tests/real -m "real and not faults" -p no:randomly
+
+# The fault tier: the real stack, faults injected into live runs (tests/real/test_faults.py).
+e2e-faults: $(STAMP) realstack-deps
+	@assets="$$KUBEBUILDER_ASSETS"; \
+	if [ -z "$$assets" ] && [ -x "$(SHARED_K8S)" ]; then assets=$$($(SHARED_K8S) | tail -n 1); fi; \
+	KUBEBUILDER_ASSETS="$$assets" COSCHEDULE_REAL_REQUIRED=1 $(BIN)/pytest tests/real -m "real and faults" -p no:randomly
 
 bench: $(STAMP)
 	$(BIN)/python -m bench

@@ -9,6 +9,7 @@ from decimal import Decimal
 from typing import Any
 
 from coschedule.k8s.quantity import resources
+from coschedule.k8s.timefmt import parse_time
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,6 +29,7 @@ class Node:
     # The Ready condition's status: "True", "False" (the kubelet reports the node cannot run
     # pods), "Unknown" (the kubelet stopped reporting), "" (no condition yet).
     ready: str = ""
+    ready_since: float | None = None  # the Ready condition's lastTransitionTime
 
     def domain(self, topology_key: str) -> str | None:
         return self.labels.get(topology_key)
@@ -41,10 +43,11 @@ NOT_READY_TAINT = "node.kubernetes.io/not-ready"
 
 def kubelet_silent(node: Node) -> str:
     """Why nobody on ``node`` will finish a pod's graceful delete (its kubelet stopped
-    reporting: Ready Unknown, or the unreachable taint), or "" when its kubelet reports."""
+    reporting: Ready Unknown; or, without a Ready condition, the unreachable taint), or ""
+    when its kubelet reports (an unreachable taint left on a Ready node is on its way out)."""
     if node.ready == "Unknown":
         return f"node {node.name} stopped reporting (Ready Unknown)"
-    if any(t.key == UNREACHABLE_TAINT for t in node.taints):
+    if not node.ready and any(t.key == UNREACHABLE_TAINT for t in node.taints):
         return f"node {node.name} is unreachable (taint {UNREACHABLE_TAINT})"
     return ""
 
@@ -62,13 +65,18 @@ def not_ready(node: Node) -> str:
     return ""
 
 
-def ready_status(status: Mapping[str, Any]) -> str:
-    """The status of a Node's Ready condition ("" when it has none)."""
+def ready_condition(status: Mapping[str, Any]) -> Mapping[str, Any]:
+    """A Node's Ready condition ({} when it has none)."""
     conditions = status.get("conditions")
     for cond in conditions if isinstance(conditions, list) else ():
         if isinstance(cond, dict) and cond.get("type") == "Ready":
-            return str(cond.get("status") or "")
-    return ""
+            return cond
+    return {}
+
+
+def ready_status(status: Mapping[str, Any]) -> str:
+    """The status of a Node's Ready condition ("" when it has none)."""
+    return str(ready_condition(status).get("status") or "")
 
 
 def _dict(value: Any) -> Mapping[str, Any]:
@@ -97,4 +105,5 @@ def parse_node(obj: Mapping[str, Any]) -> Node:
         labels={str(k): str(v) for k, v in _dict(meta.get("labels")).items()},
         allocatable=resources(status.get("allocatable")),
         ready=ready_status(status),
+        ready_since=parse_time(ready_condition(status).get("lastTransitionTime")),
     )

@@ -15,7 +15,7 @@ from collections.abc import Callable, Coroutine, Mapping
 from typing import Any
 
 from coschedule.config.settings import Settings
-from coschedule.k8s.nodes import Node, parse_node
+from coschedule.k8s.nodes import Node, kubelet_silent, parse_node
 from coschedule.k8s.taints import eviction_reason
 from coschedule.k8s.volumes import VolumeTopology
 from coschedule.kube.client import KubeClient
@@ -303,6 +303,8 @@ class Controller:
             claims_to_delete=claims_to_delete,
             placeholder_volumes=volumes,
             claims_gone=gone,
+            all_nodes_silent=any(kubelet_silent(n) for n in nodes.values())
+            and all(kubelet_silent(parse_node(obj)) for obj in self.nodes.values()),
         )
         result = planning.plan(observed, settings, now, owner_recheck=self.owner_recheck)
         facts = StuckFacts(
@@ -334,9 +336,10 @@ class Controller:
         """The placeholder's bound claims and their volumes' topology, read (claim and PV
         GETs) only while one of its pods is on a node it would otherwise leave."""
         leaving = any(
-            not p.deleting
-            and (node := nodes.get(p.node_name)) is not None
-            and eviction_reason(node, p.tolerations)[0]
+            (node := nodes.get(p.node_name)) is not None
+            and (
+                kubelet_silent(node) or (not p.deleting and eviction_reason(node, p.tolerations)[0])
+            )
             for p in ppods
         )
         if sts is None or not leaving:

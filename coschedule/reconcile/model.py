@@ -137,6 +137,10 @@ class Observed:
     # A quiet workspaces group's claims found deleted or being deleted: no pod can mount
     # them again, so their placeholder goes at once. Read only while such a group is quiet.
     claims_gone: tuple[str, ...] = ()
+    # Every node's kubelet silent (Ready Unknown): the node lifecycle controller's full
+    # disruption, the control plane's problem, not the nodes'. Read only while a
+    # placeholder pod is on a silent node.
+    all_nodes_silent: bool = False
 
     @property
     def key(self) -> str:

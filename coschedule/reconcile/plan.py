@@ -64,6 +64,9 @@ OWNER_RETRY_SECONDS = 5.0
 # A placeholder pod still there this long after its grace period ended, on a node whose
 # kubelet reports it not ready: that kubelet will not finish the delete; force it.
 STRANDED_DELETE_SECONDS = 5.0
+# A node silent (Ready Unknown) this long is taken for dead: its placeholder pod is forced
+# off. Kubelets post again within about 10 s of a control plane's return.
+NODE_DOWN_SECONDS = 20.0
 NODE_DOWN = "node-down"  # the evictions metric label of a force-delete
 
 
@@ -184,9 +187,9 @@ def _owner_for(group: GroupSpec, owner: OwnerState | None) -> OwnerRef | None:
 
 def evictions(observed: Observed, now: float) -> Plan:
     """Placeholder pods that must leave their node: deleted so that the StatefulSet makes
-    them again elsewhere, force-deleted where the node's kubelet cannot finish a graceful
-    delete (it stopped reporting, or it let the pod's grace period pass), or held, explained,
-    where their volumes can be used on that node only."""
+    them again elsewhere; force-deleted where the node's kubelet cannot finish a graceful
+    delete (``_off_dead_node``); held, explained, where their volumes can be used on that
+    node only."""
     actions: list[Action] = []
     soonest: float | None = None
     for pod in observed.placeholder_pods:
@@ -195,38 +198,22 @@ def evictions(observed: Observed, now: float) -> Plan:
         node = observed.nodes.get(pod.node_name)
         if node is None:  # a vanished node's pods are the pod garbage collector's (~40 s)
             continue
-        if pod.deleting:
-            action, wait = _finish_delete(observed, pod, node, now)
+        silent = kubelet_silent(node)
+        if silent or (pod.deleting and not_ready(node)):
+            action, wait = _off_dead_node(observed, pod, node, silent, now)
             if action is not None:
                 actions.append(action)
             if wait is not None:
                 soonest = wait if soonest is None else min(soonest, wait)
             continue
-        reason, why = eviction_reason(node, pod.tolerations)
-        silent = kubelet_silent(node)  # Ready Unknown comes a moment before the taints
-        if not reason and not silent:
+        if pod.deleting:
             continue
+        reason, why = eviction_reason(node, pod.tolerations)
         if not reason:
-            reason, why = NODE_DOWN, silent
+            continue
         pins = pinned_by(observed, node.name)
         if pins:
-            message = (
-                f"placeholder pod {pod.name} stays on node {node.name} although {why}: "
-                f"the run's data is there, on volume(s) usable on that node only "
-                f"({'; '.join(pins)}); moved, it could run nowhere. The run's next pods "
-                f"wait for the node: uncordon or untaint it, or delete the run to free it"
-            )
-            event = RecordEvent(
-                observed.namespace, observed.name, "PlaceholderPinned", message, "Warning"
-            )
-            actions.append(
-                HoldPinnedPlaceholder(
-                    observed.namespace, pod.name, observed.name, node.name, reason, message, event
-                )
-            )
-            continue
-        if silent:
-            actions.append(_force(observed, pod, node.name, silent))
+            actions.append(_hold(observed, pod, node.name, reason, why, pins))
             continue
         event = RecordEvent(
             observed.namespace,
@@ -243,26 +230,55 @@ def evictions(observed: Observed, now: float) -> Plan:
         )
     requeue = None
     if soonest is not None:
-        requeue = Requeue(soonest, "a placeholder pod's delete may not finish on a node not ready")
+        requeue = Requeue(soonest, "a placeholder pod on a node that does not report")
     return Plan(tuple(actions), requeue)
 
 
-def _finish_delete(
-    observed: Observed, pod: PlaceholderPod, node: Node, now: float
+def _hold(
+    observed: Observed, pod: PlaceholderPod, node: str, reason: str, why: str, pins: list[str]
+) -> HoldPinnedPlaceholder:
+    message = (
+        f"placeholder pod {pod.name} stays on node {node} although {why}: "
+        f"the run's data is there, on volume(s) usable on that node only "
+        f"({'; '.join(pins)}); moved, it could run nowhere. The run's next pods "
+        f"wait for the node: uncordon or untaint it, or delete the run to free it"
+    )
+    event = RecordEvent(observed.namespace, observed.name, "PlaceholderPinned", message, "Warning")
+    return HoldPinnedPlaceholder(
+        observed.namespace, pod.name, observed.name, node, reason, message, event
+    )
+
+
+def _off_dead_node(
+    observed: Observed, pod: PlaceholderPod, node: Node, silent: str, now: float
 ) -> tuple[Action | None, float | None]:
-    """A placeholder pod being deleted on ``node``: force it when the node's kubelet will
-    not finish the delete (silent: at once; reporting but not ready: once the grace period
-    has passed by ``STRANDED_DELETE_SECONDS``), else nothing. (action, look again after)."""
-    down = not_ready(node)
-    if not down or pinned_by(observed, node.name):
-        return None, None  # the kubelet finishes it; or moved, it could run nowhere
-    silent = kubelet_silent(node)
-    if not silent:
-        due = (pod.deletion_due if pod.deletion_due is not None else now) + STRANDED_DELETE_SECONDS
+    """A placeholder pod on a node whose kubelet stopped reporting (``silent``), or being
+    deleted on a node whose kubelet says NotReady: (the action, look again after).
+
+    Silent: force-deleted once the node has been silent ``NODE_DOWN_SECONDS`` (a control
+    plane that was away a moment marks every node Unknown until their kubelets post again:
+    nothing moves for that), and never while every node is silent (the node lifecycle
+    controller's full disruption: the cause is on the control plane's side). NotReady: its
+    kubelet gets the pod's grace period and ``STRANDED_DELETE_SECONDS``, then forced."""
+    pins = pinned_by(observed, node.name)
+    if pins:  # moved, it could run nowhere
+        if pod.deleting:
+            return None, None
+        return _hold(observed, pod, node.name, NODE_DOWN, silent, pins), None
+    if silent:
+        if observed.all_nodes_silent:
+            return None, None
+        # No transition time (a taint without a Ready condition): taken as long silent.
+        since = node.ready_since if node.ready_since is not None else now - NODE_DOWN_SECONDS
+        due = since + NODE_DOWN_SECONDS
         if now < due:
             return None, due - now
-        down = f"{down}, and the pod's graceful delete did not finish"
-    return _force(observed, pod, node.name, silent or down), None
+        return _force(observed, pod, node.name, silent), None
+    due = (pod.deletion_due if pod.deletion_due is not None else now) + STRANDED_DELETE_SECONDS
+    if now < due:
+        return None, due - now
+    why = f"{not_ready(node)}, and the pod's graceful delete did not finish"
+    return _force(observed, pod, node.name, why), None
 
 
 def _force(observed: Observed, pod: PlaceholderPod, node: str, why: str) -> DeletePlaceholderPod:

@@ -13,7 +13,7 @@ from typing import Any
 from coschedule import marks
 from coschedule.engines import pod_recreated_by_owner
 from coschedule.k8s.constants import REQUIRED, TERMINAL_PHASES
-from coschedule.k8s.nodes import ready_status
+from coschedule.k8s.nodes import ready_condition
 from coschedule.k8s.timefmt import parse_time
 from coschedule.marks import (
     ALL_MARK_ANNOTATIONS,
@@ -154,9 +154,10 @@ def slim_node(obj: Obj) -> Obj:
         },
         "spec": slim_spec,
     }
-    ready = ready_status(_dict(obj.get("status")))
+    ready = ready_condition(_dict(obj.get("status")))
     if ready:  # whether its kubelet reports (a dead node's placeholder pod is force-deleted)
-        slim["status"] = {"conditions": [{"type": "Ready", "status": ready}]}
+        kept = {k: ready[k] for k in ("type", "status", "lastTransitionTime") if k in ready}
+        slim["status"] = {"conditions": [kept]}
     return slim
 
 

@@ -83,11 +83,12 @@ def test_placeholder_stuck_terminating_on_a_dead_node_is_forced_off(
     assert stranded["metadata"]["uid"] == first["metadata"]["uid"], describe_namespace(api, ns)
     assert stranded["metadata"].get("deletionTimestamp"), describe_namespace(api, ns)
 
-    # The node lifecycle controller's verdict (Ready Unknown, the unreachable taints).
+    # The node lifecycle controller's verdict (Ready Unknown, the unreachable taints); the
+    # reconciler takes the node for dead once it has been silent for 20 s.
     _ready(api, old_node, "Unknown")
     api.patch("Node", old_node, {"spec": {"taints": UNREACHABLE}})
     moved = wait_placeholder_bound(
-        api, ns, placeholder, not_uid=first["metadata"]["uid"], not_node=old_node, timeout=15
+        api, ns, placeholder, not_uid=first["metadata"]["uid"], not_node=old_node, timeout=60
     )
     new_node = node(moved)
 

@@ -132,7 +132,7 @@ def test_a_node_dies_under_a_running_task(real: RealCluster, namespace: Callable
         new = wait_for(
             "the placeholder made again on a live node",
             moved,
-            timeout=20,
+            timeout=60,
             describe=lambda: describe(api, ns),
         )
         timings["moved"] = time.monotonic() - started

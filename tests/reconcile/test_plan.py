@@ -37,6 +37,7 @@ from coschedule.reconcile.placeholder import (
     template_hash,
 )
 from coschedule.reconcile.plan import (
+    NODE_DOWN_SECONDS,
     OWNER_RECHECK_SECONDS,
     OWNER_RETRY_SECONDS,
     STRANDED_DELETE_SECONDS,
@@ -471,12 +472,21 @@ def _on_dead_node(node: Node, **pod: Any) -> tuple[Observed, PlaceholderPod]:
     return replace(observed, placeholder_pods=(ppod,)), ppod
 
 
+SILENT_SINCE = NOW - NODE_DOWN_SECONDS  # silent long enough to be taken for dead
+
+
 @pytest.mark.parametrize(
     "node",
     [
-        Node("worker-1", False, (UNREACHABLE_NOSCHEDULE, UNREACHABLE), ready="Unknown"),
-        Node("worker-1", False, (UNREACHABLE,)),  # the taint alone
-        Node("worker-1", False, (), ready="Unknown"),  # the condition, before the taint
+        Node(
+            "worker-1",
+            False,
+            (UNREACHABLE_NOSCHEDULE, UNREACHABLE),
+            ready="Unknown",
+            ready_since=SILENT_SINCE,
+        ),
+        Node("worker-1", False, (UNREACHABLE,)),  # the taint, no Ready condition at all
+        Node("worker-1", False, (), ready="Unknown", ready_since=SILENT_SINCE - 60),
     ],
 )
 def test_a_placeholder_on_a_node_whose_kubelet_stopped_reporting_is_force_deleted(
@@ -502,11 +512,41 @@ def test_a_placeholder_on_a_node_whose_kubelet_stopped_reporting_is_force_delete
     assert not only(result, DeleteStatefulSet)
 
 
+@pytest.mark.parametrize("deleting", [False, True])
+def test_a_node_silent_for_a_moment_is_left_alone_until_it_has_been_silent_long(
+    deleting: bool,
+) -> None:
+    """A control plane back from an outage marks nodes Unknown until their kubelets post
+    again (within about 10 s): nothing moves for that, not even gracefully (a move would
+    split a run whose task runs there). Looked at again when the wait is over."""
+    node = Node("worker-1", False, (UNREACHABLE,), ready="Unknown", ready_since=NOW - 5)
+    observed, _ = _on_dead_node(node, deleting=deleting, deletion_due=NOW - 1)
+    result = plan(observed, SETTINGS, NOW)
+    assert not only(result, DeletePlaceholderPod)
+    assert result.requeue is not None
+    assert result.requeue.after == pytest.approx(NODE_DOWN_SECONDS - 5)
+    [forced] = only(plan(observed, SETTINGS, NOW + NODE_DOWN_SECONDS), DeletePlaceholderPod)
+    assert forced.force
+
+
+def test_every_node_silent_is_the_control_planes_problem_nothing_is_forced() -> None:
+    node = Node("worker-1", False, (UNREACHABLE,), ready="Unknown", ready_since=SILENT_SINCE)
+    observed, _ = _on_dead_node(node)
+    result = plan(replace(observed, all_nodes_silent=True), SETTINGS, NOW)
+    assert not only(result, DeletePlaceholderPod)
+
+
+def test_an_unreachable_taint_left_on_a_node_ready_again_moves_nothing() -> None:
+    node = Node("worker-1", False, (UNREACHABLE,), ready="True", ready_since=NOW - 1)
+    observed, _ = _on_dead_node(node, deleting=True, deletion_due=NOW - 60)
+    assert not only(plan(observed, SETTINGS, NOW), DeletePlaceholderPod)
+
+
 @pytest.mark.parametrize("due", [NOW + 1, NOW - 300])  # grace not over yet; long over
-def test_a_terminating_placeholder_on_a_silent_node_is_forced_at_once(due: float) -> None:
+def test_a_terminating_placeholder_on_a_silent_node_is_forced(due: float) -> None:
     """Deleted gracefully earlier (a cordon, the taint manager, before the node went
     silent): nobody will finish that delete, whatever its grace period says."""
-    node = Node("worker-1", False, (UNREACHABLE,), ready="Unknown")
+    node = Node("worker-1", False, (UNREACHABLE,), ready="Unknown", ready_since=SILENT_SINCE)
     observed, ppod = _on_dead_node(node, deleting=True, deletion_due=due)
     [delete] = only(plan(observed, SETTINGS, NOW), DeletePlaceholderPod)
     assert (delete.name, delete.force, delete.uid) == (ppod.name, True, "uid-ppod-1")
@@ -550,17 +590,22 @@ def test_a_terminating_placeholder_on_a_reporting_node_is_left_to_its_kubelet(no
 
 def test_a_placeholder_pinned_to_a_dead_node_by_its_volume_is_not_forced() -> None:
     """Its data is on that node only: made again elsewhere it could run nowhere."""
-    node = Node("worker-1", False, (UNREACHABLE,), ready="Unknown")
+    node = Node("worker-1", False, (UNREACHABLE,), ready="Unknown", ready_since=SILENT_SINCE)
     local = (("source", _pinned("pv-local-1", "kubernetes.io/hostname", "worker-1")),)
     for deleting in (False, True):
         observed, _ = _on_dead_node(node, deleting=deleting, deletion_due=NOW - 60)
         result = plan(replace(observed, placeholder_volumes=local), SETTINGS, NOW)
         assert not only(result, DeletePlaceholderPod)
-        assert bool(only(result, HoldPinnedPlaceholder)) is not deleting
+        held = only(result, HoldPinnedPlaceholder)
+        assert bool(held) is not deleting
+        if held:
+            assert held[0].reason == "node-down"
+            assert "stopped reporting" in held[0].event.message
 
 
 def test_a_placeholder_whose_node_object_is_gone_is_left_to_the_pod_garbage_collector() -> None:
-    observed, _ = _on_dead_node(Node("worker-1", False, (UNREACHABLE,), ready="Unknown"))
+    node = Node("worker-1", False, (UNREACHABLE,), ready="Unknown", ready_since=SILENT_SINCE)
+    observed, _ = _on_dead_node(node)
     assert not only(plan(replace(observed, nodes={}), SETTINGS, NOW), DeletePlaceholderPod)
 
 
