@@ -67,6 +67,13 @@ ANNOTATION_WAITING = "coschedule.dev/waiting"
 # told apart from a user's own `matchFields` and a pod left behind by a move is found.
 GATE_PLACEHOLDER = "coschedule.dev/placeholder"
 ANNOTATION_PINNED_NODE = "coschedule.dev/pinned-node"
+# Put with that gate by the MutatingAdmissionPolicy ``coschedule-gate-pods`` (CEL, run by the
+# API server itself, so never unreachable) on a pod placed by node name that the webhook has
+# not marked yet. The webhook, when it answers, decides as ever (and drops the gate where it
+# would not hold the pod); when it did not (an outage), the reconciler finds the pod by this
+# label and no placeholder label, and marks it with the webhook's own decision.
+LABEL_GATED_BY = "coschedule.dev/gated-by"
+GATED_BY_POLICY = "admission-policy"
 # On each volumeClaimTemplate of a placeholder: the original claim it stands for.
 TEMPLATE_CLAIM = "coschedule.dev/claim"
 
