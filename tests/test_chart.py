@@ -108,7 +108,7 @@ def test_chart_and_kustomize_grant_the_same_rbac_and_register_the_same_webhook(
         "clientConfig",
     ):
         assert hook.get(field) == expected.get(field), field
-    assert hook["failurePolicy"] == "Fail"
+    assert hook["failurePolicy"] == "Ignore"
 
 
 @pytest.mark.parametrize("version", K8S_VERSIONS)
@@ -218,8 +218,11 @@ def test_every_option_reaches_the_objects() -> None:
     budgets = {pdb["metadata"]["name"] for pdb in objects(docs, "PodDisruptionBudget")}
     assert budgets == {"coschedule-webhook"}
     hook = _webhook(docs)
-    assert hook["failurePolicy"] == "Ignore"
+    assert hook["failurePolicy"] == "Fail"
     assert hook["timeoutSeconds"] == 3
+    # admissionPolicy.enabled false (a cluster older than 1.36): no policy is rendered.
+    assert not objects(docs, "MutatingAdmissionPolicy")
+    assert not objects(docs, "MutatingAdmissionPolicyBinding")
     runs = _webhook(docs, RUNS_WEBHOOK_NAME)
     assert runs["failurePolicy"] == "Ignore"
     assert runs["timeoutSeconds"] == 3
@@ -313,9 +316,12 @@ def test_the_schema_knows_exactly_the_config_keys() -> None:
         ({"config": {"coschedule": False}}, "/config/coschedule"),
         ({"config": {"coschedule": "per-run"}}, "/config/coschedule"),
         # No webhook replica while a webhook fails closed: nothing could be created.
-        ({"webhook": {"replicas": 0}}, "/webhook/replicas"),
+        ({"webhook": {"replicas": 0, "failurePolicy": "Fail"}}, "/webhook/replicas"),
         ({"webhook": {"replicas": 0, "failurePolicy": "Ignore"}}, "/webhook/replicas"),
-        ({"webhook": {"replicas": 0, "runsFailurePolicy": "Ignore"}}, "/webhook/replicas"),
+        (
+            {"webhook": {"replicas": 0, "failurePolicy": "Fail", "runsFailurePolicy": "Ignore"}},
+            "/webhook/replicas",
+        ),
     ],
 )
 def test_bad_values_are_refused_by_the_schema(values: Obj, fragment: str) -> None:

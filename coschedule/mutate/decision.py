@@ -53,6 +53,7 @@ from coschedule.wire.jsonpatch import Op
 
 # Our keys are constants: escape their paths once, not on every admission.
 _PLACEHOLDER_LABEL_PATH = jsonpatch.pointer("metadata", "labels", LABEL_PLACEHOLDER)
+_GATED_BY_PATH = jsonpatch.pointer("metadata", "labels", LABEL_GATED_BY)
 _DISABLED = Mode.DISABLED.value
 _ANNOTATION_PATHS = {
     key: jsonpatch.pointer("metadata", "annotations", key) for key in ALL_MARK_ANNOTATIONS
@@ -198,6 +199,8 @@ def _drop_policy_gate(pod: Mapping[str, Any], decision: Decision) -> None:
     """The admission policy gates every pod that may be placed by node name (CEL cannot tell
     which are); one this decision does not hold gets the gate lifted again here."""
     ops = node_pin.ungate_ops(podview.spec(pod))
+    if ops:  # the policy's label goes with its gate: it marks a pod no one has decided on
+        ops.append(jsonpatch.remove(_GATED_BY_PATH))
     decision.ops.extend(ops)
     if ops and decision.trace:
         decision.reasons.append(

@@ -343,6 +343,7 @@ def test_a_policy_gated_pod_the_webhook_does_not_hold_gets_the_gate_lifted(
     decision, patched = admit(pod, ctx)
     assert not decision.held, why
     assert gates(patched) == [], why
+    assert LABEL_GATED_BY not in patched["metadata"]["labels"], why  # no longer waiting
     assert any("admission policy" in r for r in decision.reasons), decision.reasons
 
 
