@@ -90,7 +90,15 @@ def plan_unmarked(
             warning=True,
             placeholder=decision.placeholder,
         )
-    if any(op["path"].endswith(_CLAIM_NAME) for op in decision.ops):
+    # The reconciler has no claim cache: where the webhook might point a claim at the
+    # placeholder's (rewrite-claims on, a per-run mode, a pod with claims), it does not guess.
+    rewrite = (
+        settings.rewrite_claims
+        and decision.mode is not None
+        and decision.mode.per_run
+        and bool(podview.claim_volumes(pod_spec))
+    )
+    if rewrite or any(op["path"].endswith(_CLAIM_NAME) for op in decision.ops):
         return UnmarkedPlan(
             (),
             REASON_WAITING,
