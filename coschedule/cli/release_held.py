@@ -207,7 +207,8 @@ async def release_gated(
 ) -> list[PodOutcome]:
     """Lift (or, ``dry_run``, name) our gate from every pod in ``namespaces`` (None: all)."""
     outcomes: list[PodOutcome] = []
-    for namespace in namespaces or [None]:
+    scopes: Sequence[str | None] = namespaces or [None]
+    for namespace in scopes:
         for pod in await list_gated(client, namespace):
             meta = pod.get("metadata") or {}
             if dry_run:
@@ -291,5 +292,7 @@ def cmd_release_held(args: argparse.Namespace) -> int:
         return EXIT_FAILED
     print(summary(outcomes, args.dry_run))
     print(pods_summary(pods, args.dry_run))
-    left = any(not o.released and o.note.startswith("changed") for o in [*outcomes, *pods])
+    notes = [o.note for o in outcomes if not o.released]
+    notes += [o.note for o in pods if not o.released]
+    left = any(note.startswith("changed") for note in notes)
     return EXIT_FAILED if left else EXIT_OK

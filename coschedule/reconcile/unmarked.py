@@ -120,6 +120,4 @@ def plan_unmarked(
             f"; {skipped} scheduling-defaults change(s) the webhook would have made at "
             "admission are not made after creation"
         )
-    return UnmarkedPlan(
-        (guard, *marks), REASON_MARKED, message, placeholder=decision.placeholder
-    )
+    return UnmarkedPlan((guard, *marks), REASON_MARKED, message, placeholder=decision.placeholder)

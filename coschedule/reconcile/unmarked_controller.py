@@ -70,7 +70,7 @@ class UnmarkedController:
         await self.pods.synced.wait()
 
     def take_over(self) -> None:
-        for key in self.pods.keys():
+        for key in self.pods.view():
             self.queue.add(key)
 
     def readiness(self) -> tuple[bool, str | None]:

@@ -313,9 +313,11 @@ async def test_it_lifts_our_gate_from_every_pod_and_places_nothing(
     assert marked["spec"]["schedulingGates"] == [{"name": "example.com/quota"}]
     assert "affinity" not in marked["spec"]  # placed nowhere: no pin
     policy = api.get("pods", "deploy", "policy")
-    assert policy is not None and policy["spec"]["schedulingGates"] == []
+    assert policy is not None
+    assert policy["spec"]["schedulingGates"] == []
     other = api.get("pods", "ci", "other")
-    assert other is not None and other["spec"]["schedulingGates"] == [{"name": "example.com/quota"}]
+    assert other is not None
+    assert other["spec"]["schedulingGates"] == [{"name": "example.com/quota"}]
     # Run again: nothing left.
     again = await release_gated(client, ["ci", "deploy"], dry_run=False, say=lines.append)
     assert pods_summary(again, False) == "no pod is held by the coschedule.dev/placeholder gate"

@@ -325,7 +325,8 @@ def test_a_policy_gated_pod_whose_placeholder_is_bound_is_pinned_and_ungated(nam
     assert pinned_node(patched["metadata"]) == "node-b"
     assert allowed_nodes(patched) == {"node-b"}
     again, same = admit(patched, context(view))  # reinvoked: nothing more
-    assert again.ops == [] and same == patched
+    assert again.ops == []
+    assert same == patched
 
 
 @pytest.mark.parametrize(

@@ -50,7 +50,8 @@ def applied(pod: dict[str, Any], ops: Any) -> dict[str, Any]:
 def test_the_webhooks_marks_are_patched_on_and_the_gate_stays(name: str) -> None:
     pod = gated(name)
     plan = plan_unmarked(pod, ENABLED, settings())
-    assert plan.reason == REASON_MARKED and not plan.warning
+    assert plan.reason == REASON_MARKED
+    assert not plan.warning
     assert plan.ops[0] == {"op": "test", "path": "/metadata/resourceVersion", "value": "41"}
     assert all(op["path"].startswith("/metadata") for op in plan.ops)  # no spec change
     after = applied(pod, plan.ops)
@@ -77,7 +78,12 @@ def test_the_namespace_mode_label_is_read_as_the_webhook_reads_it() -> None:
     ("why", "labels", "given", "warning"),
     [
         ("namespace mode disabled", {**ENABLED, "coschedule.dev/mode": "disabled"}, {}, False),
-        ("zone topology: pod affinity", ENABLED, {"topology_key": "topology.kubernetes.io/zone"}, True),
+        (
+            "zone topology: pod affinity",
+            ENABLED,
+            {"topology_key": "topology.kubernetes.io/zone"},
+            True,
+        ),
         ("placement pod-affinity", ENABLED, {"placement": Placement.POD_AFFINITY}, True),
     ],
 )
@@ -92,14 +98,16 @@ def test_a_pod_the_webhook_would_not_hold_is_released(
     assert marks.LABEL_PLACEHOLDER not in after["metadata"]["labels"], why
     assert plan.warning is warning, why
     if warning:
-        assert plan.reason == REASON_RELEASED and "not co-located" in plan.message
+        assert plan.reason == REASON_RELEASED
+        assert "not co-located" in plan.message
 
 
 def test_a_pod_the_webhook_would_refuse_is_released_and_the_rule_is_told() -> None:
     pod = gated()
     pod["metadata"]["labels"]["coschedule.dev/mode"] = "per-task"  # not a mode
     plan = plan_unmarked(pod, ENABLED, settings())
-    assert plan.reason == REASON_RELEASED and plan.warning
+    assert plan.reason == REASON_RELEASED
+    assert plan.warning
     assert "invalid-mode" in plan.message
     assert applied(pod, plan.ops)["spec"]["schedulingGates"] == []
 
@@ -107,7 +115,8 @@ def test_a_pod_the_webhook_would_refuse_is_released_and_the_rule_is_told() -> No
 def test_a_pod_whose_claims_only_admission_can_rewrite_waits_gated() -> None:
     pod = gated()
     plan = plan_unmarked(pod, ENABLED, settings(rewrite_claims=True))
-    assert plan.reason == REASON_WAITING and plan.warning
+    assert plan.reason == REASON_WAITING
+    assert plan.warning
     assert plan.ops == ()  # not marked with the engine's claim: that would split the run
     assert "Delete it once the webhook answers" in plan.message
     # Without claims there is nothing to rewrite: marked as usual.
