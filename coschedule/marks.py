@@ -58,6 +58,12 @@ CONCURRENCY_GROUPED = "grouped"
 # On a run the webhook made pending, until the reconciler starts or cancels it.
 ANNOTATION_PENDING_BY = "coschedule.dev/pending-by"
 PENDING_BY_CONCURRENCY = "concurrency"
+# Put by the MutatingAdmissionPolicy ``coschedule-hold-runs`` (CEL, in the API server) on a
+# run it held in a namespace that has a ConcurrencyControl, before the webhook decided: the
+# webhook (or, when it was unreachable, the reconciler) labels it with its groups, or starts
+# it when no control selects it, and removes this annotation.
+ANNOTATION_HELD_BY = "coschedule.dev/held-by"
+HELD_BY_POLICY = "admission-policy"
 # On a run held pending by a Queue or Replace control: why it waits (its place, the run ahead),
 # written by the reconciler when that changes; removed when the run starts or is cancelled.
 ANNOTATION_WAITING = "coschedule.dev/waiting"
