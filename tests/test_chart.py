@@ -224,7 +224,7 @@ def test_every_option_reaches_the_objects() -> None:
     assert not objects(docs, "MutatingAdmissionPolicy")
     assert not objects(docs, "MutatingAdmissionPolicyBinding")
     runs = _webhook(docs, RUNS_WEBHOOK_NAME)
-    assert runs["failurePolicy"] == "Ignore"
+    assert runs["failurePolicy"] == "Fail"
     assert runs["timeoutSeconds"] == 3
     args = pods["certs"]["spec"]["containers"][0]["args"]
     assert "--days=90" in args
@@ -317,7 +317,7 @@ def test_the_schema_knows_exactly_the_config_keys() -> None:
         ({"config": {"coschedule": "per-run"}}, "/config/coschedule"),
         # No webhook replica while a webhook fails closed: nothing could be created.
         ({"webhook": {"replicas": 0, "failurePolicy": "Fail"}}, "/webhook/replicas"),
-        ({"webhook": {"replicas": 0, "failurePolicy": "Ignore"}}, "/webhook/replicas"),
+        ({"webhook": {"replicas": 0, "runsFailurePolicy": "Fail"}}, "/webhook/replicas"),
         (
             {"webhook": {"replicas": 0, "failurePolicy": "Fail", "runsFailurePolicy": "Ignore"}},
             "/webhook/replicas",

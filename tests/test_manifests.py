@@ -329,6 +329,8 @@ def test_base_has_the_expected_objects() -> None:
             f"MutatingWebhookConfiguration {WEBHOOK_CONFIG}",
             "MutatingAdmissionPolicy coschedule-gate-pods",
             "MutatingAdmissionPolicyBinding coschedule-gate-pods",
+            "MutatingAdmissionPolicy coschedule-hold-runs",
+            "MutatingAdmissionPolicyBinding coschedule-hold-runs",
         ]
     )
 
@@ -383,9 +385,10 @@ def test_run_webhook_registration(rendered: list[Obj]) -> None:
             "scope": "Namespaced",
         },
     ]
-    # Same namespaces as the pod webhook; fail closed (docs/deploy.md says why).
+    # Same namespaces as the pod webhook; fail open: the admission policy holds the runs of
+    # namespaces with a control (docs/deploy.md says why).
     assert runs["namespaceSelector"] == pods["namespaceSelector"]
-    assert runs["failurePolicy"] == "Fail"
+    assert runs["failurePolicy"] == "Ignore"
     assert runs["sideEffects"] == "None"
     assert runs["admissionReviewVersions"] == ["v1"]
     assert 1 <= runs["timeoutSeconds"] <= 5
@@ -932,3 +935,28 @@ def test_admission_policy_conditions_pick_unmarked_taskrun_pods() -> None:
     disabled = copy.deepcopy(taskrun)
     disabled["metadata"]["labels"][marks.LABEL_MODE] = "disabled"
     assert not gated(disabled)
+
+
+def test_run_admission_policy_holds_only_where_a_control_exists(rendered: list[Obj]) -> None:
+    def named(kind: str) -> Obj:
+        return next(
+            o for o in rendered if o["kind"] == kind and o["metadata"]["name"] == HOLD_POLICY
+        )
+
+    policy, binding = named("MutatingAdmissionPolicy"), named("MutatingAdmissionPolicyBinding")
+    runs = _webhook(rendered, RUNS_WEBHOOK_NAME)
+    # One evaluation per ConcurrencyControl of the run's namespace; none: nothing done.
+    assert policy["spec"]["paramKind"] == {
+        "apiVersion": "coschedule.dev/v1alpha1",
+        "kind": "ConcurrencyControl",
+    }
+    assert binding["spec"]["paramRef"] == {"selector": {}, "parameterNotFoundAction": "Allow"}
+    assert binding["spec"]["matchResources"]["namespaceSelector"] == runs["namespaceSelector"]
+    assert policy["spec"]["failurePolicy"] == "Ignore"
+    rules = policy["spec"]["matchConstraints"]["resourceRules"]
+    assert [(r["apiGroups"], r["resources"]) for r in rules] == [
+        (rule["apiGroups"], rule["resources"]) for rule in runs["rules"]
+    ]
+
+
+HOLD_POLICY = "coschedule-hold-runs"

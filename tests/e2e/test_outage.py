@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -32,6 +33,14 @@ from tests.e2e.cluster import Proc, wait_healthy
 from tests.e2e.conftest import E2E
 from tests.e2e.kube import Api, Obj, wait_for
 from tests.e2e.runs import node, wait_bound, wait_placeholder_bound
+from tests.e2e.test_concurrency import (
+    finish,
+    make_control,
+    run_manifest,
+    state,
+    states,
+    wait_states,
+)
 from tests.e2e.test_stuck import NO_WORKSPACE, events_on
 from tests.e2e.world import (
     TektonRun,
@@ -44,15 +53,17 @@ from tests.fixtures import load_pod
 
 pytestmark = pytest.mark.e2e
 
-POLICY = Path(__file__).resolve().parents[2] / "manifests" / "base" / "admissionpolicy-pods.yaml"
+BASE = Path(__file__).resolve().parents[2] / "manifests" / "base"
+POLICY = BASE / "admissionpolicy-pods.yaml"
+RUNS_POLICY = BASE / "admissionpolicy-runs.yaml"
 
 
 @contextlib.contextmanager
-def gate_policy(api: Api, namespace: str) -> Iterator[None]:
+def gate_policy(api: Api, namespace: str, source: Path = POLICY) -> Iterator[None]:
     """The shipped policy and binding, renamed, its binding narrowed to ``namespace`` so
     that other scenarios of the session see no policy."""
-    policy, binding = (d for d in yaml.safe_load_all(POLICY.read_text("utf-8")) if d)
-    name = unique("coschedule-gate-pods")
+    policy, binding = (d for d in yaml.safe_load_all(source.read_text("utf-8")) if d)
+    name = unique(policy["metadata"]["name"])
     policy = copy.deepcopy(policy)
     policy["metadata"]["name"] = name
     binding = copy.deepcopy(binding)
@@ -165,3 +176,53 @@ def test_a_webhook_outage_refuses_no_pod_and_the_reconciler_colocates_the_run(
         assert third["metadata"]["annotations"][ANNOTATION_PINNED_NODE] == here
         wait_bound(api, ns, run.pod_name("deploy"), node=here)
     run.finish()
+
+
+def test_a_webhook_outage_refuses_no_run_and_a_queue_keeps_its_limit(
+    e2e: E2E, namespace: Callable[..., str]
+) -> None:
+    e2e.require("reconciler")
+    api = e2e.api
+    ns = namespace(prefix="outage-runs")
+    free = namespace(prefix="outage-free")  # enabled, no control: never held
+    make_control(e2e, ns, "env", {"selector": {}, "strategy": "Queue", "maxRunning": 1, "key": "x"})
+    with gate_policy(api, ns, RUNS_POLICY), gate_policy(api, free, RUNS_POLICY):
+        # The policy is active once a dry-run run comes back held.
+        wait_for(
+            "the run admission policy to be active",
+            lambda: (
+                "coschedule.dev/held-by"
+                in (
+                    api.create(run_manifest("PipelineRun", ns, "probe", {}), dry_run=True)[
+                        "metadata"
+                    ].get("annotations")
+                    or {}
+                )
+            ),
+            timeout=30,
+        )
+        with webhook_down(e2e):
+            names = ["o1", "o2", "o3"]
+            for name in names:  # created, not refused
+                api.create(run_manifest("PipelineRun", ns, name, {}))
+            unheld = api.create(run_manifest("PipelineRun", free, "f1", {}))
+            assert "status" not in unheld["spec"]  # no control there: started at once
+            # The reconciler decides as the webhook would: one runs, two wait.
+            expected = {"o1": "started", "o2": "pending-us", "o3": "pending-us"}
+            wait_states(api, "PipelineRun", ns, expected)
+            for name in names:
+                stored = api.must_get("PipelineRun", name, ns)
+                assert stored["metadata"]["labels"]["concurrency.coschedule.dev/env"] == "x"
+                annotations = stored["metadata"].get("annotations") or {}
+                assert "coschedule.dev/held-by" not in annotations
+            time.sleep(1)  # a wrong extra start would show by now
+            assert states(api, "PipelineRun", ns, names) == expected
+            finish(api, "PipelineRun", ns, "o1")
+            expected.update(o1="done", o2="started")
+            wait_states(api, "PipelineRun", ns, expected)
+        # The webhook back: held by the policy, decided by the webhook in one admission.
+        api.create(run_manifest("PipelineRun", ns, "o4", {}))
+        stored = api.must_get("PipelineRun", "o4", ns)
+        assert "coschedule.dev/held-by" not in (stored["metadata"].get("annotations") or {})
+        assert stored["metadata"]["labels"]["concurrency.coschedule.dev/env"] == "x"
+        assert state(stored) == "pending-us"
