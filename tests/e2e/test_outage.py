@@ -187,21 +187,22 @@ def test_a_webhook_outage_refuses_no_run_and_a_queue_keeps_its_limit(
     free = namespace(prefix="outage-free")  # enabled, no control: never held
     make_control(e2e, ns, "env", {"selector": {}, "strategy": "Queue", "maxRunning": 1, "key": "x"})
     with gate_policy(api, ns, RUNS_POLICY), gate_policy(api, free, RUNS_POLICY):
-        # The policy is active once a dry-run run comes back held.
-        wait_for(
-            "the run admission policy to be active",
-            lambda: (
-                "coschedule.dev/held-by"
-                in (
-                    api.create(run_manifest("PipelineRun", ns, "probe", {}), dry_run=True)[
-                        "metadata"
-                    ].get("annotations")
-                    or {}
-                )
-            ),
-            timeout=30,
-        )
         with webhook_down(e2e):
+            # The policy is active once a dry-run run comes back held (with the webhook
+            # up, the webhook decides and removes the mark in the same admission).
+            wait_for(
+                "the run admission policy to be active",
+                lambda: (
+                    "coschedule.dev/held-by"
+                    in (
+                        api.create(run_manifest("PipelineRun", ns, "probe", {}), dry_run=True)[
+                            "metadata"
+                        ].get("annotations")
+                        or {}
+                    )
+                ),
+                timeout=30,
+            )
             names = ["o1", "o2", "o3"]
             for name in names:  # created, not refused
                 api.create(run_manifest("PipelineRun", ns, name, {}))

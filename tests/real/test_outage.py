@@ -138,11 +138,6 @@ def test_a_two_minute_webhook_outage_fails_no_run(
         for ns in (plain, queued):
             stack.enter_context(gate_policy(api, ns, POLICY))
             stack.enter_context(gate_policy(api, ns, RUNS_POLICY))
-        wait_for(
-            "the admission policies to be active",
-            lambda: _policies_active(api, plain, queued),
-            timeout=60,
-        )
         recorder.start()
         try:
             # Mid-way when the webhook goes: its later tasks' pods are made in the outage.
@@ -160,6 +155,13 @@ def test_a_two_minute_webhook_outage_fails_no_run(
             )
             product.webhook.stop()
             down = time.monotonic()
+            # Active once dry runs come back gated and held (with the webhook up, it decides
+            # on the run and removes the policy's mark in the same admission).
+            wait_for(
+                "the admission policies to be active",
+                lambda: _policies_active(api, plain, queued),
+                timeout=60,
+            )
             for name in ("during-1", "during-2"):
                 create(_runs(real, plain, name))
                 created_in_outage.append(name)
