@@ -243,7 +243,7 @@ def measure_placement(mode: Mode) -> list[dict[str, Any]]:
 
 def policy_gated(pod: dict[str, Any]) -> dict[str, Any]:
     """``pod`` as the admission policy leaves it: the gate appended and its label."""
-    gated = orjson.loads(orjson.dumps(pod))
+    gated: dict[str, Any] = orjson.loads(orjson.dumps(pod))
     gated["spec"].setdefault("schedulingGates", []).append({"name": GATE_PLACEHOLDER})
     gated["metadata"].setdefault("labels", {})[LABEL_GATED_BY] = GATED_BY_POLICY
     return gated
