@@ -58,6 +58,12 @@ CONCURRENCY_GROUPED = "grouped"
 # On a run the webhook made pending, until the reconciler starts or cancels it.
 ANNOTATION_PENDING_BY = "coschedule.dev/pending-by"
 PENDING_BY_CONCURRENCY = "concurrency"
+# Put by the MutatingAdmissionPolicy ``coschedule-hold-runs`` (CEL, in the API server) on a
+# run it held in a namespace that has a ConcurrencyControl, before the webhook decided: the
+# webhook (or, when it was unreachable, the reconciler) labels it with its groups, or starts
+# it when no control selects it, and removes this annotation.
+ANNOTATION_HELD_BY = "coschedule.dev/held-by"
+HELD_BY_POLICY = "admission-policy"
 # On a run held pending by a Queue or Replace control: why it waits (its place, the run ahead),
 # written by the reconciler when that changes; removed when the run starts or is cancelled.
 ANNOTATION_WAITING = "coschedule.dev/waiting"
@@ -67,6 +73,13 @@ ANNOTATION_WAITING = "coschedule.dev/waiting"
 # told apart from a user's own `matchFields` and a pod left behind by a move is found.
 GATE_PLACEHOLDER = "coschedule.dev/placeholder"
 ANNOTATION_PINNED_NODE = "coschedule.dev/pinned-node"
+# Put with that gate by the MutatingAdmissionPolicy ``coschedule-gate-pods`` (CEL, run by the
+# API server itself, so never unreachable) on a pod placed by node name that the webhook has
+# not marked yet. The webhook, when it answers, decides as ever (and drops the gate where it
+# would not hold the pod); when it did not (an outage), the reconciler finds the pod by this
+# label and no placeholder label, and marks it with the webhook's own decision.
+LABEL_GATED_BY = "coschedule.dev/gated-by"
+GATED_BY_POLICY = "admission-policy"
 # On each volumeClaimTemplate of a placeholder: the original claim it stands for.
 TEMPLATE_CLAIM = "coschedule.dev/claim"
 

@@ -120,7 +120,7 @@ def test_chart_and_kustomize_grant_the_same_rbac_and_register_the_same_webhook(
         "clientConfig",
     ):
         assert hook.get(field) == expected.get(field), field
-    assert hook["failurePolicy"] == "Fail"
+    assert hook["failurePolicy"] == "Ignore"
 
 
 @pytest.mark.parametrize("version", K8S_VERSIONS)
@@ -230,10 +230,13 @@ def test_every_option_reaches_the_objects() -> None:
     budgets = {pdb["metadata"]["name"] for pdb in objects(docs, "PodDisruptionBudget")}
     assert budgets == {"coschedule-webhook"}
     hook = _webhook(docs)
-    assert hook["failurePolicy"] == "Ignore"
+    assert hook["failurePolicy"] == "Fail"
     assert hook["timeoutSeconds"] == 3
+    # admissionPolicy.enabled false (a cluster older than 1.36): no policy is rendered.
+    assert not objects(docs, "MutatingAdmissionPolicy")
+    assert not objects(docs, "MutatingAdmissionPolicyBinding")
     runs = _webhook(docs, RUNS_WEBHOOK_NAME)
-    assert runs["failurePolicy"] == "Ignore"
+    assert runs["failurePolicy"] == "Fail"
     assert runs["timeoutSeconds"] == 3
     args = pods["certs"]["spec"]["containers"][0]["args"]
     assert "--days=90" in args
@@ -373,9 +376,12 @@ def test_the_schema_knows_exactly_the_config_keys() -> None:
         ({"config": {"coschedule": False}}, "/config/coschedule"),
         ({"config": {"coschedule": "per-run"}}, "/config/coschedule"),
         # No webhook replica while a webhook fails closed: nothing could be created.
-        ({"webhook": {"replicas": 0}}, "/webhook/replicas"),
-        ({"webhook": {"replicas": 0, "failurePolicy": "Ignore"}}, "/webhook/replicas"),
-        ({"webhook": {"replicas": 0, "runsFailurePolicy": "Ignore"}}, "/webhook/replicas"),
+        ({"webhook": {"replicas": 0, "failurePolicy": "Fail"}}, "/webhook/replicas"),
+        ({"webhook": {"replicas": 0, "runsFailurePolicy": "Fail"}}, "/webhook/replicas"),
+        (
+            {"webhook": {"replicas": 0, "failurePolicy": "Fail", "runsFailurePolicy": "Ignore"}},
+            "/webhook/replicas",
+        ),
         ({"logLevel": "verbose"}, "/logLevel"),
         ({"webhook": {"port": 0}}, "/webhook/port"),
         ({"webhook": {"healthPort": 70000}}, "/webhook/healthPort"),

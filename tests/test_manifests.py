@@ -244,13 +244,26 @@ def _check_cert_manager(obj: Obj, docs: list[Obj]) -> list[str]:
     return problems
 
 
+# Objects that exist only from a Kubernetes version on: validated against the schemas of
+# that version and newer. The admission policy (MutatingAdmissionPolicy v1, GA in 1.36) is
+# left out of an older install (the chart's admissionPolicy.enabled, docs/deploy.md).
+NEWER_KINDS = {
+    ("admissionregistration.k8s.io/v1", "MutatingAdmissionPolicy"): (1, 36),
+    ("admissionregistration.k8s.io/v1", "MutatingAdmissionPolicyBinding"): (1, 36),
+}
+
+
 def schema_problems(docs: list[Obj], version: str) -> list[str]:
     """Every object through kubernetes-validate (strict); cert-manager's structurally."""
     kv = pytest.importorskip(
         "kubernetes_validate", reason="kubernetes-validate (dev dependency) is not installed"
     )
     problems: list[str] = []
+    numeric = tuple(int(part) for part in version.split("."))
     for obj in docs:
+        since = NEWER_KINDS.get((obj["apiVersion"], obj["kind"]))
+        if since is not None and numeric < since:
+            continue
         if obj["apiVersion"].startswith("cert-manager.io/"):
             problems += [f"{ident(obj)}: {p}" for p in _check_cert_manager(obj, docs)]
             continue
@@ -275,6 +288,7 @@ def test_every_object_is_valid_against_the_kubernetes_schemas(
 def test_every_object_has_a_name_and_the_right_scope(rendered: list[Obj]) -> None:
     cluster_scoped = {"Namespace", "ClusterRole", "ClusterRoleBinding"}
     cluster_scoped |= {"MutatingWebhookConfiguration", "CustomResourceDefinition"}
+    cluster_scoped |= {"MutatingAdmissionPolicy", "MutatingAdmissionPolicyBinding"}
     seen: set[str] = set()
     for obj in rendered:
         meta = obj["metadata"]
@@ -313,6 +327,10 @@ def test_base_has_the_expected_objects() -> None:
             f"Deployment {NAMESPACE}/coschedule-reconciler",
             f"PodDisruptionBudget {NAMESPACE}/coschedule-reconciler",
             f"MutatingWebhookConfiguration {WEBHOOK_CONFIG}",
+            "MutatingAdmissionPolicy coschedule-gate-pods",
+            "MutatingAdmissionPolicyBinding coschedule-gate-pods",
+            "MutatingAdmissionPolicy coschedule-hold-runs",
+            "MutatingAdmissionPolicyBinding coschedule-hold-runs",
         ]
     )
 
@@ -367,9 +385,10 @@ def test_run_webhook_registration(rendered: list[Obj]) -> None:
             "scope": "Namespaced",
         },
     ]
-    # Same namespaces as the pod webhook; fail closed (docs/deploy.md says why).
+    # Same namespaces as the pod webhook; fail open: the admission policy holds the runs of
+    # namespaces with a control (docs/deploy.md says why).
     assert runs["namespaceSelector"] == pods["namespaceSelector"]
-    assert runs["failurePolicy"] == "Fail"
+    assert runs["failurePolicy"] == "Ignore"
     assert runs["sideEffects"] == "None"
     assert runs["admissionReviewVersions"] == ["v1"]
     assert 1 <= runs["timeoutSeconds"] <= 5
@@ -384,8 +403,9 @@ def test_webhook_registration_follows_the_design(rendered: list[Obj]) -> None:
     assert 1 <= hook["timeoutSeconds"] <= 5
     assert hook["reinvocationPolicy"] == "IfNeeded"
     assert hook["matchPolicy"] == "Equivalent"
-    # Fail closed: a pod admitted without its claim rewrite would use another volume.
-    assert hook["failurePolicy"] == "Fail"
+    # Fail open: a refused pod fails its TaskRun; the admission policy holds a TaskRun's
+    # pod behind the gate for the reconciler instead (test_admission_policy_*).
+    assert hook["failurePolicy"] == "Ignore"
     assert hook["rules"] == [
         {
             "operations": ["CREATE"],
@@ -708,6 +728,7 @@ EXPECTED_PERMISSIONS: dict[str, set[Permission]] = {
     | _grant("coschedule.dev", "concurrencycontrols", "list watch"),
     "ClusterRole coschedule-reconciler": _grant("core", "pods", "get list watch patch delete")
     | _grant("core", "nodes", "get list watch")
+    | _grant("core", "namespaces", "get")
     | _grant("apps", "statefulsets", "get list watch create update patch delete")
     | _grant("core", "persistentvolumeclaims", "get list watch delete patch")
     | _grant("core", "persistentvolumes", "get")
@@ -856,3 +877,86 @@ def test_self_signed_job_command_parses() -> None:
     (container,) = job["spec"]["template"]["spec"]["containers"]
     args = parse_args(container["args"])
     assert args.command == "certs"
+
+
+def _policy(rendered: list[Obj], kind: str) -> Obj:
+    return next(o for o in rendered if o["kind"] == kind and o["metadata"]["name"] == GATE_POLICY)
+
+
+GATE_POLICY = "coschedule-gate-pods"
+
+
+def test_admission_policy_serves_the_webhooks_namespaces_and_refuses_nothing(
+    rendered: list[Obj],
+) -> None:
+    policy = _policy(rendered, "MutatingAdmissionPolicy")["spec"]
+    binding = _policy(rendered, "MutatingAdmissionPolicyBinding")["spec"]
+    assert binding["policyName"] == GATE_POLICY
+    selector = binding["matchResources"]["namespaceSelector"]
+    hook = _webhook(rendered)["namespaceSelector"]
+    # The webhook's namespaces, less those whose label turns coscheduling off.
+    assert selector["matchLabels"] == hook["matchLabels"]
+    assert selector["matchExpressions"] == [
+        *hook["matchExpressions"],
+        {"key": "coschedule.dev/mode", "operator": "NotIn", "values": ["disabled"]},
+    ]
+    assert policy["failurePolicy"] == "Ignore"  # a CEL error never refuses a pod
+    assert policy["reinvocationPolicy"] == "Never"
+    assert policy["matchConstraints"]["resourceRules"] == [
+        {"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"]}
+    ]
+    # The webhook's own conditions are among the policy's (same pods spared).
+    names = {c["name"] for c in policy["matchConditions"]}
+    assert {c["name"] for c in _webhook(rendered)["matchConditions"]} <= names
+
+
+def test_admission_policy_conditions_pick_unmarked_taskrun_pods() -> None:
+    cel = pytest.importorskip(
+        "cel", reason="common-expression-language (dev dependency) is not installed"
+    )
+    policy = _policy(render(BASE), "MutatingAdmissionPolicy")["spec"]
+    programs = [cel.compile(c["expression"]) for c in policy["matchConditions"]]
+
+    def gated(pod: Obj) -> bool:
+        pod.setdefault("spec", {})
+        return all(p.execute({"object": pod}) for p in programs)
+
+    taskrun = load_pod("tekton-taskrun")
+    assert gated(copy.deepcopy(taskrun))
+    assert gated(load_pod("shipwright-buildrun-pod"))  # a BuildRun runs as a TaskRun
+    for name in ("argo-workflow-pod", "job-pod", "placeholder-pod", "deployment-pod"):
+        assert not gated(load_pod(name)), name
+    marked = copy.deepcopy(taskrun)
+    marked["metadata"]["labels"][marks.LABEL_PLACEHOLDER] = "affinity-assistant-0123456789"
+    assert not gated(marked)
+    held = copy.deepcopy(taskrun)
+    held["spec"]["schedulingGates"] = [{"name": marks.GATE_PLACEHOLDER}]
+    assert not gated(held)
+    disabled = copy.deepcopy(taskrun)
+    disabled["metadata"]["labels"][marks.LABEL_MODE] = "disabled"
+    assert not gated(disabled)
+
+
+def test_run_admission_policy_holds_only_where_a_control_exists(rendered: list[Obj]) -> None:
+    def named(kind: str) -> Obj:
+        return next(
+            o for o in rendered if o["kind"] == kind and o["metadata"]["name"] == HOLD_POLICY
+        )
+
+    policy, binding = named("MutatingAdmissionPolicy"), named("MutatingAdmissionPolicyBinding")
+    runs = _webhook(rendered, RUNS_WEBHOOK_NAME)
+    # One evaluation per ConcurrencyControl of the run's namespace; none: nothing done.
+    assert policy["spec"]["paramKind"] == {
+        "apiVersion": "coschedule.dev/v1alpha1",
+        "kind": "ConcurrencyControl",
+    }
+    assert binding["spec"]["paramRef"] == {"selector": {}, "parameterNotFoundAction": "Allow"}
+    assert binding["spec"]["matchResources"]["namespaceSelector"] == runs["namespaceSelector"]
+    assert policy["spec"]["failurePolicy"] == "Ignore"
+    rules = policy["spec"]["matchConstraints"]["resourceRules"]
+    assert [(r["apiGroups"], r["resources"]) for r in rules] == [
+        (rule["apiGroups"], rule["resources"]) for rule in runs["rules"]
+    ]
+
+
+HOLD_POLICY = "coschedule-hold-runs"

@@ -24,6 +24,8 @@ def cmd_explain(args: argparse.Namespace) -> int:
     from coschedule.marks import MODE_CHOICES, PLACEMENT_CHOICES, Mode, Placement
     from coschedule.wire.pod_fields import MalformedPod
 
+    if getattr(args, "pod", None) is not None:
+        return _explain_pod(args)
     if args.run is not None or args.file is None:
         return _explain_live(args)
     try:
@@ -141,6 +143,59 @@ def _explain_live(args: argparse.Namespace) -> int:
         print(orjson.dumps(report, option=orjson.OPT_INDENT_2).decode())
     else:
         print(render_live_text(report))
+    return EXIT_OK
+
+
+def _explain_pod(args: argparse.Namespace) -> int:
+    """``--pod NAME``: the live pod's gate, how long it has waited, whether anything leads."""
+    import time
+
+    import orjson
+
+    from coschedule.cli.explain_gate import gate_report, lease_path
+    from coschedule.kube.client import ApiError, KubeClient, KubeConfigError, object_path, require
+
+    if args.file is not None or args.run is not None:
+        print(
+            "coschedule explain: give one of -f FILE, --run KIND/NAME, --pod NAME", file=sys.stderr
+        )
+        return EXIT_USAGE
+    try:
+        creds = require(args.kubeconfig, os.environ, "--pod")
+    except KubeConfigError as exc:
+        print(f"coschedule explain: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    namespace = args.namespace or creds.namespace
+
+    async def look() -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+        client = KubeClient(creds, user_agent="coschedule-explain")
+        try:
+            pod = await client.get(object_path("v1", "pods", namespace, args.pod))
+            try:
+                lease = await client.get(lease_path(args.system_namespace))
+            except ApiError as exc:
+                if exc.status != 403:
+                    raise
+                lease = None  # not allowed to read it: said as "no Lease"
+            return pod, lease
+        finally:
+            await client.aclose()
+
+    try:
+        pod, lease = asyncio.run(look())
+    except (ApiError, OSError) as exc:
+        print(f"coschedule explain: cannot read the cluster: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    if pod is None:
+        print(f"coschedule explain: pod {namespace}/{args.pod} not found", file=sys.stderr)
+        return EXIT_USAGE
+    report = gate_report(pod, lease, time.time())
+    if args.output == "json":
+        print(orjson.dumps(report, option=orjson.OPT_INDENT_2).decode())
+    else:
+        print(f"pod {report['pod']}")
+        for line in report["lines"]:
+            print(f"  {line}")
     return EXIT_OK
 
 

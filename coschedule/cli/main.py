@@ -199,7 +199,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="a live run instead of -f (pipelinerun/NAME or workflow/NAME, in --namespace): "
         "its state, its groups, what the reconciler's next look does and why it waits",
     )
-    exp.add_argument("--kubeconfig", default=None, help=kubeconfig_help + "; with --run")
+    exp.add_argument(
+        "--pod",
+        metavar="NAME",
+        help="a live pod instead of -f (in --namespace): why it waits behind coschedule's "
+        "scheduling gate, for how long, and whether a reconciler leads to lift it",
+    )
+    exp.add_argument(
+        "--system-namespace",
+        default="coschedule-system",
+        help="where the reconciler's Lease is (with --pod; default coschedule-system)",
+    )
+    exp.add_argument("--kubeconfig", default=None, help=kubeconfig_help + "; with --run or --pod")
     exp.add_argument(
         "--mode", help="the cluster mode to assume (default: the config's coschedule key)"
     )

@@ -1,5 +1,6 @@
-"""``coschedule release-held``: start every run that concurrency control holds pending, before
-coschedule is removed (nothing else would ever start them once the reconciler is gone).
+"""``coschedule release-held``: start every run that concurrency control holds pending, and
+lift the placeholder's scheduling gate from every pod it holds, before coschedule is removed
+(nothing else would ever start them, or let them schedule, once the reconciler is gone).
 
 It lists the runs the webhook grouped (label ``coschedule.dev/concurrency``) of every run
 engine, in the namespaces asked for or all of them, and starts those held pending by
@@ -8,11 +9,17 @@ engine's start patch with the run's resourceVersion, a log line, a ``Started`` E
 their authors made pending are left alone, as the reconciler leaves them. A run that changed
 meanwhile (409) is read again and started if it is still held. Run twice, the second run
 finds nothing to release.
+
+Pods behind the gate ``coschedule.dev/placeholder`` (marked by the webhook, or gated by the
+admission policy while the webhook was away) get the gate removed and nothing else: they are
+not pinned, and schedule as if coschedule had never seen them (a ``test`` of the gate first,
+so a pod whose gates changed meanwhile is read again).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -20,8 +27,10 @@ from dataclasses import dataclass
 from coschedule.cli.options import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from coschedule.concurrency.runs import Run, State, parse_run
 from coschedule.engines import RUN_ENGINES, Kind
-from coschedule.kube.client import ApiError, KubeClient
-from coschedule.marks import LABEL_CONCURRENCY_GROUPED
+from coschedule.kube.client import ApiError, KubeClient, object_path
+from coschedule.kube.informer import Obj
+from coschedule.marks import LABEL_CONCURRENCY_GROUPED, LABEL_GATED_BY, LABEL_PLACEHOLDER
+from coschedule.mutate.node_pin import gate_index, ungate_ops
 from coschedule.reconcile.concurrency import run_path, start_run
 
 # A run that keeps changing under us (another writer) is left after this many tries.
@@ -125,6 +134,104 @@ async def release_held(
     return outcomes
 
 
+@dataclass(frozen=True, slots=True)
+class PodOutcome:
+    namespace: str
+    name: str
+    released: bool  # False: dry run, or left
+    note: str
+
+    def line(self, dry_run: bool) -> str:
+        verb = "would ungate" if dry_run else "ungated" if self.released else "left"
+        return f"{verb} Pod {self.namespace}/{self.name} ({self.note})"
+
+
+def _gated_note(pod: Obj) -> str:
+    labels = (pod.get("metadata") or {}).get("labels") or {}
+    placeholder = labels.get(LABEL_PLACEHOLDER)
+    if placeholder:
+        return f"waiting for placeholder {placeholder}"
+    return "gated by the admission policy, never marked"
+
+
+async def list_gated(client: KubeClient, namespace: str | None) -> list[Obj]:
+    """Pods behind our gate: those the webhook marked and those the policy gated."""
+    found: dict[tuple[str, str], Obj] = {}
+    for selector in (LABEL_PLACEHOLDER, LABEL_GATED_BY):
+        params: dict[str, str | int] = {"labelSelector": selector, "limit": PAGE}
+        while True:
+            page = await client.list(object_path("v1", "pods", namespace), params)
+            for pod in page.get("items") or ():
+                meta = pod.get("metadata") or {}
+                if gate_index(pod.get("spec") or {}) is not None:
+                    found[(str(meta.get("namespace")), str(meta.get("name")))] = pod
+            token = (page.get("metadata") or {}).get("continue")
+            if not token:
+                break
+            params["continue"] = token
+    return [found[key] for key in sorted(found)]
+
+
+async def ungate(client: KubeClient, pod: Obj) -> PodOutcome:
+    """Lift our gate (nothing else); read the pod again when its gates changed meanwhile."""
+    meta = pod.get("metadata") or {}
+    namespace, name = str(meta.get("namespace")), str(meta.get("name"))
+    note = _gated_note(pod)
+    path = object_path("v1", "pods", namespace, name)
+    for _ in range(ATTEMPTS):
+        ops = ungate_ops(pod.get("spec") or {})
+        if not ops:
+            return PodOutcome(namespace, name, False, "no longer gated")
+        try:
+            await client.patch(path, ops, content_type="application/json-patch+json")
+        except ApiError as exc:
+            if exc.status == 404:
+                return PodOutcome(namespace, name, False, "deleted meanwhile")
+            if exc.status not in (409, 422):
+                raise
+            fresh = await client.get(path)
+            if fresh is None:
+                return PodOutcome(namespace, name, False, "deleted meanwhile")
+            pod = fresh
+            continue
+        return PodOutcome(namespace, name, True, note)
+    return PodOutcome(namespace, name, False, f"changed {ATTEMPTS} times; run again")
+
+
+async def release_gated(
+    client: KubeClient,
+    namespaces: Sequence[str] | None,
+    *,
+    dry_run: bool,
+    say: Callable[[str], None],
+) -> list[PodOutcome]:
+    """Lift (or, ``dry_run``, name) our gate from every pod in ``namespaces`` (None: all)."""
+    outcomes: list[PodOutcome] = []
+    scopes: Sequence[str | None] = namespaces or [None]
+    for namespace in scopes:
+        for pod in await list_gated(client, namespace):
+            meta = pod.get("metadata") or {}
+            if dry_run:
+                outcome = PodOutcome(
+                    str(meta.get("namespace")), str(meta.get("name")), False, _gated_note(pod)
+                )
+            else:
+                outcome = await ungate(client, pod)
+            say(outcome.line(dry_run))
+            outcomes.append(outcome)
+    return outcomes
+
+
+def pods_summary(outcomes: Sequence[PodOutcome], dry_run: bool) -> str:
+    if not outcomes:
+        return "no pod is held by the coschedule.dev/placeholder gate"
+    if dry_run:
+        return f"{len(outcomes)} gated pod(s) would be ungated (dry run: nothing changed)"
+    released = sum(o.released for o in outcomes)
+    left = len(outcomes) - released
+    return f"ungated {released} pod(s)" + (f", left {left}" if left else "")
+
+
 def summary(outcomes: Sequence[Outcome], dry_run: bool) -> str:
     if not outcomes:
         return "no run is held pending by coschedule"
@@ -161,12 +268,13 @@ def cmd_release_held(args: argparse.Namespace) -> int:
         print(f"coschedule release-held: {exc}", file=sys.stderr)
         return EXIT_USAGE
 
-    async def go() -> list[Outcome]:
+    async def go() -> tuple[list[Outcome], list[PodOutcome]]:
         client = KubeClient(creds, user_agent="coschedule-release-held")
+        say = functools.partial(print, flush=True)
         try:
-            return await release_held(
-                client, namespaces, dry_run=args.dry_run, say=lambda line: print(line, flush=True)
-            )
+            runs = await release_held(client, namespaces, dry_run=args.dry_run, say=say)
+            pods = await release_gated(client, namespaces, dry_run=args.dry_run, say=say)
+            return runs, pods
         finally:
             await client.aclose()
 
@@ -174,11 +282,17 @@ def cmd_release_held(args: argparse.Namespace) -> int:
     # the long-running processes' "waiting ... retrying with backoff" would mislead.
     logging.getLogger("coschedule.apiserver").setLevel(logging.ERROR)
     try:
-        outcomes = asyncio.run(go())
+        outcomes, pods = asyncio.run(go())
     except (ApiError, OSError, httpx.TransportError) as exc:
         why = describe(exc) if isinstance(exc, httpx.TransportError) else str(exc)
-        print(f"coschedule release-held: cannot read or patch the runs: {why}", file=sys.stderr)
+        print(
+            f"coschedule release-held: cannot read or patch the runs or pods: {why}",
+            file=sys.stderr,
+        )
         return EXIT_FAILED
     print(summary(outcomes, args.dry_run))
-    left = any(not o.released and o.note.startswith("changed") for o in outcomes)
+    print(pods_summary(pods, args.dry_run))
+    notes = [o.note for o in outcomes if not o.released]
+    notes += [o.note for o in pods if not o.released]
+    left = any(note.startswith("changed") for note in notes)
     return EXIT_FAILED if left else EXIT_OK

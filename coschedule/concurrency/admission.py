@@ -19,8 +19,10 @@ from coschedule.concurrency.runs import is_pending, params, run_labels, start_st
 from coschedule.concurrency.template import label_value
 from coschedule.engines import Kind, run_control
 from coschedule.marks import (
+    ANNOTATION_HELD_BY,
     ANNOTATION_PENDING_BY,
     CONCURRENCY_GROUPED,
+    HELD_BY_POLICY,
     LABEL_CONCURRENCY_GROUPED,
     LABEL_CONCURRENCY_PREFIX,
     PENDING_BY_CONCURRENCY,
@@ -34,6 +36,7 @@ class Outcome(enum.Enum):
     AUTHOR_PENDING = "left pending by its author: grouped, never started by coschedule"
     AUTHOR_STATE = "left as its author set it (spec start state given): grouped only"
     ALREADY_PENDING = "already pending by coschedule (reinvocation): nothing to add"
+    RELEASED = "held by the admission policy, started again: no ConcurrencyControl selects it"
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,12 +88,15 @@ def admit_run(
     kind: Kind, run: Mapping[str, Any], namespace: str, controls: Iterable[Control]
 ) -> RunAdmission:
     matches = match_controls(kind, run, namespace, controls)
-    if not matches:
-        return RunAdmission(Outcome.UNTOUCHED)
     meta = run.get("metadata")
     meta = meta if isinstance(meta, Mapping) else {}
     labels = meta.get("labels")
     annotations = meta.get("annotations")
+    held = policy_held(run)
+    if not matches:
+        if held:
+            return RunAdmission(Outcome.RELEASED, (), release_ops(kind, run))
+        return RunAdmission(Outcome.UNTOUCHED)
     ops: list[Op] = []
 
     wanted = {LABEL_CONCURRENCY_GROUPED: CONCURRENCY_GROUPED}
@@ -112,9 +118,43 @@ def admit_run(
         outcome = Outcome.MADE_PENDING
         notes[ANNOTATION_PENDING_BY] = PENDING_BY_CONCURRENCY
     _merge_map(ops, "annotations", annotations, notes)
+    if held:  # decided now: the policy's mark goes
+        ops.append(remove(pointer("metadata", "annotations", ANNOTATION_HELD_BY)))
     if outcome is Outcome.MADE_PENDING:
         ops += _pending_ops(kind, run)
     return RunAdmission(outcome, matches, ops)
+
+
+def policy_held(run: Any) -> bool:
+    """Whether the admission policy held the run and no one has decided on it yet."""
+    meta = run.get("metadata") if isinstance(run, Mapping) else None
+    annotations = meta.get("annotations") if isinstance(meta, Mapping) else None
+    return isinstance(annotations, Mapping) and (
+        annotations.get(ANNOTATION_HELD_BY) == HELD_BY_POLICY
+    )
+
+
+def release_ops(kind: Kind, run: Mapping[str, Any]) -> list[Op]:
+    """Undo what the admission policy did to a run no control selects: its marks, and the
+    pending state it set (only when it set it: then the pending-by annotation is ours)."""
+    meta = run.get("metadata")
+    meta = meta if isinstance(meta, Mapping) else {}
+    labels = meta.get("labels")
+    labels = labels if isinstance(labels, Mapping) else {}
+    annotations = meta.get("annotations")
+    annotations = annotations if isinstance(annotations, Mapping) else {}
+    ops: list[Op] = []
+    if LABEL_CONCURRENCY_GROUPED in labels:
+        ops.append(remove(pointer("metadata", "labels", LABEL_CONCURRENCY_GROUPED)))
+    if ANNOTATION_HELD_BY in annotations:
+        ops.append(remove(pointer("metadata", "annotations", ANNOTATION_HELD_BY)))
+    spec = run.get("spec")
+    if annotations.get(ANNOTATION_PENDING_BY) == PENDING_BY_CONCURRENCY:
+        ops.append(remove(pointer("metadata", "annotations", ANNOTATION_PENDING_BY)))
+        for name in run_control(kind).pending:
+            if isinstance(spec, Mapping) and name in spec:
+                ops.append(remove(pointer("spec", name)))
+    return ops
 
 
 def _merge_map(

@@ -29,6 +29,7 @@ from coschedule.marks import (
     COMPONENT_AFFINITY_ASSISTANT,
     LABEL_COMPONENT,
     LABEL_ENABLED,
+    LABEL_GATED_BY,
     LABEL_ISOLATION_SCOPE,
     LABEL_MODE,
     LABEL_PLACEHOLDER,
@@ -52,6 +53,7 @@ from coschedule.wire.jsonpatch import Op
 
 # Our keys are constants: escape their paths once, not on every admission.
 _PLACEHOLDER_LABEL_PATH = jsonpatch.pointer("metadata", "labels", LABEL_PLACEHOLDER)
+_GATED_BY_PATH = jsonpatch.pointer("metadata", "labels", LABEL_GATED_BY)
 _DISABLED = Mode.DISABLED.value
 _ANNOTATION_PATHS = {
     key: jsonpatch.pointer("metadata", "annotations", key) for key in ALL_MARK_ANNOTATIONS
@@ -138,6 +140,10 @@ class Decision:
     # was nothing for them to do: no rule configured and nothing a policy rule reads).
     scheduling: MergedScheduling | None = None
     findings: list[Finding] = field(default_factory=list)  # policy rules that fired
+    # Placed by node name (pinned, or held behind the placeholder's gate for the reconciler
+    # to pin: ``held``).
+    by_node_name: bool = False
+    held: bool = False
     trace: bool = True  # the steps write ``reasons`` (the context's ``explain``)
 
     @property
@@ -167,6 +173,8 @@ def decide(pod: Mapping[str, Any], ctx: AdmissionContext) -> Decision:
     meta = podview.metadata(pod)
     labels = podview.string_map(meta, "labels")
     decision = _decide_coschedule(pod, ctx, meta, labels)
+    if decision.allowed and not decision.by_node_name and labels.get(LABEL_GATED_BY):
+        _drop_policy_gate(pod, decision)
     # Not for placeholder pods (the reconciler copies their fields from the group's pods),
     # pods that opted out with the label coschedule.dev/mode: disabled (never touched, as the
     # webhook configuration's matchConditions already ensure in a cluster) and namespaces not
@@ -185,6 +193,20 @@ def decide(pod: Mapping[str, Any], ctx: AdmissionContext) -> Decision:
             merged = _scheduling_defaults_step(pod, pod_spec, labels, ctx, decision)
             _policy_step(pod_spec, ctx, decision, merged)
     return decision
+
+
+def _drop_policy_gate(pod: Mapping[str, Any], decision: Decision) -> None:
+    """The admission policy gates every pod that may be placed by node name (CEL cannot tell
+    which are); one this decision does not hold gets the gate lifted again here."""
+    ops = node_pin.ungate_ops(podview.spec(pod))
+    if ops:  # the policy's label goes with its gate: it marks a pod no one has decided on
+        ops.append(jsonpatch.remove(_GATED_BY_PATH))
+    decision.ops.extend(ops)
+    if ops and decision.trace:
+        decision.reasons.append(
+            f"gate: the admission policy's {marks.GATE_PLACEHOLDER} gate lifted: "
+            "this pod is not held for the reconciler"
+        )
 
 
 def _nothing_to_flag(pod_spec: Mapping[str, Any]) -> bool:
@@ -698,11 +720,26 @@ def _node_placement_ops(
     Reinvoked on its own output it adds nothing: a gated pod stays gated (the reconciler
     pins it), a pinned one stays pinned unless the placeholder has moved since."""
     trace = decision.trace
+    decision.by_node_name = True
     _drop_placeholder_terms(pod_spec, placeholder, previous, ops, decision)
     view = ctx.placeholders
     node = view.node(ctx.namespace, placeholder) if view is not None else None
     pinned = node_pin.pinned_node(meta)
-    if node_pin.gate_index(pod_spec) is not None:
+    gated = node_pin.gate_index(pod_spec) is not None
+    if gated and node is not None and previous is None:
+        # Gated by the admission policy, not by an earlier admission of ours (which, on
+        # reinvocation, stays as it decided), and the placeholder is bound: pin it and lift
+        # the gate, as the reconciler would.
+        ops.extend(node_pin.pin_ops(pod_spec, node, pinned))
+        ops.extend(node_pin.ungate_ops(pod_spec))
+        if trace:
+            decision.reasons.append(
+                f"placement: by node name: the placeholder's pod is bound to {node!r}: pinned "
+                f"to it, and the {marks.GATE_PLACEHOLDER} gate lifted"
+            )
+        return node
+    decision.held = True
+    if gated:
         if trace:
             decision.reasons.append(
                 f"placement: by node name: already held behind the {marks.GATE_PLACEHOLDER} "

@@ -21,6 +21,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from coschedule.concurrency.admission import admit_run, policy_held
 from coschedule.concurrency.control import Control
 from coschedule.concurrency.names import API_VERSION, PLURAL
 from coschedule.concurrency.plan import (
@@ -51,19 +52,24 @@ from coschedule.kube.discovery import RETRY_SECONDS, wait_served
 from coschedule.kube.events import record_event
 from coschedule.kube.informer import IndexFunc, Informer, Obj
 from coschedule.marks import (
+    ANNOTATION_HELD_BY,
     ANNOTATION_PENDING_BY,
     ANNOTATION_WAITING,
     LABEL_CONCURRENCY_GROUPED,
     LABEL_CONCURRENCY_PREFIX,
 )
-from coschedule.reconcile.executor import NotLeader
+from coschedule.reconcile.executor import JSON_PATCH, NotLeader
 from coschedule.reconcile.workqueue import WorkQueue
+from coschedule.wire import jsonpatch
 
 log = logging.getLogger("coschedule.concurrency")
 
 DEFAULT_WORKERS = 2
 STATUS_DELAY_SECONDS = 1.0  # a control's status is written at most about once a second
 STATUS_PREFIX = "status:"  # queue keys of control status updates (namespaces hold no ":")
+# Queue keys of runs the admission policy held that no webhook decided (an outage):
+# ``admit:<kind>/<namespace>/<name>``.
+ADMIT_PREFIX = "admit:"
 
 
 class ConcurrencyMetrics:
@@ -123,7 +129,7 @@ def slim_run(obj: Obj, kind: Kind) -> Obj:
             "annotations": {
                 k: v
                 for k, v in annotations.items()
-                if k in (ANNOTATION_PENDING_BY, ANNOTATION_WAITING)
+                if k in (ANNOTATION_PENDING_BY, ANNOTATION_WAITING, ANNOTATION_HELD_BY)
                 or k.startswith(LABEL_CONCURRENCY_PREFIX)
             },
         },
@@ -261,6 +267,10 @@ class ConcurrencyController:
     def take_over(self) -> None:
         for key in sorted(self.known_groups()):
             self.queue.add(key)
+        for kind, informer in self.runs.items():
+            for obj in informer.values():
+                if policy_held(obj):
+                    self._on_run(kind, "ADDED", obj, None)
         for namespace, controls in list(self.controls.by_namespace.items()):
             for name in list(controls):
                 self._status_soon(namespace, name)
@@ -291,7 +301,10 @@ class ConcurrencyController:
 
     def _on_run(self, kind: Kind, event: str, obj: Obj, old: Obj | None) -> None:
         """A run changed (the informer indexed it already): look at every group it was in
-        or is in now."""
+        or is in now; one the admission policy held and no webhook decided, decide."""
+        if event != "DELETED" and policy_held(obj):
+            meta = obj.get("metadata") or {}
+            self.queue.add(f"{ADMIT_PREFIX}{kind.value}/{meta.get('namespace')}/{meta.get('name')}")
         before = set(group_keys(parse_run(kind, old))) if old is not None else set()
         after = set(group_keys(parse_run(kind, obj))) if event != "DELETED" else set()
         self.metrics.pending.set(
@@ -321,6 +334,10 @@ class ConcurrencyController:
             namespace, _, name = key.removeprefix(STATUS_PREFIX).partition("/")
             await self.update_status(namespace, name)
             return
+        if key.startswith(ADMIT_PREFIX):
+            kind_text, namespace, name = key.removeprefix(ADMIT_PREFIX).split("/", 2)
+            await self.admit(Kind(kind_text), namespace, name)
+            return
         group = GroupKey.parse(key)
         observed = self.observe(group)
         now = self.clock()
@@ -339,6 +356,36 @@ class ConcurrencyController:
                 if exc.status != 404:
                     raise
                 # the run is gone: nothing to start or cancel
+
+    async def admit(self, kind: Kind, namespace: str, name: str) -> None:
+        """What the run webhook would have done to a run the admission policy held while
+        no webhook answered: the run webhook's own decision (``admit_run``) on the run as
+        stored, with the controls of its namespace, in one patch conditional on its
+        resourceVersion. Labelled, it joins its groups (and is started when they let it);
+        selected by no control, it is started as its author submitted it."""
+        engine = RUN_ENGINES[kind]
+        path = object_path(engine.api_version, engine.plural, namespace, name)
+        stored = await self.client.get(path)  # the whole run: its params make the key
+        if stored is None or not policy_held(stored):
+            return
+        decision = admit_run(kind, stored, namespace, self.controls.controls(namespace))
+        version = str((stored.get("metadata") or {}).get("resourceVersion") or "")
+        ops = [jsonpatch.test("/metadata/resourceVersion", version), *decision.ops]
+        if not self.leading():
+            raise NotLeader
+        await self.client.patch(path, ops, content_type=JSON_PATCH)
+        run = parse_run(kind, stored)
+        controls = ", ".join(m.control.name for m in decision.matches) or "none"
+        message = (
+            f"created while the coschedule webhook was unreachable and held by the admission "
+            f"policy; decided by the reconciler: {decision.outcome.value} "
+            f"(ConcurrencyControls: {controls})"
+        )
+        log.info(
+            "run admitted without the webhook decided",
+            extra={"run": f"{namespace}/{name}", "kind": kind.value, "why": message},
+        )
+        await run_event(self.client, run, "AdmittedWithoutWebhook", message)
 
     def group(self, key: GroupKey) -> Group:
         """The group's control and runs (by kind, then namespace/name), from the caches."""

@@ -17,14 +17,17 @@ from typing import Any
 from coschedule.config.settings import Settings
 from coschedule.k8s.nodes import Node, kubelet_silent, parse_node
 from coschedule.k8s.taints import eviction_reason
+from coschedule.k8s.timefmt import parse_time
 from coschedule.k8s.volumes import VolumeTopology
 from coschedule.kube.client import KubeClient
+from coschedule.kube.events import record_event
 from coschedule.kube.informer import IndexFunc, Informer, Obj, caches_readiness, object_key
 from coschedule.marks import (
     ANNOTATION_CLAIMS,
     ANNOTATION_MODE,
     ANNOTATION_RUN,
     COMPONENT_AFFINITY_ASSISTANT,
+    GATE_PLACEHOLDER,
     LABEL_COMPONENT,
     LABEL_MANAGED_BY,
     LABEL_PLACEHOLDER,
@@ -33,6 +36,7 @@ from coschedule.marks import (
     ClaimTemplate,
     placeholder_claim,
 )
+from coschedule.mutate import node_pin
 from coschedule.reconcile import event_keys, node_pins, shapes, stuck, stuck_facts
 from coschedule.reconcile import plan as planning
 from coschedule.reconcile.assistant_conflict import plan_assistant_conflict
@@ -56,6 +60,26 @@ from coschedule.reconcile.topology import TopologyLabels
 from coschedule.reconcile.workqueue import WorkQueue
 
 log = logging.getLogger("coschedule.reconcile")
+
+# A pod found behind our gate this long after its creation when a reconciler takes the lead
+# waited for one (a placeholder is made and bound within seconds once one leads).
+GATED_REPORT_SECONDS = 60.0
+REASON_GATED_WITHOUT_RECONCILER = "GatedWithoutReconciler"
+
+
+def gated_too_long(pods: list[Obj], now: float) -> list[tuple[Obj, float]]:
+    """The unbound pods behind our gate created more than ``GATED_REPORT_SECONDS`` ago,
+    with how long they have waited. Pure."""
+    found: list[tuple[Obj, float]] = []
+    for obj in pods:
+        spec = obj.get("spec") or {}
+        if spec.get("nodeName") or node_pin.gate_index(spec) is None:
+            continue
+        created = parse_time((obj.get("metadata") or {}).get("creationTimestamp"))
+        if created is not None and now - created > GATED_REPORT_SECONDS:
+            found.append((obj, now - created))
+    return found
+
 
 PLACEHOLDER_POD_SELECTOR = (
     f"{LABEL_MANAGED_BY}={MANAGED_BY},{LABEL_COMPONENT}={COMPONENT_AFFINITY_ASSISTANT}"
@@ -121,6 +145,7 @@ class Controller:
             settings().topology_key, self.metrics.nodes_missing_topology.set
         )
         self._idle_since: dict[str, float] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
         self._bad_logged: dict[str, str] = {}
         self.stuck = StuckMemory(metrics.stuck_groups)
         self.executor = Executor(
@@ -173,6 +198,29 @@ class Controller:
     def take_over(self) -> None:
         for key in self.known_keys():
             self.queue.add(key)
+        waited = gated_too_long(self.pods.values(), self.clock())
+        if waited:  # found on taking the lead: no reconciler led while they waited
+            self._tasks.add(task := asyncio.get_running_loop().create_task(self._tell(waited)))
+            task.add_done_callback(self._tasks.discard)
+
+    async def _tell(self, waited: list[tuple[Obj, float]]) -> None:
+        """One Warning Event per pod that waited behind our gate with no reconciler leading."""
+        for obj, seconds in waited:
+            meta = obj.get("metadata") or {}
+            involved = {"apiVersion": "v1", "kind": "Pod", "name": str(meta.get("name") or "")}
+            if meta.get("uid"):
+                involved["uid"] = str(meta["uid"])
+            await record_event(
+                self.client,
+                str(meta.get("namespace") or ""),
+                involved,
+                REASON_GATED_WITHOUT_RECONCILER,
+                f"waited {seconds:.0f}s behind the {GATE_PLACEHOLDER} scheduling gate while no "
+                "coschedule reconciler led (only the reconciler lifts it); a reconciler leads "
+                "again now. If coschedule was uninstalled, `coschedule release-held` lifts "
+                "every such gate",
+                "Warning",
+            )
 
     def known_keys(self) -> set[str]:
         return (

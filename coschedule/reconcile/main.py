@@ -22,6 +22,7 @@ from coschedule.reconcile.concurrency import ConcurrencyController
 from coschedule.reconcile.controller import Controller
 from coschedule.reconcile.manager import Manager
 from coschedule.reconcile.reconciler_metrics import ReconcileMetrics
+from coschedule.reconcile.unmarked_controller import UnmarkedController
 
 log = logging.getLogger("coschedule.reconcile")
 
@@ -69,6 +70,9 @@ async def serve_reconciler(
     client = KubeClient(creds, user_agent="coschedule-reconciler")
     manager = Manager(metrics, store)
     manager.add(Controller(client, lambda: store.current, metrics, leading=manager.is_leading))
+    manager.add(
+        UnmarkedController(client, lambda: store.current, metrics, leading=manager.is_leading)
+    )
     manager.add(ConcurrencyController(client, metrics.registry, leading=manager.is_leading))
     probes = Probes()
     probes.checks.update(manager.checks())

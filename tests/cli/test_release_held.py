@@ -16,7 +16,7 @@ from typing import Any
 import kmock
 import pytest
 
-from coschedule.cli.release_held import release_held, summary
+from coschedule.cli.release_held import pods_summary, release_gated, release_held, summary
 from coschedule.kube.client import KubeClient
 from tests.concurrency.runs import pipeline_run, workflow
 from tests.conftest import ROOT, write_kubeconfig
@@ -236,14 +236,19 @@ async def test_the_command(api: MiniApi, tmp_path: Path) -> None:
         "would release PipelineRun ci/held-1 (held by ConcurrencyControl ci, key main)",
         "would release Workflow ci/wf-held (held by ConcurrencyControl ci, key main)",
         "2 held run(s) would be released (dry run: nothing changed)",
+        "no pod is held by the coschedule.dev/placeholder gate",
     ]
     assert started(api) == set()
 
     code, out, _ = await _command("--kubeconfig", kubeconfig)
     assert code == 0
-    assert out.splitlines()[-1] == "released 3 held run(s)"
+    assert out.splitlines()[-2] == "released 3 held run(s)"
     code, out, _ = await _command("--kubeconfig", kubeconfig)
-    assert (code, out) == (0, "no run is held pending by coschedule\n")
+    assert (code, out) == (
+        0,
+        "no run is held pending by coschedule\n"
+        "no pod is held by the coschedule.dev/placeholder gate\n",
+    )
 
 
 async def test_the_command_refuses_in_one_line(tmp_path: Path) -> None:
@@ -258,6 +263,61 @@ async def test_the_command_refuses_in_one_line(tmp_path: Path) -> None:
     kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", "http://127.0.0.1:9")
     code, _, err = await _command("--kubeconfig", str(kubeconfig))
     assert code == 1
-    assert err.startswith("coschedule release-held: cannot read or patch the runs: ")
+    assert err.startswith("coschedule release-held: cannot read or patch the runs or pods: ")
     assert "connection refused" in err
     assert len(err.strip().splitlines()) == 1
+
+
+GATE = {"name": "coschedule.dev/placeholder"}
+
+
+def gated_pod(name: str, namespace: str, labels: dict[str, str], gates: list[Obj]) -> Obj:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace, "labels": labels},
+        "spec": {"containers": [{"name": "main", "image": "pause"}], "schedulingGates": gates},
+    }
+
+
+def seed_pods(api: MiniApi) -> None:
+    marked = {"coschedule.dev/placeholder": "affinity-assistant-0123456789"}
+    policy = {"coschedule.dev/gated-by": "admission-policy"}
+    # Marked by the webhook and waiting for its placeholder; another gate is kept.
+    api.put("pods", gated_pod("marked", "ci", marked, [{"name": "example.com/quota"}, GATE]))
+    # Gated by the admission policy while the webhook was away.
+    api.put("pods", gated_pod("policy", "deploy", policy, [GATE]))
+    # Marked and already released (pinned): not gated, not touched.
+    api.put("pods", gated_pod("pinned", "ci", marked, []))
+    # Someone else's gate only: not ours.
+    api.put("pods", gated_pod("other", "ci", marked, [{"name": "example.com/quota"}]))
+
+
+async def test_it_lifts_our_gate_from_every_pod_and_places_nothing(
+    api: MiniApi, client: KubeClient
+) -> None:
+    seed_pods(api)
+    lines: list[str] = []
+    dry = await release_gated(client, None, dry_run=True, say=lines.append)
+    assert pods_summary(dry, True) == "2 gated pod(s) would be ungated (dry run: nothing changed)"
+    assert api.calls("PATCH", "pods") == []
+    lines.clear()
+    outcomes = await release_gated(client, None, dry_run=False, say=lines.append)
+    assert lines == [
+        "ungated Pod ci/marked (waiting for placeholder affinity-assistant-0123456789)",
+        "ungated Pod deploy/policy (gated by the admission policy, never marked)",
+    ]
+    assert pods_summary(outcomes, False) == "ungated 2 pod(s)"
+    marked = api.get("pods", "ci", "marked")
+    assert marked is not None
+    assert marked["spec"]["schedulingGates"] == [{"name": "example.com/quota"}]
+    assert "affinity" not in marked["spec"]  # placed nowhere: no pin
+    policy = api.get("pods", "deploy", "policy")
+    assert policy is not None
+    assert policy["spec"]["schedulingGates"] == []
+    other = api.get("pods", "ci", "other")
+    assert other is not None
+    assert other["spec"]["schedulingGates"] == [{"name": "example.com/quota"}]
+    # Run again: nothing left.
+    again = await release_gated(client, ["ci", "deploy"], dry_run=False, say=lines.append)
+    assert pods_summary(again, False) == "no pod is held by the coschedule.dev/placeholder gate"

@@ -168,3 +168,71 @@ def test_a_copied_runs_stale_group_labels_are_dropped() -> None:
     labels = stored["metadata"]["labels"]
     assert "concurrency.coschedule.dev/gone" not in labels
     assert labels["concurrency.coschedule.dev/ci"] == "main"
+
+
+# ---- runs the admission policy held first (coschedule-hold-runs) ----------------------
+
+POLICY_MARKS = {
+    "coschedule.dev/held-by": "admission-policy",
+    "coschedule.dev/pending-by": "concurrency",
+}
+
+
+def policy_held_run(kind: Kind, name: str, params: dict[str, str]) -> Obj:
+    """The run as the policy stores it (what its CEL patch adds; the e2e suite checks the
+    real policy does exactly this)."""
+    if kind is Kind.PIPELINE_RUN:
+        run = pipeline_run(name, params=params, status="PipelineRunPending")
+    else:
+        run = workflow(name, params=params, suspend=True)
+    run["metadata"]["labels"]["coschedule.dev/concurrency"] = "grouped"
+    run["metadata"]["annotations"] = dict(POLICY_MARKS)
+    return run
+
+
+@pytest.mark.parametrize("kind", [Kind.PIPELINE_RUN, Kind.WORKFLOW])
+def test_a_policy_held_run_a_control_selects_stays_pending_and_is_labelled(kind: Kind) -> None:
+    run = policy_held_run(kind, "held", {"branch": "main"})
+    decision = admit_run(kind, run, "ci", controls(CI))
+    assert decision.outcome is Outcome.ALREADY_PENDING
+    stored = apply(run, decision.ops)
+    assert stored["metadata"]["labels"]["concurrency.coschedule.dev/ci"] == "main"
+    assert stored["metadata"]["annotations"] == {"coschedule.dev/pending-by": "concurrency"}
+    assert state_of(kind, stored) is State.PENDING_BY_US
+    # As if the webhook alone had admitted it.
+    plain = (
+        pipeline_run("held", params={"branch": "main"})
+        if kind is Kind.PIPELINE_RUN
+        else (workflow("held", params={"branch": "main"}))
+    )
+    assert stored == apply(plain, admit_run(kind, plain, "ci", controls(CI)).ops)
+    assert admit_run(kind, stored, "ci", controls(CI)).ops == []  # reinvoked: nothing
+
+
+@pytest.mark.parametrize("kind", [Kind.PIPELINE_RUN, Kind.WORKFLOW])
+def test_a_policy_held_run_no_control_selects_is_started_as_submitted(kind: Kind) -> None:
+    run = policy_held_run(kind, "free", {"branch": "main"})
+    only_deploys = (
+        "deploys",
+        {"selector": {"matchLabels": {"team": "x"}}, "strategy": "Queue", "key": "k"},
+    )
+    decision = admit_run(kind, run, "ci", controls(only_deploys))
+    assert decision.outcome is Outcome.RELEASED
+    stored = apply(run, decision.ops)
+    submitted = (
+        pipeline_run("free", params={"branch": "main"})
+        if kind is Kind.PIPELINE_RUN
+        else workflow("free", params={"branch": "main"})
+    )
+    submitted["metadata"]["annotations"] = {}
+    assert stored == submitted
+    assert state_of(kind, stored) is not State.PENDING_BY_US
+
+
+def test_an_author_pending_run_the_policy_marked_stays_the_authors() -> None:
+    run = pipeline_run("mine", status="PipelineRunPending")
+    run["metadata"]["labels"]["coschedule.dev/concurrency"] = "grouped"
+    run["metadata"]["annotations"] = {"coschedule.dev/held-by": "admission-policy"}
+    stored = apply(run, admit_run(Kind.PIPELINE_RUN, run, "ci", []).ops)
+    assert stored["spec"]["status"] == "PipelineRunPending"  # its author's: kept
+    assert "coschedule.dev/concurrency" not in stored["metadata"]["labels"]

@@ -42,6 +42,16 @@ KINDS: dict[str, tuple[str, str, bool]] = {
         "mutatingwebhookconfigurations",
         False,
     ),
+    "MutatingAdmissionPolicy": (
+        "admissionregistration.k8s.io/v1",
+        "mutatingadmissionpolicies",
+        False,
+    ),
+    "MutatingAdmissionPolicyBinding": (
+        "admissionregistration.k8s.io/v1",
+        "mutatingadmissionpolicybindings",
+        False,
+    ),
     "StorageClass": ("storage.k8s.io/v1", "storageclasses", False),
     "Lease": ("coordination.k8s.io/v1", "leases", True),
     "Event": ("v1", "events", True),

@@ -22,6 +22,8 @@ from coschedule.k8s.nodeaffinity import pod_allows, required_terms
 from coschedule.marks import (
     ANNOTATION_PINNED_NODE,
     GATE_PLACEHOLDER,
+    GATED_BY_POLICY,
+    LABEL_GATED_BY,
     Mode,
     Placement,
     affinity_term,
@@ -282,3 +284,73 @@ def test_workspaces_mode_places_by_the_claims_placeholder() -> None:
     other = Placeholders({("elsewhere", placeholder): "node-c"})
     _, gated = admit(pod, context(other, mode=Mode.WORKSPACES))
     assert gates(gated) == [{"name": GATE_PLACEHOLDER}]
+
+
+# ---- pods the admission policy gated first (coschedule-gate-pods) ---------------------
+
+
+def policy_gated(pod: dict[str, Any]) -> dict[str, Any]:
+    """``pod`` as the MutatingAdmissionPolicy leaves it before the webhook sees it: the
+    gate appended and the policy's label (what its CEL patch adds; the e2e suite checks the
+    real policy does exactly this)."""
+    gated = copy.deepcopy(pod)
+    gated["spec"].setdefault("schedulingGates", []).append({"name": GATE_PLACEHOLDER})
+    gated["metadata"].setdefault("labels", {})[LABEL_GATED_BY] = GATED_BY_POLICY
+    return gated
+
+
+@pytest.mark.parametrize("name", TEKTON)
+def test_a_policy_gated_pod_whose_placeholder_is_not_bound_stays_gated_and_is_marked(
+    name: str,
+) -> None:
+    pod = policy_gated(load_pod(name))
+    decision, patched = admit(pod, context(Placeholders()))
+    assert decision.held
+    assert gates(patched) == [{"name": GATE_PLACEHOLDER}]  # one gate, not two
+    assert patched["metadata"]["labels"]["coschedule.dev/placeholder"] == decision.placeholder
+    assert pinned_node(patched["metadata"]) is None
+    # Without the policy the webhook would have made the same pod.
+    _, alone = admit(load_pod(name), context(Placeholders()))
+    alone["metadata"]["labels"][LABEL_GATED_BY] = GATED_BY_POLICY
+    assert patched == alone
+
+
+@pytest.mark.parametrize("name", TEKTON)
+def test_a_policy_gated_pod_whose_placeholder_is_bound_is_pinned_and_ungated(name: str) -> None:
+    pod = policy_gated(load_pod(name))
+    view = Placeholders({("ci", placeholder_of(load_pod(name))): "node-b"})
+    decision, patched = admit(pod, context(view))
+    assert not decision.held
+    assert gates(patched) == []
+    assert pinned_node(patched["metadata"]) == "node-b"
+    assert allowed_nodes(patched) == {"node-b"}
+    again, same = admit(patched, context(view))  # reinvoked: nothing more
+    assert again.ops == []
+    assert same == patched
+
+
+@pytest.mark.parametrize(
+    ("why", "ctx"),
+    [
+        ("pod affinity everywhere", context(None, placement=Placement.POD_AFFINITY)),
+        ("zone topology", context(None, topology_key=ZONE)),
+        ("cluster mode disabled", context(None, mode=Mode.DISABLED)),
+    ],
+)
+def test_a_policy_gated_pod_the_webhook_does_not_hold_gets_the_gate_lifted(
+    why: str, ctx: AdmissionContext
+) -> None:
+    pod = policy_gated(load_pod("tekton-taskrun"))
+    decision, patched = admit(pod, ctx)
+    assert not decision.held, why
+    assert gates(patched) == [], why
+    assert LABEL_GATED_BY not in patched["metadata"]["labels"], why  # no longer waiting
+    assert any("admission policy" in r for r in decision.reasons), decision.reasons
+
+
+def test_a_gate_that_is_not_the_policys_is_left_to_its_owner() -> None:
+    pod = load_pod("tekton-taskrun")
+    pod["spec"]["schedulingGates"] = [{"name": "example.com/quota"}]
+    pod["metadata"]["labels"][LABEL_GATED_BY] = GATED_BY_POLICY
+    _, patched = admit(pod, context(None, mode=Mode.DISABLED))
+    assert gates(patched) == [{"name": "example.com/quota"}]
