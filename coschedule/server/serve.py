@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import signal
+import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +37,45 @@ class ServeOptions:
     health_port: int = 8080
     cert_dir: Path = Path("certs")
     reload_interval: float = RELOAD_INTERVAL_SECONDS
+    # Both listeners, bound by ``bind_listeners`` before the event loop (else bound here).
+    sockets: tuple[socket.socket, socket.socket] | None = None
+
+
+class PortUnavailable(Exception):
+    """A listener's port cannot be bound (in use, or not ours to take); says which."""
+
+
+def bind_listeners(host: str, port: int, health_port: int) -> tuple[socket.socket, socket.socket]:
+    """The HTTPS and the probe listeners, bound now: a port in use is said before anything
+    starts, not by uvicorn after "serving" was logged."""
+    first = _bind(host, port, "--port")
+    try:
+        return first, _bind(host, health_port, "--health-port")
+    except PortUnavailable:
+        first.close()
+        raise
+
+
+def _bind(host: str, port: int, flag: str) -> socket.socket:
+    family, kind, proto, _, address = socket.getaddrinfo(
+        host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+    )[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        # As uvicorn binds: a restarted process takes its port back from TIME_WAIT.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+    except OSError as exc:
+        sock.close()
+        why = exc.strerror.lower() if exc.strerror else str(exc)
+        hint = (
+            ": another process listens there; stop it or give another port"
+            if exc.errno == errno.EADDRINUSE
+            else ""
+        )
+        raise PortUnavailable(f"{flag} {port} on {host}: {why}{hint}") from None
+    sock.set_inheritable(True)
+    return sock
 
 
 class _Server(uvicorn.Server):
@@ -112,6 +153,7 @@ async def serve(webhook: Webhook, options: ServeOptions) -> None:
         lifespan="off",
     )
     servers = [_Server(https_config), _Server(health_config)]
+    sockets = options.sockets or bind_listeners(options.host, options.port, options.health_port)
 
     loop = asyncio.get_running_loop()
 
@@ -136,7 +178,9 @@ async def serve(webhook: Webhook, options: ServeOptions) -> None:
         },
     )
     try:
-        await asyncio.gather(*(server.serve() for server in servers))
+        await asyncio.gather(
+            *(server.serve(sockets=[sock]) for server, sock in zip(servers, sockets, strict=True))
+        )
     finally:
         reloader.cancel()
         with contextlib.suppress(asyncio.CancelledError):
