@@ -17,11 +17,19 @@ HEALTH_PORT ?= 8080
 .PHONY: help venv run test lint typecheck unit e2e e2e-real realstack-deps bench certs clean FORCE
 
 help:
-	@echo "make run    serve the webhook on https://$(HOST):$(PORT) (probes on http://$(HOST):$(HEALTH_PORT)); runtime dependencies only"
-	@echo "make test   lint, type-check and run the tests (e2e too when KUBEBUILDER_ASSETS is set); adds the dev tools"
-	@echo "make e2e    the end-to-end suite against a real control plane"
-	@echo "make e2e-real  real PipelineRuns on real kubelets and Tekton (../shared/realstack, root)"
-	@echo "make bench  the benchmarks (not part of make test)"
+	@echo "make run        serve the webhook on https://$(HOST):$(PORT) (probes on http://$(HOST):$(HEALTH_PORT)); runtime dependencies only"
+	@echo "make test       lint, type-check and run the tests (e2e too when KUBEBUILDER_ASSETS is set); adds the dev tools"
+	@echo "make lint       ruff check and format check, import contracts (lint-imports), actionlint"
+	@echo "make typecheck  mypy, strict"
+	@echo "make unit       the tests alone (pytest)"
+	@echo "make e2e        the end-to-end suite against a real control plane"
+	@echo "make e2e-real   real PipelineRuns on real kubelets and Tekton (../shared/realstack, root)"
+	@echo "make realstack-deps  the real tier's system packages (realstack deps; root)"
+	@echo "make bench      the benchmarks (not part of make test)"
+	@echo "make certs      a CA and a serving certificate for localhost in certs/"
+	@echo "make venv       the .venv with the dev tools"
+	@echo "make clean      remove the .venv and the tools' caches"
+	@echo "make help       this list"
 
 # The venv belongs to $(PYTHON). One made by another interpreter, by another Python version
 # or by an interpreter that no longer runs is made again here, not left to fail until

@@ -174,3 +174,15 @@ print("blocked", len(blocked))
     assert "--port" in result.stdout
     blocked = int(result.stdout.rsplit("blocked ", 1)[1])
     assert blocked >= 5, "the dev packages were found and refused"
+
+
+@needs_make
+def test_make_help_names_every_target() -> None:
+    text = (ROOT / "Makefile").read_text()
+    phony = re.search(r"^\.PHONY: (.+)$", text, re.M)
+    assert phony
+    targets = set(phony.group(1).split()) - {"FORCE"}
+    result = _make(ROOT, "help")
+    assert result.returncode == 0, result.stderr
+    named = {m.group(1) for m in re.finditer(r"^make (\S+)", result.stdout, re.M)}
+    assert named == targets
