@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -80,9 +81,15 @@ def test_bench_uvicorn_options_are_the_servers(tmp_path: Path) -> None:
     async def record(self: uvicorn.Server, sockets: Any = None) -> None:
         seen.append(self.config)
 
-    with pytest.MonkeyPatch.context() as patch:
+    # Listeners made but never bound: nothing is served, no port is taken.
+    with (
+        socket.socket() as https_sock,
+        socket.socket() as health_sock,
+        pytest.MonkeyPatch.context() as patch,
+    ):
         patch.setattr(serve_module._Server, "serve", record)
-        asyncio.run(serve_module.serve(webhook, ServeOptions(host="127.0.0.1", port=1)))
+        options = ServeOptions(host="127.0.0.1", port=1, sockets=(https_sock, health_sock))
+        asyncio.run(serve_module.serve(webhook, options))
     served = seen[0]  # the HTTPS listener (the second is the plain probe port)
     assert served.ssl_context_factory is not None
     ours = https_config(object(), floor_context(tmp_path), "127.0.0.1", 1)
@@ -128,7 +135,8 @@ def test_open_loop_counts_and_percentiles(
     assert data["statuses"] == {"200": RATE}
     lat = data["latency_ms"]
     assert 0 < lat["p50"] <= lat["p90"] <= lat["p99"] <= lat["p99.9"] <= lat["max"]
-    assert lat["max"] < 5_000  # answered, not timed out
+    # Answered, not timed out: within the generator's own grace, however loaded the machine.
+    assert lat["max"] < openloop.GRACE_S * 1000
     assert data["send_lag_ms"]["p50"] >= 0
     assert data["sample_body"] == expected_answer(app, ws.body("tekton")).decode()
     assert server.cpu_seconds() >= before

@@ -13,6 +13,7 @@ import pytest
 from cryptography import x509
 
 from coschedule.marks import run_placeholder
+from tests.conftest import PATIENCE_SECONDS
 from tests.fixtures import pod_path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -27,7 +28,7 @@ def run(
         text=True,
         input=stdin,
         cwd=ROOT,
-        timeout=60,
+        timeout=PATIENCE_SECONDS,  # a command starts in a second, or a minute on a busy machine
         env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), **(env or {})},
     )
 

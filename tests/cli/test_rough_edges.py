@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from coschedule.cli import manifests
-from tests.conftest import ROOT, write_kubeconfig
+from tests.conftest import PATIENCE_SECONDS, ROOT, write_kubeconfig
 from tests.fixtures import load_pod, pod_path
 from tests.test_cli import _cert_dir, run
 
@@ -39,7 +39,7 @@ def unprivileged(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[st
         capture_output=True,
         text=True,
         cwd=cwd,
-        timeout=60,
+        timeout=PATIENCE_SECONDS,
         env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)},
     )
 
@@ -157,7 +157,7 @@ def test_explain_into_a_closed_pipe_is_quiet() -> None:
     assert process.stderr is not None
     process.stdout.close()  # before it writes: its write meets a closed pipe
     err = process.stderr.read().decode()
-    assert process.wait(60) == 141
+    assert process.wait(PATIENCE_SECONDS) == 141
     assert err == ""
 
 
