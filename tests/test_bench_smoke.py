@@ -171,7 +171,9 @@ def test_open_loop_has_no_coordinated_omission(
     assert result.errors == 0
     assert result.latency_ms["max"] >= 350
     assert result.latency_ms["p90"] >= 100  # ~60 of 400 requests waited over 100 ms
-    assert result.latency_ms["p50"] < 100
+    # The median request did not wait out the stall: it is well below the one that did. Said
+    # relative to the max, not as "under 100 ms", which a busy machine's queueing exceeds.
+    assert result.latency_ms["p50"] < result.latency_ms["max"] - 200
 
 
 def test_closed_loop_generator_keep_alive_and_close(

@@ -79,7 +79,7 @@ def test_reconcile_against_a_closed_port(tmp_path: Path) -> None:
     try:
         detail = ""
 
-        def waiting() -> bool:
+        def says_waiting() -> bool:
             nonlocal detail
             try:
                 answer = httpx.get(f"http://127.0.0.1:{health}/readyz", timeout=5)
@@ -89,7 +89,9 @@ def test_reconcile_against_a_closed_port(tmp_path: Path) -> None:
             detail = answer.json()["checks"]["caches"]["detail"]
             return "waiting for the API server" in detail
 
-        wait_until(waiting, "readyz says it waits for the API server", describe=log_path.read_text)
+        wait_until(
+            says_waiting, "readyz says it waits for the API server", describe=log_path.read_text
+        )
         assert detail.startswith("caches not synced: ")
         assert f"waiting for the API server at {server} for " in detail
         assert detail.endswith(": connection refused")
@@ -144,7 +146,7 @@ def test_serve_against_a_closed_port_says_why_it_is_not_ready(tmp_path: Path) ->
     try:
         detail = ""
 
-        def waiting() -> bool:
+        def says_waiting() -> bool:
             nonlocal detail
             try:
                 answer = httpx.get(f"http://127.0.0.1:{health}/readyz", timeout=5)
@@ -154,7 +156,7 @@ def test_serve_against_a_closed_port_says_why_it_is_not_ready(tmp_path: Path) ->
             detail = answer.json()["checks"]["namespace-cache"]["detail"]
             return "waiting for the API server" in detail
 
-        wait_until(waiting, "readyz says it waits for the API server")
+        wait_until(says_waiting, "readyz says it waits for the API server")
         assert detail.startswith("namespace cache not synced yet; waiting for the API server")
         assert detail.endswith(": connection refused")
     finally:
