@@ -88,7 +88,7 @@ def test_bench_uvicorn_options_are_the_servers(tmp_path: Path) -> None:
         pytest.MonkeyPatch.context() as patch,
     ):
         patch.setattr(serve_module._Server, "serve", record)
-        options = ServeOptions(host="127.0.0.1", port=1, sockets=(https_sock, health_sock))
+        options = ServeOptions(host="127.0.0.1", port=1, sockets=((https_sock,), (health_sock,)))
         asyncio.run(serve_module.serve(webhook, options))
     served = seen[0]  # the HTTPS listener (the second is the plain probe port)
     assert served.ssl_context_factory is not None

@@ -30,6 +30,9 @@ log = logging.getLogger("coschedule.serve")
 RELOAD_INTERVAL_SECONDS = 2.0  # the design allows 10 s for a reload to take effect
 
 
+Listener = tuple[socket.socket, ...]  # one per address the host resolves to
+
+
 @dataclass(frozen=True, slots=True)
 class ServeOptions:
     host: str = "0.0.0.0"
@@ -37,45 +40,53 @@ class ServeOptions:
     health_port: int = 8080
     cert_dir: Path = Path("certs")
     reload_interval: float = RELOAD_INTERVAL_SECONDS
-    # Both listeners, bound by ``bind_listeners`` before the event loop (else bound here).
-    sockets: tuple[socket.socket, socket.socket] | None = None
+    # Both listeners' sockets, bound by ``bind_listeners`` before the event loop (else here).
+    sockets: tuple[Listener, Listener] | None = None
 
 
 class PortUnavailable(Exception):
     """A listener's port cannot be bound (in use, or not ours to take); says which."""
 
 
-def bind_listeners(host: str, port: int, health_port: int) -> tuple[socket.socket, socket.socket]:
+def bind_listeners(host: str, port: int, health_port: int) -> tuple[Listener, Listener]:
     """The HTTPS and the probe listeners, bound now: a port in use is said before anything
     starts, not by uvicorn after "serving" was logged."""
     first = _bind(host, port, "--port")
     try:
         return first, _bind(host, health_port, "--health-port")
     except PortUnavailable:
-        first.close()
+        for sock in first:
+            sock.close()
         raise
 
 
-def _bind(host: str, port: int, flag: str) -> socket.socket:
-    family, kind, proto, _, address = socket.getaddrinfo(
-        host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
-    )[0]
-    sock = socket.socket(family, kind, proto)
-    try:
-        # As uvicorn binds: a restarted process takes its port back from TIME_WAIT.
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(address)
-    except OSError as exc:
-        sock.close()
-        why = exc.strerror.lower() if exc.strerror else str(exc)
-        hint = (
-            ": another process listens there; stop it or give another port"
-            if exc.errno == errno.EADDRINUSE
-            else ""
-        )
-        raise PortUnavailable(f"{flag} {port} on {host}: {why}{hint}") from None
-    sock.set_inheritable(True)
-    return sock
+def _bind(host: str, port: int, flag: str) -> Listener:
+    """Every address ``host`` resolves to, as asyncio's create_server (uvicorn's own bind)
+    takes them: ``localhost`` is 127.0.0.1 and ::1, ``0.0.0.0`` every IPv4 address."""
+    infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    bound: list[socket.socket] = []
+    for family, kind, proto, _, address in dict.fromkeys(infos):
+        sock = socket.socket(family, kind, proto)
+        bound.append(sock)
+        try:
+            # As asyncio binds: a restarted process takes its port back from TIME_WAIT, and
+            # an IPv6 socket leaves IPv4 to its own.
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            sock.bind(address)
+        except OSError as exc:
+            for done in bound:
+                done.close()
+            why = exc.strerror.lower() if exc.strerror else str(exc)
+            hint = (
+                ": another process listens there; stop it or give another port"
+                if exc.errno == errno.EADDRINUSE
+                else ""
+            )
+            raise PortUnavailable(f"{flag} {port} on {host}: {why}{hint}") from None
+        sock.set_inheritable(True)
+    return tuple(bound)
 
 
 class _Server(uvicorn.Server):
@@ -179,7 +190,10 @@ async def serve(webhook: Webhook, options: ServeOptions) -> None:
     )
     try:
         await asyncio.gather(
-            *(server.serve(sockets=[sock]) for server, sock in zip(servers, sockets, strict=True))
+            *(
+                server.serve(sockets=list(listener))
+                for server, listener in zip(servers, sockets, strict=True)
+            )
         )
     finally:
         reloader.cancel()
