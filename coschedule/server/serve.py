@@ -96,6 +96,13 @@ class _Server(uvicorn.Server):
     def capture_signals(self) -> Iterator[None]:
         yield
 
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if sockets is not None and self.started:
+            # uvicorn says where it listens only for the sockets it bound itself; ours were
+            # bound beforehand (bind_listeners): the same line, once per listener.
+            self._log_started_message(sockets)
+
 
 @dataclass(slots=True)
 class Webhook:
