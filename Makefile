@@ -17,14 +17,26 @@ HEALTH_PORT ?= 8080
 .PHONY: help venv run test lint typecheck unit e2e e2e-real realstack-deps bench certs dist release-manifest clean lock image image-deps image-clean e2e-faults FORCE
 
 help:
-	@echo "make run    serve the webhook on https://$(HOST):$(PORT) (probes on http://$(HOST):$(HEALTH_PORT)); runtime dependencies only"
-	@echo "make test   lint, type-check and run the tests (e2e too when KUBEBUILDER_ASSETS is set); adds the dev tools"
-	@echo "make e2e    the end-to-end suite against a real control plane"
-	@echo "make e2e-real  real PipelineRuns on real kubelets and Tekton (../shared/realstack, root)"
-	@echo "make e2e-faults  faults injected into live runs on that stack (API server, etcd, leader)"
-	@echo "make bench  the benchmarks (not part of make test)"
-	@echo "make image  the container image $(IMAGE), saved to $(IMAGE_TAR) (docker, or podman)"
-	@echo "make lock   requirements/*.lock (hash-pinned, what the image installs) from pyproject.toml"
+	@echo "make run        serve the webhook on https://$(HOST):$(PORT) (probes on http://$(HOST):$(HEALTH_PORT)); runtime dependencies only"
+	@echo "make test       lint, type-check and run the tests (e2e too when KUBEBUILDER_ASSETS is set); adds the dev tools"
+	@echo "make lint       ruff check and format check, import contracts (lint-imports), actionlint"
+	@echo "make typecheck  mypy, strict"
+	@echo "make unit       the tests alone (pytest)"
+	@echo "make e2e        the end-to-end suite against a real control plane"
+	@echo "make e2e-real   real PipelineRuns on real kubelets and Tekton (../shared/realstack, root)"
+	@echo "make realstack-deps  the real tier's system packages (realstack deps; root)"
+	@echo "make e2e-faults  faults injected into live runs on that stack (API server, etcd, node, leader)"
+	@echo "make image      the container image $(IMAGE), saved to $(IMAGE_TAR) (docker, or podman)"
+	@echo "make image-deps the image tools' system packages (imagekit deps; root)"
+	@echo "make image-clean  remove what make image made"
+	@echo "make lock       requirements/*.lock (hash-pinned, what the image installs) from pyproject.toml"
+	@echo "make dist       the wheel in dist/ (what PyPI gets)"
+	@echo "make release-manifest  dist/coschedule.yaml: the CRD and the self-signed install, one file"
+	@echo "make bench      the benchmarks (not part of make test)"
+	@echo "make certs      a CA and a serving certificate for localhost in certs/"
+	@echo "make venv       the .venv with the dev tools"
+	@echo "make clean      remove the .venv and the tools' caches"
+	@echo "make help       this list"
 
 # The venv belongs to $(PYTHON). One made by another interpreter, by another Python version
 # or by an interpreter that no longer runs is made again here, not left to fail until

@@ -37,7 +37,10 @@ def listen_socket(host: str, port: int) -> socket.socket:
         return _bound(family, address)
     except OSError as exc:
         shown = f"[{host}]" if ":" in host else host
-        raise ListenError(f"cannot listen on {shown}:{port}: {exc.strerror or exc}") from None
+        why = (exc.strerror or str(exc)).lower()
+        if exc.errno == errno.EADDRINUSE:
+            why += ": another process listens there; stop it or give another port"
+        raise ListenError(f"cannot listen on {shown}:{port}: {why}") from None
 
 
 def _bound(family: int, address: tuple[object, ...], *, dual_stack: bool = False) -> socket.socket:

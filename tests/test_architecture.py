@@ -67,6 +67,9 @@ def test_the_tree_keeps_every_contract(tmp_path: Path) -> None:
         ("wire/review.py", "import coschedule.kube.client", "talk to no cluster"),
         # a pure floor that talks to the cluster
         ("concurrency/plan.py", "import httpx", "talk to no cluster"),
+        # a reconciler planner that reaches for the API client, or for HTTP itself
+        ("reconcile/stuck_runs.py", "import coschedule.kube.client", "planners talk to no"),
+        ("reconcile/plan.py", "import httpx", "planners talk to no"),
     ],
 )
 def test_each_contract_catches_its_break(

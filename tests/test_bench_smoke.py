@@ -81,11 +81,15 @@ def test_bench_uvicorn_options_are_the_servers(tmp_path: Path) -> None:
     async def record(self: uvicorn.Server, sockets: Any = None) -> None:
         seen.append(self.config)
 
-    with pytest.MonkeyPatch.context() as patch:
+    # Listeners made but never bound: nothing is served, no port is taken.
+    with (
+        socket.socket() as https_sock,
+        socket.socket() as health_sock,
+        pytest.MonkeyPatch.context() as patch,
+    ):
         patch.setattr(serve_module._Server, "serve", record)
-        # Port 1 is only a value to compare: bind nothing (a non-root runner could not).
-        patch.setattr(serve_module, "listen_socket", lambda _host, _port: socket.socket())
-        asyncio.run(serve_module.serve(webhook, ServeOptions(host="127.0.0.1", port=1)))
+        options = ServeOptions(host="127.0.0.1", port=1, sockets=((https_sock,), (health_sock,)))
+        asyncio.run(serve_module.serve(webhook, options))
     served = seen[0]  # the HTTPS listener (the second is the plain probe port)
     assert served.ssl_context_factory is not None
     ours = https_config(object(), floor_context(tmp_path), "127.0.0.1", 1)
@@ -131,7 +135,8 @@ def test_open_loop_counts_and_percentiles(
     assert data["statuses"] == {"200": RATE}
     lat = data["latency_ms"]
     assert 0 < lat["p50"] <= lat["p90"] <= lat["p99"] <= lat["p99.9"] <= lat["max"]
-    assert lat["max"] < 5_000  # answered, not timed out
+    # Answered, not timed out: within the generator's own grace, however loaded the machine.
+    assert lat["max"] < openloop.GRACE_S * 1000
     assert data["send_lag_ms"]["p50"] >= 0
     assert data["sample_body"] == expected_answer(app, ws.body("tekton")).decode()
     assert server.cpu_seconds() >= before
@@ -166,7 +171,9 @@ def test_open_loop_has_no_coordinated_omission(
     assert result.errors == 0
     assert result.latency_ms["max"] >= 350
     assert result.latency_ms["p90"] >= 100  # ~60 of 400 requests waited over 100 ms
-    assert result.latency_ms["p50"] < 100
+    # The median request did not wait out the stall: it is well below the one that did. Said
+    # relative to the max, not as "under 100 ms", which a busy machine's queueing exceeds.
+    assert result.latency_ms["p50"] < result.latency_ms["max"] - 200
 
 
 def test_closed_loop_generator_keep_alive_and_close(

@@ -13,6 +13,7 @@ import pytest
 from cryptography import x509
 
 from coschedule.marks import run_placeholder
+from tests.conftest import PATIENCE_SECONDS
 from tests.fixtures import pod_path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -27,7 +28,7 @@ def run(
         text=True,
         input=stdin,
         cwd=ROOT,
-        timeout=60,
+        timeout=PATIENCE_SECONDS,  # a command starts in a second, or a minute on a busy machine
         env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), **(env or {})},
     )
 
@@ -217,11 +218,19 @@ def test_certs_out_unwritable_is_refused(tmp_path: Path, out: str) -> None:
     refused(run("certs", "--dns-name", "a", "--out", path), f"cannot write to --out {path}")
 
 
-@pytest.mark.parametrize("days", ["0", "-3", "soon"])
-def test_certs_days_below_one_is_refused(tmp_path: Path, days: str) -> None:
+@pytest.mark.parametrize("days", ["0", "-3", "soon", "3651", "100000"])
+def test_certs_days_outside_one_to_ten_years_is_refused(tmp_path: Path, days: str) -> None:
     result = run("certs", "--dns-name", "a", "--out", str(tmp_path / "c"), "--days", days)
     refused(result, "argument --days")
     assert not (tmp_path / "c").exists()
+
+
+def test_certs_days_ten_years_is_taken(tmp_path: Path) -> None:
+    result = run("certs", "--dns-name", "a", "--out", str(tmp_path / "c"), "--days", "3650")
+    assert result.returncode == 0, result.stderr
+    cert = x509.load_pem_x509_certificate((tmp_path / "c" / "tls.crt").read_bytes())
+    lifetime = cert.not_valid_after_utc - cert.not_valid_before_utc
+    assert 3649 <= lifetime.days <= 3650
 
 
 @pytest.mark.parametrize("command", ["serve", "reconcile"])

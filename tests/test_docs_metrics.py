@@ -98,3 +98,28 @@ def test_the_readme_states_what_an_operator_needs_with_the_codes_figures() -> No
     assert "While the reconciler is down" in operating
     assert "**Sizing**" in operating
     assert "PersistentVolumeClaims" in operating
+
+
+def test_no_created_series_is_exported_by_either_process() -> None:
+    """prometheus_client writes a ``<name>_created`` sample beside every counter and
+    histogram unless told not to; neither process's registry has one."""
+    from prometheus_client import generate_latest
+    from prometheus_client.metrics import enable_created_metrics
+
+    from coschedule.reconcile.concurrency import ConcurrencyMetrics
+    from coschedule.reconcile.reconciler_metrics import ReconcileMetrics
+    from coschedule.server.webhook_metrics import WebhookMetrics
+
+    # prometheus_client's default, as a process starts.
+    enable_created_metrics()  # type: ignore[no-untyped-call]
+    webhook = WebhookMetrics()
+    webhook.cert_reloads.labels("ok").inc()
+    webhook.config_reload_errors.inc()
+    reconciler = ReconcileMetrics()
+    reconciler.reconciles.labels("placeholder").inc()
+    concurrency = ConcurrencyMetrics(reconciler.registry)
+    concurrency.start_delay.observe(1.0)
+    for registry in (webhook.registry, reconciler.registry):
+        exposed = generate_latest(registry).decode()
+        assert "_total" in exposed
+        assert [line for line in exposed.splitlines() if "_created" in line] == []

@@ -135,7 +135,7 @@ def test_serve_on_a_port_in_use_says_so_in_one_line(
     assert done.returncode == 1, done.stderr
     assert "Traceback" not in done.stderr
     [line] = [line for line in done.stderr.splitlines() if line.startswith("coschedule serve:")]
-    assert line.startswith(f"coschedule serve: cannot listen on [::]:{taken}: ")
+    assert line.startswith(f"coschedule serve: --port {taken}: cannot listen on [::]:{taken}: ")
     assert "in use" in line
 
 

@@ -227,3 +227,15 @@ def test_make_lock_compiles_from_pyproject_with_hashes(tmp_path: Path) -> None:
     assert compiles[0].endswith("--output-file requirements/runtime.lock pyproject.toml")
     assert "build-system" in plan.stdout
     assert "uv==" in (ROOT / "pyproject.toml").read_text(), "uv pinned in the dev extra"
+
+
+@needs_make
+def test_make_help_names_every_target() -> None:
+    text = (ROOT / "Makefile").read_text()
+    phony = re.search(r"^\.PHONY: (.+)$", text, re.M)
+    assert phony
+    targets = set(phony.group(1).split()) - {"FORCE"}
+    result = _make(ROOT, "help")
+    assert result.returncode == 0, result.stderr
+    named = {m.group(1) for m in re.finditer(r"^make (\S+)", result.stdout, re.M)}
+    assert named == targets

@@ -9,6 +9,7 @@ from typing import Any
 import orjson
 import yaml
 
+from coschedule.cli import manifests
 from coschedule.config.settings import Settings
 from coschedule.marks import GATE_PLACEHOLDER, LABEL_ENABLED, LABEL_MODE, Mode, Placement
 from coschedule.mutate import isolation
@@ -23,12 +24,9 @@ class UnreadablePod(ValueError):
     """The input is not a pod manifest (exit code 2)."""
 
 
-def read_pod(text: str) -> dict[str, Any]:
-    """A Pod from YAML or JSON; an AdmissionReview's ``request.object`` is taken too."""
-    try:
-        doc = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise UnreadablePod(f"not YAML or JSON: {exc}") from None
+def read_pod(doc: Any) -> dict[str, Any]:
+    """A Pod from a parsed manifest (``manifests.one_document``); an AdmissionReview's
+    ``request.object`` is taken too."""
     if isinstance(doc, dict) and doc.get("kind") == "AdmissionReview":
         request = doc.get("request")
         doc = request.get("object") if isinstance(request, dict) else None
@@ -42,14 +40,12 @@ def read_pod(text: str) -> dict[str, Any]:
 def read_cluster_objects(text: str) -> list[dict[str, Any]]:
     """PVCs and StatefulSets for ``explain --claims``: YAML documents or a ``List``."""
     try:
-        docs = list(yaml.safe_load_all(text))
-    except yaml.YAMLError as exc:
-        raise UnreadablePod(f"claims file is not YAML or JSON: {exc}") from None
+        docs = manifests.documents(text)
+    except manifests.Unreadable as exc:
+        raise UnreadablePod(f"claims file: {exc}") from None
     objects: list[Any] = []
     lists = 0
     for doc in docs:
-        if doc is None:  # an empty document between two "---"
-            continue
         if isinstance(doc, dict) and str(doc.get("kind", "")).endswith("List"):
             lists += 1
             items = doc.get("items")
@@ -78,6 +74,30 @@ _CLAIM_FILE_KINDS = (
 
 def static_claims(text: str, namespace: str) -> StaticClaims:
     return StaticClaims.from_objects(read_cluster_objects(text), namespace)
+
+
+# Where the namespace explained came from, in the report's ``namespaceFrom``.
+FROM_FLAG = "--namespace"
+FROM_MANIFEST = "metadata.namespace"
+ASSUMED = "assumed: the manifest names none and no -n was given"
+
+
+def namespace_of(obj: Mapping[str, Any], given: str | None) -> tuple[str, str]:
+    """The namespace to explain ``obj`` in and where it came from: ``-n``, the manifest's
+    own, else ``default``, as kubectl would create it, said as assumed."""
+    if given:
+        return given, FROM_FLAG
+    meta = obj.get("metadata")
+    own = meta.get("namespace") if isinstance(meta, Mapping) else None
+    if isinstance(own, str) and own:
+        return own, FROM_MANIFEST
+    return "default", ASSUMED
+
+
+def namespace_text(report: Mapping[str, Any]) -> str:
+    """``ci`` or ``default (assumed: ...)``: the report's namespace as a person reads it."""
+    namespace = str(report["namespace"])
+    return f"{namespace} ({ASSUMED})" if report.get("namespaceFrom") == ASSUMED else namespace
 
 
 class PlaceholderBoundTo:
@@ -110,8 +130,7 @@ def explain(
     if placement is not None:
         settings = replace(settings, placement=placement)
     placeholders = PlaceholderBoundTo(placeholder_node) if placeholder_node else None
-    meta = pod.get("metadata")
-    ns = namespace or (meta.get("namespace") if isinstance(meta, dict) else None) or "default"
+    ns, ns_from = namespace_of(pod, namespace)
     info = None
     if namespace_mode is not None or namespace_labels:
         labels = {**(namespace_labels or {}), LABEL_ENABLED: "true"}
@@ -121,6 +140,8 @@ def explain(
     decision = decide(pod, AdmissionContext(settings, ns, info, claims, placeholders=placeholders))
     report: dict[str, Any] = {
         "allowed": decision.allowed,
+        "namespace": ns,
+        "namespaceFrom": ns_from,
         "mode": decision.mode_label,
         "placeholder": decision.placeholder,
         "reasons": decision.reasons,
@@ -196,6 +217,7 @@ def _placement_text(placement: Mapping[str, Any]) -> str:
 def render_text(report: Mapping[str, Any]) -> str:
     lines = [
         f"decision:    {'allowed' if report['allowed'] else 'DENIED'}",
+        f"namespace:   {namespace_text(report)}",
         f"mode:        {report['mode']}",
         f"placeholder: {report['placeholder'] or '-'}",
         *(

@@ -8,8 +8,6 @@ import argparse
 import asyncio
 import os
 import sys
-import time
-from pathlib import Path
 from typing import Any
 
 from coschedule.cli.options import EXIT_FAILED, EXIT_OK, EXIT_USAGE
@@ -19,7 +17,16 @@ from coschedule.config import folder
 def cmd_explain(args: argparse.Namespace) -> int:
     import orjson
 
-    from coschedule.cli.explain import UnreadablePod, explain, read_pod, render_text, static_claims
+    from coschedule.cli import manifests
+    from coschedule.cli.explain import (
+        UnreadablePod,
+        explain,
+        namespace_of,
+        read_pod,
+        render_text,
+        static_claims,
+    )
+    from coschedule.cli.explain_runs import run_kind
     from coschedule.config.settings import ConfigError, load_settings
     from coschedule.marks import MODE_CHOICES, PLACEMENT_CHOICES, Mode, Placement
     from coschedule.wire.pod_fields import MalformedPod
@@ -29,12 +36,12 @@ def cmd_explain(args: argparse.Namespace) -> int:
     if args.run is not None or args.file is None:
         return _explain_live(args)
     try:
-        text = sys.stdin.read() if args.file == "-" else Path(args.file).read_text("utf-8")
-        run = _read_run(text)
+        doc = manifests.one_document(manifests.read_input(args.file))
+        run = doc if isinstance(doc, dict) and run_kind(doc) is not None else None
         if run is not None or args.controls:
-            return _explain_run(args, text, run)
-        pod = read_pod(text)
-    except (OSError, UnicodeDecodeError, UnreadablePod) as exc:
+            return _explain_run(args, run)
+        pod = read_pod(doc)
+    except (manifests.Unreadable, UnreadablePod) as exc:
         print(f"coschedule explain: cannot read {args.file}: {exc}", file=sys.stderr)
         return EXIT_USAGE
     mode = Mode.parse(args.mode) if args.mode is not None else None
@@ -61,11 +68,10 @@ def cmd_explain(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     claims = None
     if args.claims:
-        meta = pod.get("metadata")
-        namespace = args.namespace or (meta.get("namespace") if isinstance(meta, dict) else None)
         try:
-            claims = static_claims(Path(args.claims).read_text("utf-8"), namespace or "default")
-        except (OSError, UnicodeDecodeError, UnreadablePod) as exc:
+            text = manifests.read_input(args.claims)
+            claims = static_claims(text, namespace_of(pod, args.namespace)[0])
+        except (manifests.Unreadable, UnreadablePod) as exc:
             print(f"coschedule explain: cannot read {args.claims}: {exc}", file=sys.stderr)
             return EXIT_USAGE
     namespace_labels: dict[str, str] = {}
@@ -102,6 +108,9 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
 def _explain_live(args: argparse.Namespace) -> int:
     """``--run KIND/NAME``: where the run stands in the cluster, and why."""
+    import logging
+
+    import httpx
     import orjson
 
     from coschedule.cli.explain_live import (
@@ -112,6 +121,7 @@ def _explain_live(args: argparse.Namespace) -> int:
         render_live_text,
     )
     from coschedule.kube.client import ApiError, KubeClient, KubeConfigError, require
+    from coschedule.kube.reachability import describe
 
     if args.run is None or args.file is not None:
         print("coschedule explain: give -f FILE, or --run KIND/NAME (a live run)", file=sys.stderr)
@@ -131,13 +141,17 @@ def _explain_live(args: argparse.Namespace) -> int:
         finally:
             await client.aclose()
 
+    # As release-held: a command does not wait for an unreachable API server, the one line
+    # below says it (the processes' "waiting ... retrying" log line would mislead).
+    logging.getLogger("coschedule.apiserver").setLevel(logging.ERROR)
     try:
         report = asyncio.run(look())
     except NotFound as exc:
         print(f"coschedule explain: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    except (ApiError, OSError) as exc:
-        print(f"coschedule explain: cannot read the cluster: {exc}", file=sys.stderr)
+    except (ApiError, OSError, httpx.TransportError) as exc:
+        why = describe(exc) if isinstance(exc, httpx.TransportError) else str(exc)
+        print(f"coschedule explain: cannot read the cluster: {why}", file=sys.stderr)
         return EXIT_FAILED
     if args.output == "json":
         print(orjson.dumps(report, option=orjson.OPT_INDENT_2).decode())
@@ -199,24 +213,11 @@ def _explain_pod(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _read_run(text: str) -> dict[str, Any] | None:
-    """The document when it is a PipelineRun or Workflow (else None: explain a pod)."""
-    import yaml
-
-    from coschedule.cli.explain_runs import run_kind
-
-    try:
-        doc = yaml.safe_load(text)
-    except yaml.YAMLError:
-        return None  # read_pod says what is wrong
-    if isinstance(doc, dict) and run_kind(doc) is not None:
-        return doc
-    return None
-
-
-def _explain_run(args: argparse.Namespace, text: str, run: dict[str, Any] | None) -> int:
+def _explain_run(args: argparse.Namespace, run: dict[str, Any] | None) -> int:
     import orjson
 
+    from coschedule.cli import manifests
+    from coschedule.cli.explain import namespace_of
     from coschedule.cli.explain_runs import (
         RUN_API_VERSIONS,
         RUN_KINDS,
@@ -235,17 +236,16 @@ def _explain_run(args: argparse.Namespace, text: str, run: dict[str, Any] | None
             file=sys.stderr,
         )
         return EXIT_USAGE
-    meta = run.get("metadata")
-    namespace = args.namespace or (meta.get("namespace") if isinstance(meta, dict) else None)
-    namespace = namespace or "default"
+    namespace, namespace_from = namespace_of(run, args.namespace)
     controls = []
     if args.controls:
         try:
-            controls = read_controls(Path(args.controls).read_text("utf-8"), namespace)
-        except (OSError, UnicodeDecodeError, UnreadableInput) as exc:
+            controls = read_controls(manifests.read_input(args.controls), namespace)
+        except (manifests.Unreadable, UnreadableInput) as exc:
             print(f"coschedule explain: cannot use {args.controls}: {exc}", file=sys.stderr)
             return EXIT_USAGE
     report = explain_run(run, kind, controls, namespace)
+    report["namespaceFrom"] = namespace_from
     report["controlsGiven"] = bool(args.controls)
     if args.output == "json":
         print(orjson.dumps(report, option=orjson.OPT_INDENT_2).decode())

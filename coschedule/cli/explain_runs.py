@@ -7,8 +7,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import orjson
-import yaml
 
+from coschedule.cli import manifests
+from coschedule.cli.explain import namespace_text
 from coschedule.concurrency.admission import admit_run
 from coschedule.concurrency.control import BadControl, Control, parse_control
 from coschedule.concurrency.names import KIND as CONTROL_KIND
@@ -34,14 +35,14 @@ def read_controls(text: str, namespace: str) -> list[Control]:
     """ConcurrencyControls from YAML documents or a List (``kubectl get ccontrol -o yaml``);
     an invalid one is refused as the API server would, naming the field."""
     try:
-        docs = list(yaml.safe_load_all(text))
-    except yaml.YAMLError as exc:
-        raise UnreadableInput(f"controls file is not YAML or JSON: {exc}") from None
+        docs = manifests.documents(text)
+    except manifests.Unreadable as exc:
+        raise UnreadableInput(f"controls file: {exc}") from None
     items: list[Any] = []
     for doc in docs:
         if isinstance(doc, dict) and str(doc.get("kind", "")).endswith("List"):
             items += list(doc.get("items") or ())
-        elif doc is not None:
+        else:
             items.append(doc)
     if not items:
         raise UnreadableInput(f"no {CONTROL_KIND} in it (an empty file)")
@@ -159,7 +160,7 @@ def _bounds(control: Control) -> str:
 
 def render_run_text(report: Mapping[str, Any]) -> str:
     lines = [
-        f"run:      {report['kind']} in namespace {report['namespace']}",
+        f"run:      {report['kind']} in namespace {namespace_text(report)}",
         f"outcome:  {report['outcome']}",
         "controls:"
         if report["controls"]

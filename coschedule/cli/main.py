@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from coschedule.cli import options
@@ -10,6 +11,9 @@ from coschedule.cli.options import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from coschedule.config import folder
 
 __all__ = ["EXIT_FAILED", "EXIT_OK", "EXIT_USAGE", "build_parser", "main"]
+
+# What a shell reports for a command killed by SIGPIPE (128 + 13), as `yes | head` gives.
+EXIT_BROKEN_PIPE = 141
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -161,7 +165,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--days",
         type=options.positive_days,
         default=365,
-        help="validity of the new certificates, in days (1 or more)",
+        help="validity of the new certificates, in days (1 to 3650; the CA gets twice that)",
     )
     certs.add_argument(
         "--apply-to-secret",
@@ -234,7 +238,10 @@ def build_parser() -> argparse.ArgumentParser:
         "pod there); without it no placeholder is bound, as for a run's first pod",
     )
     exp.add_argument(
-        "--namespace", help="the namespace (default: the pod's; with --run, the kubeconfig's)"
+        "-n",
+        "--namespace",
+        help="the namespace (default: the manifest's, else default, said as assumed; with "
+        "--run, the kubeconfig's)",
     )
     exp.add_argument(
         "--config-dir",
@@ -291,7 +298,15 @@ def main(argv: list[str] | None = None) -> int:
     if extra:
         # After the command, a flag it does not know: its usage, not the top level's.
         args.command_parser.error(f"unrecognized arguments: {' '.join(extra)}")
-    result: int = args.func(args)
+    try:
+        result: int = args.func(args)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # The reader went away (`coschedule explain ... | head`): what it did not read is
+        # not wanted. Python's own flush at exit would fail again: stdout goes to devnull.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
     return result
 
 

@@ -20,11 +20,21 @@ def port(text: str) -> int:
     return value
 
 
+# Ten years, kubeadm's CA lifetime (the CA is made for twice --days). A longer-lived key is
+# one nobody rotates; 100000 days would outlive the X.509 date format (year 9999).
+MAX_CERT_DAYS = 3650
+
+
 def positive_days(text: str) -> int:
     value = _whole_number(text)
     if value < 1:
         # 0 would write a certificate that has already expired.
         raise argparse.ArgumentTypeError(f"{text!r}: a certificate must be valid for 1 day or more")
+    if value > MAX_CERT_DAYS:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: at most {MAX_CERT_DAYS} days (10 years); rotate certificates, or let "
+            "cert-manager do it (manifests/overlays/cert-manager)"
+        )
     return value
 
 

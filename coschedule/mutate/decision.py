@@ -20,7 +20,7 @@ from coschedule.config.policy import (
     delays_eviction,
 )
 from coschedule.config.settings import Settings, isolation_problem
-from coschedule.engines import pod_recreated_by_owner
+from coschedule.engines import BY_KIND, pod_recreated_by_owner
 from coschedule.k8s.constants import HOSTNAME, REQUIRED
 from coschedule.k8s.nodeaffinity import required_terms
 from coschedule.k8s.volumes import VolumeTopology
@@ -192,6 +192,13 @@ def decide(pod: Mapping[str, Any], ctx: AdmissionContext) -> Decision:
         if settings.scheduling_defaults or not _nothing_to_flag(pod_spec):
             merged = _scheduling_defaults_step(pod, pod_spec, labels, ctx, decision)
             _policy_step(pod_spec, ctx, decision, merged)
+    if decision.trace and decision.allowed and decision.placeholder is not None:
+        # Counted last: the scheduling defaults add theirs after the placeholder's.
+        decision.reasons.append(
+            f"{len(decision.ops)} patch operation(s)"
+            if decision.ops
+            else "already mutated: nothing to add"
+        )
     return decision
 
 
@@ -328,7 +335,7 @@ def _decide_coschedule(
     if found is None:
         return decision
     claims, view = found
-    placeholder = _placeholder_step(ctx.namespace, mode, run, claims, decision)
+    placeholder = _placeholder_step(ctx.namespace, mode, run_label, run, claims, decision)
     if placeholder is None:
         return decision
 
@@ -359,10 +366,6 @@ def _decide_coschedule(
     else:
         _affinity_ops(pod_spec, placeholder, previous, settings.topology_key, ops, decision)
         _mark_ops(meta, labels, wanted, placeholder, ops)
-    if decision.trace:
-        decision.reasons.append(
-            f"{len(ops)} patch operation(s)" if ops else "already mutated: nothing to add"
-        )
     return decision
 
 
@@ -525,8 +528,17 @@ def _claims_step(
     return claims, view
 
 
+# Where a user sets the mode label so that a run's pods carry it: Tekton copies a
+# PipelineRun's labels to its pods; Argo copies none of a Workflow's, only its
+# spec.podMetadata.labels.
+_MODE_LABEL_WHERE = {
+    BY_KIND["Workflow"].run_label: f"set {LABEL_MODE}: pipelineruns in the Workflow's "
+    "spec.podMetadata.labels, which Argo puts on its pods",
+}
+
+
 def _placeholder_step(
-    namespace: str, mode: Mode, run: str, claims: list[str], decision: Decision
+    namespace: str, mode: Mode, run_label: str, run: str, claims: list[str], decision: Decision
 ) -> str | None:
     """The placeholder the pod joins: its run's, or in workspaces mode its claim's."""
     if mode is Mode.WORKSPACES:
@@ -542,8 +554,10 @@ def _placeholder_step(
                 "workspaces-single-claim",
                 f"pod mounts {len(claims)} PersistentVolumeClaims ({', '.join(claims)}) but "
                 "mode workspaces co-locates the pods of one claim, so a pod can join only one. "
-                f"Fix: run it in mode pipelineruns (label the run {LABEL_MODE}=pipelineruns, "
-                f"or its namespace), which co-locates all volumes of the run; or mount one claim.",
+                "Fix: run it in mode pipelineruns ("
+                + _MODE_LABEL_WHERE.get(run_label, f"label the run {LABEL_MODE}=pipelineruns")
+                + ", or label its namespace), which co-locates all volumes of the run; or mount "
+                "one claim.",
             )
             return None
         placeholder = claim_placeholder(namespace, claims[0])

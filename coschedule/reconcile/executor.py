@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, Never, NoReturn
 
 from coschedule.kube.client import ApiError, KubeClient, object_path
 from coschedule.kube.events import record_event
@@ -51,6 +51,17 @@ STALE = frozenset({404, 409, 422})
 
 class NotLeader(Exception):
     """Leadership was lost mid-reconcile: stop acting at once."""
+
+
+class UnknownAction(TypeError):
+    """A planner returned an action the executor has no case for: a bug, said loudly (the
+    key is retried with backoff and the error logged), never an action skipped in silence."""
+
+
+def unknown(action: Never) -> NoReturn:
+    """The ``case _`` of an exhaustive match: mypy accepts a call only where every action
+    type was handled before it (as ``typing.assert_never``); at run time, an error."""
+    raise UnknownAction(f"no case in the executor for action {type(action).__name__}: {action!r}")
 
 
 class Executor:
@@ -111,12 +122,19 @@ class Executor:
             self.metrics.pinned_placeholders.set(len(self.pinned))
         for action in actions:
             self._check_leader()
-            if isinstance(action, CreateStatefulSet):
+            uid = await self._one(key, action, uid)
+
+    async def _one(self, key: str, action: Action, uid: str) -> str:
+        """Carry out one action; the StatefulSet's uid (a create gives the new one). Every
+        kind of action has its case: mypy fails on one it does not handle (``assert_never``),
+        and an object of any other type is an error at run time, never skipped."""
+        match action:
+            case CreateStatefulSet():
                 created_uid = await self._create(key, action)
                 if created_uid is not None:  # None: an existing one was relabelled
                     uid = created_uid
                     await self._event(action.event, uid)
-            elif isinstance(action, PatchStatefulSet):
+            case PatchStatefulSet():
                 await self.client.patch(
                     object_path("apps/v1", "statefulsets", action.namespace, action.name),
                     action.patch,
@@ -125,12 +143,12 @@ class Executor:
                     "patched placeholder",
                     extra=self._extra(key, "patch-statefulset", reason=action.why),
                 )
-            elif isinstance(action, DeletePlaceholderPod):
+            case DeletePlaceholderPod():
                 if await self._evict(key, action):
                     await self._event(action.event, uid)
-            elif isinstance(action, HoldPinnedPlaceholder):
+            case HoldPinnedPlaceholder():
                 await self._hold(key, action, uid)
-            elif isinstance(action, DeleteStatefulSet):
+            case DeleteStatefulSet():
                 await self.client.delete(
                     object_path("apps/v1", "statefulsets", action.namespace, action.name),
                     body=BACKGROUND,
@@ -140,18 +158,18 @@ class Executor:
                     "deleted placeholder: run done",
                     extra=self._extra(key, "delete-statefulset", reason=action.why),
                 )
-            elif isinstance(action, DeleteClaim):
+            case DeleteClaim():
                 await self.client.delete(
                     object_path("v1", "persistentvolumeclaims", action.namespace, action.name)
                 )
                 log.info("deleted claim", extra=self._extra(key, "delete-claim", claim=action.name))
-            elif isinstance(action, RecordEvent):
+            case RecordEvent():
                 await self._event(action, uid)
-            elif isinstance(action, ReleaseClaim):
+            case ReleaseClaim():
                 await self._release(key, action)
-            elif isinstance(action, RelocatePlaceholder):
+            case RelocatePlaceholder():
                 await self._relocate(key, action)
-            elif isinstance(action, DeleteStrayPod):
+            case DeleteStrayPod():
                 if await self._delete_pod(action.namespace, action.name):
                     log.info(
                         "deleted a placeholder pod back on a node it left",
@@ -163,21 +181,24 @@ class Executor:
                             reason="left-domain",
                         ),
                     )
-            elif isinstance(action, ReleasePod):
+            case ReleasePod():
                 await self._release_pod(key, action)
-            elif isinstance(action, DeleteStrandedPod):
+            case DeleteStrandedPod():
                 if await self._delete_stranded(key, action):
                     await self._event(action.event, uid)
-            elif isinstance(action, ReportAssistantConflict):
+            case ReportAssistantConflict():
                 await self._conflict(key, action)
-            elif isinstance(action, MarkStuck):
+            case MarkStuck():
                 self._mark_stuck(key, action)
-            elif isinstance(action, ClearStuck):
+            case ClearStuck():
                 was_stuck = self.stuck.clear(key, forget=action.forget)
                 if was_stuck and action.why is not None:
                     log.info(
                         "run no longer stuck", extra=self._extra(key, "unstuck", reason=action.why)
                     )
+            case _:
+                unknown(action)
+        return uid
 
     def _mark_stuck(self, key: str, action: MarkStuck) -> None:
         self.stuck.mark(key, action.explained)

@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from coschedule.k8s.constants import HOSTNAME
+from coschedule.marks import GATE_PLACEHOLDER
 from coschedule.mutate import node_pin
 from coschedule.reconcile import relocation
 from coschedule.reconcile.model import (
@@ -113,11 +114,19 @@ def _left_nodes(observed: Observed, leaving: set[str]) -> set[str]:
 def _stranded(observed: Observed, pod: MarkedPod, pinned: str, node: str | None) -> Action:
     owner = pod.owner
     engine = f"its {owner.kind} {owner.name}" if owner is not None else "its controller"
-    where = f"left for node {node}" if node is not None else "is leaving"
-    message = (
-        f"pod {pod.name} was pending on node {pinned}, which its run {where}; deleted for "
-        f"{engine} to recreate it there"
-    )
+    if node is not None:
+        message = (
+            f"pod {pod.name} was pending on node {pinned}, which its run left for node {node}; "
+            f"deleted for {engine} to recreate it there"
+        )
+    else:
+        # The run's next node is not known yet (its placeholder pod is being replaced): the
+        # Event says what will happen, not a node it cannot name.
+        message = (
+            f"pod {pod.name} was pending on node {pinned}, which its run is leaving; deleted "
+            f"for {engine} to recreate it, pinned to the node the run's placeholder is bound "
+            f"to next (held behind the {GATE_PLACEHOLDER} scheduling gate until it is)"
+        )
     run: OwnerRef | None = observed.owner.root if observed.owner is not None else None
     event = RecordEvent(
         observed.namespace,

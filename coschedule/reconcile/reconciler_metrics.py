@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry, Counter, Gauge, disable_created_metrics
 
 from coschedule.config.store import last_reload_gauge, reload_errors_counter
 from coschedule.k8s.scheduler_messages import Cause
@@ -11,6 +11,10 @@ from coschedule.probes import cache_stale_gauge
 
 class ReconcileMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        # No ``<name>_created`` series beside each counter and histogram: a sample per label
+        # set that only says when the process started. prometheus_client's switch is
+        # process-wide; every registry of the process is built here.
+        disable_created_metrics()  # type: ignore[no-untyped-call]
         self.registry = registry if registry is not None else CollectorRegistry()
         self.reconciles = Counter(
             "coschedule_reconcile_total",

@@ -349,7 +349,14 @@ def _explain(
         node.name,
         findings[0].cause.value if findings else "",
     )
-    return Plan((mark, *_run_events(observed, "RunStuck", text, "Warning", pod=pod)), again)
+    # One Event for one stuck run: on the run's owner, where its users look (kubectl
+    # describe pipelinerun, tkn); the text names the pod, its node, why and the options. The
+    # pod carries the scheduler's own FailedScheduling Event; ours goes on it only when no
+    # run object owns the group (a pod grouped by coschedule.dev/group alone).
+    owner = observed.owner.root if observed.owner is not None else None
+    about = owner if owner is not None else OwnerRef("v1", "Pod", pod.name, pod.uid)
+    told = RecordEvent(observed.namespace, observed.name, "RunStuck", text, "Warning", about)
+    return Plan((mark, told), again)
 
 
 def _placeholder_pending(

@@ -109,6 +109,7 @@ class AdmissionEndpoint(ABC):
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["method"] != "POST":
+            self.metrics.count_request(self.mode, False, 405)
             self._log_door(scope, 405, "method-not-allowed", f"method {scope['method']}")
             await _respond(send, 405, _USE_POST, _ALLOW_POST)
             return

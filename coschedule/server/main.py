@@ -16,7 +16,7 @@ from coschedule import certs, logs
 from coschedule.config.store import open_store_or_exit
 from coschedule.listen import ListenError
 from coschedule.server.cluster import ClusterLink, ClusterUnavailable
-from coschedule.server.serve import ServeOptions, build_webhook, serve
+from coschedule.server.serve import ServeOptions, bind_listeners, build_webhook, serve
 from coschedule.server.tls import CertificateUnusable
 from coschedule.server.webhook_metrics import WebhookMetrics
 
@@ -33,26 +33,20 @@ def run_webhook(args: argparse.Namespace) -> int:
     metrics = WebhookMetrics()
     store = open_store_or_exit("serve", args.config_dir, os.environ, metrics)
     cert_dir = Path(args.cert_dir) if args.cert_dir else Path("certs")
-    if args.cert_dir is None:
-        if certs.ensure_self_signed(cert_dir):
-            print(
-                f"coschedule serve: made a self-signed certificate in {cert_dir}/ "
-                f"(CA: {cert_dir / certs.CA_FILE})",
-                file=sys.stderr,
-            )
-    elif cert_dir.exists() and not cert_dir.is_dir():
-        print(
-            f"coschedule serve: --cert-dir {cert_dir} is a file, not a folder (one with "
-            f"{certs.CERT_FILE} and {certs.KEY_FILE}, as a mounted TLS Secret)",
-            file=sys.stderr,
+    try:
+        refusal = _cert_dir_problem(cert_dir, made=args.cert_dir is None)
+    except OSError as exc:
+        # An unreadable --cert-dir, or certs/ in a folder we may not write (a read-only
+        # root filesystem): say which folder and what to do, not a traceback.
+        what = "--cert-dir" if args.cert_dir is not None else "the default certificate folder"
+        why = (exc.strerror or str(exc)).lower()
+        refusal = (
+            f"{what} {cert_dir}: {why}; give --cert-dir a folder with "
+            f"{certs.CERT_FILE} and {certs.KEY_FILE} this process can read"
+            + ("" if args.cert_dir is not None else " (or run where certs/ can be made)")
         )
-        return EXIT_USAGE
-    elif not (cert_dir / certs.CERT_FILE).exists() or not (cert_dir / certs.KEY_FILE).exists():
-        print(
-            f"coschedule serve: {cert_dir} has no {certs.CERT_FILE} and {certs.KEY_FILE}; "
-            f"make them with: coschedule certs --dns-name NAME --out {cert_dir}",
-            file=sys.stderr,
-        )
+    if refusal is not None:
+        print(f"coschedule serve: {refusal}", file=sys.stderr)
         return EXIT_USAGE
 
     try:
@@ -77,20 +71,50 @@ def run_webhook(args: argparse.Namespace) -> int:
         print(f"coschedule serve: {exc}", file=sys.stderr)
         return EXIT_USAGE
     link.add_probes(webhook.probes, metrics.cache_stale)
+    try:
+        sockets = bind_listeners(args.host, args.port, args.health_port)
+    except ListenError as exc:
+        print(f"coschedule serve: {exc}", file=sys.stderr)
+        return EXIT_LISTEN
     serve_options = ServeOptions(
-        host=args.host, port=args.port, health_port=args.health_port, cert_dir=cert_dir
+        host=args.host,
+        port=args.port,
+        health_port=args.health_port,
+        cert_dir=cert_dir,
+        sockets=sockets,
     )
 
     async def main() -> None:
         async with link.running():
             await serve(webhook, serve_options)
 
-    try:
-        _run(main())
-    except ListenError as exc:
-        print(f"coschedule serve: {exc}", file=sys.stderr)
-        return EXIT_LISTEN
+    _run(main())
     return EXIT_OK
+
+
+def _cert_dir_problem(cert_dir: Path, *, made: bool) -> str | None:
+    """Why the certificate folder cannot be served from (None: it can); with ``made``
+    (no --cert-dir), a self-signed certificate is made there when it has none. Raises
+    OSError for a folder that cannot be read or written."""
+    if made:
+        if certs.ensure_self_signed(cert_dir):
+            print(
+                f"coschedule serve: made a self-signed certificate in {cert_dir}/ "
+                f"(CA: {cert_dir / certs.CA_FILE})",
+                file=sys.stderr,
+            )
+        return None
+    if cert_dir.exists() and not cert_dir.is_dir():
+        return (
+            f"--cert-dir {cert_dir} is a file, not a folder (one with "
+            f"{certs.CERT_FILE} and {certs.KEY_FILE}, as a mounted TLS Secret)"
+        )
+    if not (cert_dir / certs.CERT_FILE).exists() or not (cert_dir / certs.KEY_FILE).exists():
+        return (
+            f"{cert_dir} has no {certs.CERT_FILE} and {certs.KEY_FILE}; "
+            f"make them with: coschedule certs --dns-name NAME --out {cert_dir}"
+        )
+    return None
 
 
 def _listen_problem(host: str, port: int, health_port: int) -> str | None:

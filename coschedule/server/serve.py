@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import logging
 import signal
+import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,7 +15,7 @@ from pathlib import Path
 import uvicorn
 
 from coschedule.config.store import SettingsStore, reload_loop
-from coschedule.listen import EVERY_ADDRESS, describe, listen_socket
+from coschedule.listen import EVERY_ADDRESS, ListenError, describe, listen_socket
 from coschedule.mutate.decision import PlaceholderView, VolumeView
 from coschedule.probes import Probes, probes_app
 from coschedule.server.admission import NamespaceLookup
@@ -29,6 +30,9 @@ log = logging.getLogger("coschedule.serve")
 RELOAD_INTERVAL_SECONDS = 2.0  # the design allows 10 s for a reload to take effect
 
 
+Listener = tuple[socket.socket, ...]  # the sockets one listener serves
+
+
 @dataclass(frozen=True, slots=True)
 class ServeOptions:
     host: str = EVERY_ADDRESS  # IPv6 and IPv4 (coschedule.listen)
@@ -36,6 +40,27 @@ class ServeOptions:
     health_port: int = 8080
     cert_dir: Path = Path("certs")
     reload_interval: float = RELOAD_INTERVAL_SECONDS
+    # Both listeners' sockets, bound by ``bind_listeners`` before the event loop (else here).
+    sockets: tuple[Listener, Listener] | None = None
+
+
+def bind_listeners(host: str, port: int, health_port: int) -> tuple[Listener, Listener]:
+    """The HTTPS and the probe listeners, bound now: a port in use is said before anything
+    starts, not by uvicorn after "serving" was logged (ListenError names the flag)."""
+    first = _bind(host, port, "--port")
+    try:
+        return first, _bind(host, health_port, "--health-port")
+    except ListenError:
+        for sock in first:
+            sock.close()
+        raise
+
+
+def _bind(host: str, port: int, flag: str) -> Listener:
+    try:
+        return (listen_socket(host, port),)
+    except ListenError as exc:
+        raise ListenError(f"{flag} {port}: {exc}") from None
 
 
 class _Server(uvicorn.Server):
@@ -44,6 +69,13 @@ class _Server(uvicorn.Server):
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
         yield
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if sockets is not None and self.started:
+            # uvicorn says where it listens only for the sockets it bound itself; ours were
+            # bound beforehand (bind_listeners): the same line, once per listener.
+            self._log_started_message(sockets)
 
 
 @dataclass(slots=True)
@@ -113,8 +145,7 @@ async def serve(webhook: Webhook, options: ServeOptions) -> None:
         lifespan="off",
     )
     servers = [_Server(https_config), _Server(health_config)]
-    # Bound before anything is served: a port in use stops the process with one line.
-    sockets = [listen_socket(options.host, port) for port in (options.port, options.health_port)]
+    sockets = options.sockets or bind_listeners(options.host, options.port, options.health_port)
 
     loop = asyncio.get_running_loop()
 
@@ -135,18 +166,22 @@ async def serve(webhook: Webhook, options: ServeOptions) -> None:
         extra={
             "https_port": options.port,
             "health_port": options.health_port,
-            "listen": [describe(sock) for sock in sockets],
+            "listen": [describe(sock) for listener in sockets for sock in listener],
             "mode": webhook.settings.current.mode.value,
         },
     )
     try:
         await asyncio.gather(
-            *(server.serve(sockets=[sock]) for server, sock in zip(servers, sockets, strict=True))
+            *(
+                server.serve(sockets=list(listener))
+                for server, listener in zip(servers, sockets, strict=True)
+            )
         )
     finally:
         reloader.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await reloader
-        for sock in sockets:
-            sock.close()
+        for listener in sockets:
+            for sock in listener:
+                sock.close()
     log.info("stopped")

@@ -19,7 +19,7 @@ import pytest
 from coschedule.cli.release_held import pods_summary, release_gated, release_held, summary
 from coschedule.kube.client import KubeClient
 from tests.concurrency.runs import pipeline_run, workflow
-from tests.conftest import ROOT, write_kubeconfig
+from tests.conftest import PATIENCE_SECONDS, ROOT, write_kubeconfig
 from tests.reconcile.apiserver import MiniApi, Scaffold
 from tests.reconcile.conftest import eventually
 
@@ -222,7 +222,7 @@ async def _command(*args: str) -> tuple[int, str, str]:
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
     )
-    out, err = await asyncio.wait_for(process.communicate(), 60)
+    out, err = await asyncio.wait_for(process.communicate(), PATIENCE_SECONDS)
     assert process.returncode is not None
     return process.returncode, out.decode(), err.decode()
 

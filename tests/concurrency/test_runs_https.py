@@ -20,7 +20,13 @@ import orjson
 import pytest
 
 from tests.concurrency.runs import control, pipeline_run, workflow
-from tests.conftest import RunningServer, launch_server, trust, write_kubeconfig
+from tests.conftest import (
+    PATIENCE_SECONDS,
+    RunningServer,
+    launch_server,
+    trust,
+    write_kubeconfig,
+)
 from tests.fixtures import admission_review
 from tests.reconcile.apiserver import MiniApi
 
@@ -34,7 +40,7 @@ QUEUE_PER_NAMESPACE: Obj = {
     "maxRunning": 1,
     "key": "$(context.namespace)",
 }
-WITHIN = 10.0  # seconds: generous for a loaded 2-core machine; the usual wait is far shorter
+WITHIN = PATIENCE_SECONDS  # a start-up or a watch event; polled, so green runs do not wait
 
 
 def namespace(name: str, labels: dict[str, str] | None = None) -> Obj:
@@ -75,7 +81,7 @@ async def serve(api: MiniApi, tmp_path: Path) -> AsyncIterator[Callable[[], Runn
     for running in started:
         running.process.terminate()
         try:
-            await asyncio.to_thread(running.process.wait, 10)
+            await asyncio.to_thread(running.process.wait, 30)
         except subprocess.TimeoutExpired:
             running.process.kill()
             await asyncio.to_thread(running.process.wait)

@@ -200,19 +200,17 @@ def test_a_running_task_is_never_split_the_stuck_pod_is_explained(
     )
     unschedulable(api, ns, run.pod_name("test"), REASON[cause])
 
-    on_pod = wait_for(
-        "a RunStuck Warning on the pending pod",
-        lambda: events_on(api, ns, "Pod", run.pod_name("test"), "RunStuck") or None,
-        timeout=STUCK_GRACE + 10,
-        describe=lambda: describe_namespace(api, ns),
-    )
     on_run = wait_for(
         "a RunStuck Warning on the PipelineRun",
         lambda: events_on(api, ns, "PipelineRun", run.name, "RunStuck") or None,
-        timeout=10,
+        timeout=STUCK_GRACE + 10,
+        describe=lambda: describe_namespace(api, ns),
     )
-    text = on_pod[0]["message"]
-    assert on_pod[0]["type"] == on_run[0]["type"] == "Warning"
+    text = on_run[0]["message"]
+    assert on_run[0]["type"] == "Warning"
+    # One Event for the stuck run, on the run: none copied onto the pod.
+    assert not events_on(api, ns, "Pod", run.pod_name("test"), "RunStuck")
+    assert run.pod_name("test") in text, text
     assert old_node in text, text
     assert run.pod_name("build") in text, text  # why not moved: it runs there
     assert ("cpu" in text) if cause == "cpu" else ("pod cap" in text), text
@@ -253,20 +251,15 @@ def test_a_node_local_volume_pins_the_run_explained_never_moved(
     run.pods["test"] = create_pod(api, test)
     unschedulable(api, ns, run.pod_name("test"), "Insufficient cpu")
 
-    on_pod = wait_for(
-        "a RunStuck Warning on the pending pod",
-        lambda: events_on(api, ns, "Pod", run.pod_name("test"), "RunStuck") or None,
+    on_run = wait_for(
+        "a RunStuck Warning on the PipelineRun",
+        lambda: events_on(api, ns, "PipelineRun", run.name, "RunStuck") or None,
         timeout=STUCK_GRACE + 10,
         describe=lambda: describe_namespace(api, ns),
     )
-    text = on_pod[0]["message"]
+    text = on_run[0]["message"]
     assert "claim source" in text, text
     assert f"usable on node {here}" in text, text
-    wait_for(
-        "a RunStuck Warning on the PipelineRun",
-        lambda: events_on(api, ns, "PipelineRun", run.name, "RunStuck") or None,
-        timeout=10,
-    )
     time.sleep(STUCK_GRACE + 1)
     still = api.must_get("Pod", f"{placeholder}-0", ns)
     assert still["metadata"]["uid"] == first["metadata"]["uid"], describe_namespace(api, ns)

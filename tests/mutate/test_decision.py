@@ -114,6 +114,22 @@ def test_workspaces_mode_denies_two_claims_naming_the_rule_and_fix() -> None:
     assert decision.ops == []
 
 
+def test_the_two_claims_fix_names_where_argo_takes_the_mode_label() -> None:
+    """Argo copies none of a Workflow's labels to its pods: the fix names
+    spec.podMetadata.labels, not "label the run"; a Tekton run's hint stays the run's label."""
+    pod = load_pod("argo-workflow-pod")
+    pod["spec"]["volumes"].append({"name": "cache", "persistentVolumeClaim": {"claimName": "c"}})
+    decision = decide(pod, ctx(Mode.WORKSPACES))
+    assert decision.rule == "workspaces-single-claim"
+    assert decision.message is not None
+    assert "spec.podMetadata.labels" in decision.message
+    assert "label the run" not in decision.message
+    tekton = decide(load_pod("tekton-taskrun-two-workspaces"), ctx(Mode.WORKSPACES))
+    assert tekton.message is not None
+    assert "label the run coschedule.dev/mode=pipelineruns" in tekton.message
+    assert "podMetadata" not in tekton.message
+
+
 def test_same_claim_mounted_twice_counts_once() -> None:
     pod = load_pod("tekton-taskrun")
     volume = next(v for v in pod["spec"]["volumes"] if "persistentVolumeClaim" in v)

@@ -15,6 +15,7 @@ from coschedule.kube.client import Credentials, KubeClient
 from coschedule.reconcile.controller import Controller
 from coschedule.reconcile.manager import Manager
 from coschedule.reconcile.reconciler_metrics import ReconcileMetrics
+from tests.conftest import PATIENCE_SECONDS
 from tests.reconcile.apiserver import MiniApi, Scaffold
 
 
@@ -35,9 +36,10 @@ async def client(api: MiniApi) -> AsyncIterator[KubeClient]:
 
 
 async def eventually(
-    check: Callable[[], object], within: float = 3.0, interval: float = 0.01
+    check: Callable[[], object], within: float = PATIENCE_SECONDS, interval: float = 0.01
 ) -> float:
-    """Wait until ``check()`` is truthy; return how long it took (fail after ``within`` s)."""
+    """Wait until ``check()`` is truthy; return how long it took (fail after ``within`` s:
+    by default the generous bound of a busy machine, which a passing test never waits for)."""
     start = time.monotonic()
     while not check():
         if time.monotonic() - start > within:

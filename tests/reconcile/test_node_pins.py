@@ -260,7 +260,13 @@ def test_a_pod_pinned_where_the_placeholder_is_evicted_now_is_stranded() -> None
     )
     [delete] = plan_pins(observed, (evict,)).actions
     assert isinstance(delete, DeleteStrandedPod)
-    assert "which its run is leaving" in delete.event.message
+    # The run's next node is not known yet: the Event names none, nor a "there".
+    assert delete.event.message == (
+        "pod pr-7f3k2-build-pod was pending on node worker-2, which its run is leaving; "
+        "deleted for its TaskRun pr-7f3k2-build to recreate it, pinned to the node the run's "
+        "placeholder is bound to next (held behind the coschedule.dev/placeholder scheduling "
+        "gate until it is)"
+    )
 
 
 def test_only_pods_whose_engine_recreates_them_are_deleted() -> None:

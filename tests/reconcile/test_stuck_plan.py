@@ -248,8 +248,8 @@ def test_a_running_task_forbids_the_move_and_the_stuck_pod_is_explained_once() -
     assert running["metadata"]["name"] in text
     assert "free cpu on node worker-1" in text
     events = only(result, RecordEvent)
+    # One Event for one stuck run, on the run (not a copy on the pod at the same instant).
     assert [(e.reason, e.type, involved(e), e.message) for e in events] == [
-        ("RunStuck", "Warning", "Pod", text),
         ("RunStuck", "Warning", "PipelineRun", text),
     ]
     assert result.requeue is not None
@@ -263,6 +263,20 @@ def test_a_running_task_forbids_the_move_and_the_stuck_pod_is_explained_once() -
     )
     assert again.actions == (MarkStuck("ci", observed.name),)
     assert again.requeue == result.requeue
+
+
+def test_a_group_no_run_object_owns_is_told_on_its_stuck_pod() -> None:
+    """A group with no owning run (a pod grouped by coschedule.dev/group alone): the one
+    RunStuck Event goes on the stuck pod, the only object there is to describe."""
+    running = marked_pod("tekton-taskrun", node="worker-1")
+    pod = stuck_pod()
+    observed = replace(group(running, pod), owner=None)
+    result = plan_stuck(observed, facts(observed, running, pod), SETTINGS, NOW)
+    [mark] = only(result, MarkStuck)
+    [event] = only(result, RecordEvent)
+    assert (event.reason, involved(event), event.message) == ("RunStuck", "Pod", mark.text)
+    assert event.involved is not None
+    assert event.involved.name == STUCK_POD
 
 
 def test_a_node_local_volume_pins_the_run_it_is_explained_never_moved() -> None:

@@ -15,7 +15,14 @@ import httpx
 import pytest
 
 from coschedule.kube.reachability import ApiReachability
-from tests.conftest import ROOT, free_port, reconciler_command, write_kubeconfig
+from tests.conftest import (
+    PATIENCE_SECONDS,
+    ROOT,
+    free_port,
+    reconciler_command,
+    wait_until,
+    write_kubeconfig,
+)
 
 
 def test_reachability_says_it_once_then_reminds_then_recovers(
@@ -71,25 +78,28 @@ def test_reconcile_against_a_closed_port(tmp_path: Path) -> None:
     )
     try:
         detail = ""
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
+
+        def says_waiting() -> bool:
+            nonlocal detail
             try:
-                answer = httpx.get(f"http://127.0.0.1:{health}/readyz", timeout=1)
-                assert answer.status_code == 503
-                detail = answer.json()["checks"]["caches"]["detail"]
-                if "waiting for the API server" in detail:
-                    break
+                answer = httpx.get(f"http://127.0.0.1:{health}/readyz", timeout=5)
             except httpx.TransportError:
-                pass
-            time.sleep(0.1)
+                return False  # not listening yet
+            assert answer.status_code == 503
+            detail = answer.json()["checks"]["caches"]["detail"]
+            return "waiting for the API server" in detail
+
+        wait_until(
+            says_waiting, "readyz says it waits for the API server", describe=log_path.read_text
+        )
         assert detail.startswith("caches not synced: ")
         assert f"waiting for the API server at {server} for " in detail
         assert detail.endswith(": connection refused")
         # Informers back off and retry, the elector retries every 2 s: many failures ...
         time.sleep(5)
-        assert httpx.get(f"http://127.0.0.1:{health}/livez", timeout=1).status_code == 200
+        assert httpx.get(f"http://127.0.0.1:{health}/livez", timeout=5).status_code == 200
         process.send_signal(signal.SIGTERM)
-        assert process.wait(timeout=10) == 0
+        assert process.wait(timeout=PATIENCE_SECONDS) == 0
     finally:
         if process.poll() is None:
             process.kill()
@@ -135,17 +145,20 @@ def test_serve_against_a_closed_port_says_why_it_is_not_ready(tmp_path: Path) ->
     )
     try:
         detail = ""
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline and "waiting for the API server" not in detail:
+
+        def says_waiting() -> bool:
+            nonlocal detail
             try:
-                answer = httpx.get(f"http://127.0.0.1:{health}/readyz", timeout=1)
-                assert answer.status_code == 503
-                detail = answer.json()["checks"]["namespace-cache"]["detail"]
+                answer = httpx.get(f"http://127.0.0.1:{health}/readyz", timeout=5)
             except httpx.TransportError:
-                pass
-            time.sleep(0.1)
+                return False  # not listening yet
+            assert answer.status_code == 503
+            detail = answer.json()["checks"]["namespace-cache"]["detail"]
+            return "waiting for the API server" in detail
+
+        wait_until(says_waiting, "readyz says it waits for the API server")
         assert detail.startswith("namespace cache not synced yet; waiting for the API server")
         assert detail.endswith(": connection refused")
     finally:
         process.terminate()
-        process.wait(timeout=10)
+        process.wait(timeout=PATIENCE_SECONDS)

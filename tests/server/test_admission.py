@@ -124,6 +124,7 @@ def test_both_endpoints_refuse_a_broken_request_at_the_door(
     assert orjson.loads(body)["error"]
     assert requests(endpoint.metrics, mode, "400") == 2  # the Content-Type and the body
     assert requests(endpoint.metrics, mode, "413") == 2
+    assert requests(endpoint.metrics, mode, "405") == 1  # counted as it is logged
 
 
 @pytest.mark.parametrize(("make", "review", "mode"), ENDPOINTS)

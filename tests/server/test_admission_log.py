@@ -6,10 +6,8 @@ from __future__ import annotations
 import json
 import logging
 import signal
-import socket
 import subprocess
 import sys
-import time
 from typing import Any
 
 import httpx
@@ -29,6 +27,7 @@ from coschedule.server.admission_metrics import (
 from coschedule.server.pod_endpoint import PodEndpoint
 from coschedule.server.webhook_metrics import WebhookMetrics
 from coschedule.wire.review import encode_allowed, encode_response
+from tests.conftest import PATIENCE_SECONDS, free_port, wait_until
 from tests.fixtures import admission_review
 
 FIELDS = ("uid", "namespace", "pod", "run", "mode", "placeholder", "rule", "latency_ms")
@@ -153,13 +152,6 @@ def test_log_format_flag(command: str) -> None:
         parser.parse_args([command, "--log-format", "xml"])
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 @pytest.mark.parametrize(("fmt", "first"), [("json", "{"), ("text", "20")])
 def test_serve_logs_in_the_chosen_format(fmt: str, first: str, tmp_path: Any) -> None:
     """A real `coschedule serve` process: its first log line is in the chosen format."""
@@ -188,7 +180,7 @@ def test_serve_logs_in_the_chosen_format(fmt: str, first: str, tmp_path: Any) ->
         line = process.stderr.readline()
     finally:
         process.terminate()
-        process.wait(timeout=10)
+        process.wait(timeout=PATIENCE_SECONDS)
     assert line.startswith(first), line
     if fmt == "json":
         assert "level" in json.loads(line)
@@ -218,15 +210,17 @@ def test_serve_logs_each_lifecycle_line_once(tmp_path: Any) -> None:
         stderr=subprocess.PIPE,
         text=True,
     )
+
+    def live() -> bool:
+        try:
+            return httpx.get(f"http://127.0.0.1:{health}/livez", timeout=5).status_code == 200
+        except httpx.TransportError:
+            return False
+
     try:
-        for _ in range(400):
-            try:
-                if httpx.get(f"http://127.0.0.1:{health}/livez").status_code == 200:
-                    break
-            except httpx.TransportError:
-                time.sleep(0.025)
+        wait_until(live, "serve live", interval=0.025)
         process.send_signal(signal.SIGTERM)
-        _, stderr = process.communicate(timeout=10)
+        _, stderr = process.communicate(timeout=PATIENCE_SECONDS)
     finally:
         if process.returncode is None:
             process.kill()

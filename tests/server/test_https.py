@@ -5,7 +5,6 @@ from __future__ import annotations
 import base64
 import socket
 import ssl
-import time
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +15,7 @@ import pytest
 
 from coschedule import certs
 from coschedule.marks import claim_placeholder, run_placeholder
-from tests.conftest import RunningServer, start_server, stop_server, trust
+from tests.conftest import RunningServer, start_server, stop_server, trust, wait_until
 from tests.fixtures import admission_review, load_pod
 
 JSON = {"Content-Type": "application/json"}
@@ -31,15 +30,6 @@ def patched_pod(review: dict[str, Any], response: dict[str, Any]) -> dict[str, A
     ops = orjson.loads(base64.b64decode(response["patch"]))
     result: dict[str, Any] = reference_jsonpatch.apply_patch(review["request"]["object"], ops)
     return result
-
-
-def wait_for(predicate: Any, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.2)
-    raise AssertionError("condition not met in time")
 
 
 def test_tekton_review_over_https(server: RunningServer) -> None:
@@ -220,7 +210,7 @@ def test_certificate_rotation_without_restart_or_failed_request(server: RunningS
             except httpx.ConnectError:
                 return False
 
-        wait_for(new_cert_served)
+        wait_until(new_cert_served, "the rotated certificate served")
         # The connection opened before the rotation still works.
         assert kept_alive.get("/livez").status_code == 200
         assert post(kept_alive, admission_review(load_pod("job-pod"))).status_code == 200
@@ -243,15 +233,16 @@ def test_config_hot_reload_and_refused_reload(server: RunningServer) -> None:
         return label
 
     run = run_placeholder("ci", "pr-7f3k2")
-    wait_for(lambda: placeholder() == run)
+    wait_until(lambda: placeholder() == run, "mode pipelineruns reloaded")
 
     # An invalid combination: the last good config stays, and the error is reported.
     (server.config_dir / "disable-affinity-assistant").write_text("false")
-    wait_for(
+    wait_until(
         lambda: (
             "coschedule_config_reload_errors_total 1.0"
             in httpx.get(server.health_url + "/metrics").text
-        )
+        ),
+        "the refused reload counted",
     )
     assert placeholder() == run
     assert "coschedule_config_last_reload_successful 0.0" in metrics_text(server)
