@@ -8,6 +8,7 @@ import argparse
 import asyncio
 import os
 import sys
+import time
 from typing import Any
 
 from coschedule.cli.options import EXIT_FAILED, EXIT_OK, EXIT_USAGE
@@ -162,8 +163,6 @@ def _explain_live(args: argparse.Namespace) -> int:
 
 def _explain_pod(args: argparse.Namespace) -> int:
     """``--pod NAME``: the live pod's gate, how long it has waited, whether anything leads."""
-    import time
-
     import orjson
 
     from coschedule.cli.explain_gate import gate_report, lease_path
