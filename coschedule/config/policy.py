@@ -328,7 +328,7 @@ def _unsatisfiable(
             "ever satisfy that, so the pod (and the placeholder of its run, which carries the "
             "same constraints) would wait forever. Fix: make the nodeSelector and every "
             "node-affinity term agree on each key (the same value, or a value the term allows).",
-            f"no node can satisfy the nodeSelector and required node affinity: {why[0]}",
+            f"no node fits: {why[0]}",
         )
     ]
 

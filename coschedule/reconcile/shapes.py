@@ -113,7 +113,7 @@ def slim_marked_pod(obj: Obj) -> Obj:
         slim_spec["schedulingGates"] = spec["schedulingGates"]
         if spec.get("affinity") and node_pin.gate_index(spec) is not None:
             slim_spec["affinity"] = spec["affinity"]
-    terms = node_terms(spec, node_pin.pinned_node(annotations))
+    terms = node_terms(spec, node_pin.pinned_node(meta))
     if terms is not None:
         slim_spec["nodeTerms"] = [dict(t) for t in terms]
     others = other_assistants(spec, str(labels.get(LABEL_PLACEHOLDER) or ""))
