@@ -24,7 +24,14 @@ from typing import Any
 
 import orjson
 
-from bench.payloads import fat_pod, not_selected_pod, review_bytes, small_pod, tekton_pod
+from bench.payloads import (
+    affine_tekton_pod,
+    fat_pod,
+    not_selected_pod,
+    review_bytes,
+    small_pod,
+    tekton_pod,
+)
 from coschedule.config.settings import Settings
 from coschedule.config.store import SettingsStore
 from coschedule.kube.claim_cache import ClaimCache
@@ -43,6 +50,7 @@ AUTO_PINNED = "tekton, placement auto, pinned"
 PAYLOADS: dict[str, Callable[[], dict[str, Any]]] = {
     "small": small_pod,
     "tekton": tekton_pod,
+    "tekton, podTemplate affinity": affine_tekton_pod,
     "fat": fat_pod,
     "not-selected": not_selected_pod,
 }
