@@ -7,7 +7,7 @@ A pod no node can take is refused at admission, naming the rule."""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -45,14 +45,19 @@ def allowed_only(manifest: Obj) -> Obj:
 
 
 @pytest.fixture
-def busy_allowed_nodes(e2e: E2E, namespace: Callable[..., str]) -> None:
-    """Another workload's pods take 6 of the 8 CPUs of each allowed node."""
+def busy_allowed_nodes(e2e: E2E, namespace: Callable[..., str]) -> Iterator[None]:
+    """Another workload's pods take 4 of the 8 CPUs of each allowed node: the run's pods
+    (1 CPU each) still fit there, the idle nodes score higher."""
     ns = namespace(prefix="busy")
     for index, name in enumerate(ALLOWED):
         pod = bare_pod(ns, f"busy-{index}")
         pod["spec"]["nodeName"] = name
-        pod["spec"]["containers"][0]["resources"] = {"requests": {"cpu": "6", "memory": "1Gi"}}
+        pod["spec"]["containers"][0]["resources"] = {"requests": {"cpu": "4", "memory": "1Gi"}}
         e2e.api.create(pod)
+    yield
+    # No kubelet here to finish a graceful deletion: the pods would hold their CPU.
+    for index in range(len(ALLOWED)):
+        e2e.api.delete("Pod", f"busy-{index}", ns, grace_period=0)
 
 
 @pytest.mark.parametrize("mode", ["workspaces", "pipelineruns", "isolate-pipelinerun"])
@@ -80,10 +85,18 @@ def test_the_placeholder_and_the_run_land_only_on_allowed_nodes(
     assert terms["nodeSelectorTerms"] == [
         {"matchExpressions": [{"key": HOSTNAME, "operator": "In", "values": list(ALLOWED)}]}
     ], dump(sts)
-    there = node(wait_placeholder_bound(api, ns, placeholder))
-    assert there in ALLOWED, f"placeholder on {there}, outside {ALLOWED}"
-    for task in tasks:
-        wait_bound(api, ns, run.pod_name(task), node=there)
+    try:
+        there = node(wait_placeholder_bound(api, ns, placeholder))
+        assert there in ALLOWED, f"placeholder on {there}, outside {ALLOWED}"
+        for task in tasks:
+            wait_bound(api, ns, run.pod_name(task), node=there)
+    finally:
+        # No kubelet here to finish a graceful deletion: the pods would hold their CPU.
+        for task in tasks:
+            api.delete("Pod", run.pod_name(task), ns, grace_period=0)
+        api.delete("StatefulSet", placeholder, ns)
+        for pod in api.list("Pod", ns):
+            api.delete("Pod", pod["metadata"]["name"], ns, grace_period=0)
 
 
 def test_a_pod_no_node_can_take_is_refused_by_kubectl(
