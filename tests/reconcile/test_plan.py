@@ -236,6 +236,9 @@ def test_a_pod_that_allows_no_node_with_the_earlier_ones_is_left_out() -> None:
     assert group is not None
     assert group.node_selector == {"kubernetes.io/os": "linux", "node-pool": "ci-builders"}
     assert group.excluded == ("b",)
+    [create] = only(plan(observed_for(later, first), SETTINGS, NOW), CreateStatefulSet)
+    assert create.event.type == "Warning"
+    assert "pod(s) b left out" in create.event.message
     # Same creationTimestamp: the name decides, whatever order the cache lists them in.
     for order in ((first, tie, later), (later, tie, first)):
         body = created_body(observed_for(*order))
