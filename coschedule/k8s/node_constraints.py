@@ -144,6 +144,16 @@ def key_satisfiable(expressions: Iterable[Mapping[str, Any]]) -> bool:
     return any(str(n) not in excluded for n in numbers)
 
 
+def _alone(expression: Mapping[str, Any]) -> bool:
+    """Whether one expression by itself can hold for some value of its key."""
+    operator = expression.get("operator")
+    if operator in ("NotIn", "Exists", "DoesNotExist"):
+        return True
+    if operator == "In":
+        return bool(expression.get("values"))
+    return key_satisfiable((expression,))
+
+
 def term_conflict(term: Term, node_selector: Mapping[str, str]) -> str | None:
     """The key whose requirements in ``term`` (with the nodeSelector) no node can meet;
     "" for an empty or malformed term (it matches no node); None: satisfiable."""
@@ -151,6 +161,21 @@ def term_conflict(term: Term, node_selector: Mapping[str, str]) -> str | None:
     fields = _list(term.get(_FIELDS))
     if not expressions and not fields:
         return ""
+    if not fields:
+        # The admission hot path: most terms ask one thing of each key, none the
+        # nodeSelector names; then each expression alone decides.
+        keys: set[Any] = set()
+        for expression in expressions:
+            if not isinstance(expression, Mapping):
+                return ""
+            key = expression.get("key")
+            if key in keys or key in node_selector:
+                break
+            keys.add(key)
+            if not _alone(expression):
+                return str(key)
+        else:
+            return None
     by_key: dict[str, list[Mapping[str, Any]]] = {}
     for expression in expressions:
         if not isinstance(expression, Mapping):
