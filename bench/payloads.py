@@ -23,6 +23,9 @@ if str(ROOT) not in sys.path:
 from tests.fixtures import DEFAULT_TOLERATIONS, admission_review  # noqa: E402
 
 TEKTON_FIXTURE: Final[Path] = ROOT / "tests" / "fixtures" / "pods" / "tekton-taskrun.json"
+AFFINE_FIXTURE: Final[Path] = (
+    ROOT / "tests" / "fixtures" / "pods" / "tekton-taskrun-user-affinity.json"
+)
 
 # A fixed request uid keeps review_bytes() byte-for-byte reproducible.
 BENCH_UID: Final[str] = "6f1d2c3b-4a59-4e8d-9c7b-0a1b2c3d4e5f"
@@ -157,6 +160,16 @@ def tekton_pod() -> dict[str, Any]:
     data = json.loads(TEKTON_FIXTURE.read_text(encoding="utf-8"))
     if not isinstance(data, dict):
         raise TypeError(f"{TEKTON_FIXTURE} is not a JSON object")
+    return data
+
+
+def affine_tekton_pod() -> dict[str, Any]:
+    """The ``tekton-taskrun-user-affinity`` fixture: a TaskRun pod whose podTemplate gave it
+    a nodeSelector, tolerations, a required node affinity and a required anti-affinity (the
+    policy rules, ``unsatisfiable-placement`` among them, read them all)."""
+    data = json.loads(AFFINE_FIXTURE.read_text(encoding="utf-8"))
+    if not isinstance(data, dict):
+        raise TypeError(f"{AFFINE_FIXTURE} is not a JSON object")
     return data
 
 

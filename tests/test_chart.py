@@ -310,7 +310,8 @@ def test_every_option_reaches_the_objects() -> None:
         settings.policy.reserved_tolerations.value,
         settings.policy.control_plane.value,
         settings.policy.hard_anti_affinity_topology.value,
-    ) == ("deny", "off", "warn")
+        settings.policy.unsatisfiable_placement.value,
+    ) == ("deny", "off", "warn", "warn")
 
 
 def test_cert_manager_options_reach_the_certificates() -> None:

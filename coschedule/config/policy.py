@@ -21,6 +21,12 @@ it never trips one.
   (``{}``: pods of every namespace) and a ``topologyKey`` other than
   ``kubernetes.io/hostname``: one such pod would keep every matching pod of the cluster out
   of its whole zone (or region).
+- ``unsatisfiable-placement`` (default deny): the pod's nodeSelector and required node
+  affinity leave no node, in any cluster: every term asks of one key what no value (or
+  absence) gives (``pool=a`` and ``pool In [b]``; ``Exists`` and ``DoesNotExist``; ``Gt 5``
+  and ``Lt 3``). Such a pod would wait forever, and in a run its placeholder, which carries
+  the same constraints, too. Denied by default: no node label can ever change the answer,
+  so refusing loses nothing and turns a silent hang into an immediate error naming the fix.
 
 A toleration with an empty key and ``operator: Exists`` tolerates every taint. It counts as
 a toleration of the reserved taints (unless its effect is ``PreferNoSchedule``, an effect
@@ -38,6 +44,8 @@ from typing import Any
 
 from coschedule.config import ConfigError
 from coschedule.k8s.constants import HOSTNAME, REQUIRED
+from coschedule.k8s.node_constraints import term_conflict
+from coschedule.k8s.nodeaffinity import NAME_FIELD, required_terms
 from coschedule.wire import pod_fields as podview
 
 RESERVED_PREFIX = "node.kubernetes.io/"
@@ -47,7 +55,8 @@ CONTROL_PLANE_KEYS = ("node-role.kubernetes.io/control-plane", "node-role.kubern
 RESERVED_TOLERATIONS = "reserved-tolerations"
 CONTROL_PLANE = "control-plane"
 HARD_ANTI_AFFINITY_TOPOLOGY = "hard-anti-affinity-topology"
-RULES = (RESERVED_TOLERATIONS, CONTROL_PLANE, HARD_ANTI_AFFINITY_TOPOLOGY)
+UNSATISFIABLE_PLACEMENT = "unsatisfiable-placement"
+RULES = (RESERVED_TOLERATIONS, CONTROL_PLANE, HARD_ANTI_AFFINITY_TOPOLOGY, UNSATISFIABLE_PLACEMENT)
 KEY_PREFIX = "policy-"
 POLICY_KEYS = tuple(KEY_PREFIX + rule for rule in RULES)
 _RULE_ORDER = {rule: index for index, rule in enumerate(RULES)}
@@ -66,6 +75,7 @@ class PolicySettings:
     reserved_tolerations: PolicyMode = PolicyMode.WARN
     control_plane: PolicyMode = PolicyMode.WARN
     hard_anti_affinity_topology: PolicyMode = PolicyMode.DENY
+    unsatisfiable_placement: PolicyMode = PolicyMode.DENY
 
     def mode(self, rule: str) -> PolicyMode:
         mode: PolicyMode = getattr(self, rule.replace("-", "_"))
@@ -280,6 +290,49 @@ def _anti_affinity(affinity: Mapping[str, Any] | None, mode: PolicyMode) -> list
     return found
 
 
+def _show(expression: Mapping[str, Any]) -> str:
+    values = expression.get("values")
+    shown = f" [{', '.join(str(v) for v in values)}]" if isinstance(values, list) else ""
+    return f"{expression.get('key')} {expression.get('operator')}{shown}"
+
+
+def _unsatisfiable(
+    node_selector: Mapping[str, str], affinity: Mapping[str, Any], mode: PolicyMode
+) -> list[Finding]:
+    """The required node affinity, with the nodeSelector, allows no node at all."""
+    terms = required_terms(affinity)
+    if not terms:
+        return []
+    why: list[str] = []
+    for t, term in enumerate(terms):
+        key = term_conflict(term, node_selector)
+        if key is None:
+            return []  # this term allows some node
+        if not key:
+            why.append(f"term {t} is empty or malformed (it matches no node)")
+            continue
+        field = "matchFields" if key == NAME_FIELD else "matchExpressions"
+        asks = [
+            _show(e) for e in term.get(field) or () if isinstance(e, dict) and e.get("key") == key
+        ]
+        if key in node_selector:
+            asks.append(f"nodeSelector {key}={node_selector[key]}")
+        why.append(f"term {t} asks {' and '.join(asks)}")
+    field = f"spec.affinity.nodeAffinity.{REQUIRED}"
+    return [
+        Finding(
+            UNSATISFIABLE_PLACEMENT,
+            mode,
+            field,
+            f"{field} with spec.nodeSelector allows no node: {'; '.join(why)}. No node can "
+            "ever satisfy that, so the pod (and the placeholder of its run, which carries the "
+            "same constraints) would wait forever. Fix: make the nodeSelector and every "
+            "node-affinity term agree on each key (the same value, or a value the term allows).",
+            f"no node fits: {why[0]}",
+        )
+    ]
+
+
 def check_policy(
     node_selector: Mapping[str, str],
     tolerations: Sequence[Mapping[str, Any]],
@@ -316,6 +369,8 @@ def check_policy(
                     findings.append(found)
     if policy.hard_anti_affinity_topology is not PolicyMode.OFF and affinity is not None:
         findings.extend(_anti_affinity(affinity, policy.hard_anti_affinity_topology))
+    if policy.unsatisfiable_placement is not PolicyMode.OFF and affinity is not None:
+        findings.extend(_unsatisfiable(node_selector, affinity, policy.unsatisfiable_placement))
     if len(findings) > 1:
         findings.sort(key=lambda finding: _RULE_ORDER[finding.rule])  # stable: field order
     return findings

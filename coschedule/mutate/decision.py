@@ -330,6 +330,15 @@ def _decide_coschedule(
                 else f"no tenant: the namespace has no label {label} (a tenant of its own)"
             )
     pod_spec = podview.spec(pod)
+    if pod_spec.get("nodeName"):
+        # The scheduler never sees it (nor a gate: the API refuses one beside a nodeName),
+        # and the kubelet ignores pod affinity: nothing could tie it to a placeholder.
+        if decision.trace:
+            decision.reasons.append(
+                f"left alone: spec.nodeName names its node ({pod_spec['nodeName']}); the "
+                "scheduler is bypassed, so it cannot be placed beside a placeholder"
+            )
+        return decision
     volumes = podview.claim_volumes(pod_spec)
     found = _claims_step(pod_spec, volumes, ctx, mode, run, decision)
     if found is None:

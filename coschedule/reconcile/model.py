@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from coschedule.k8s.node_constraints import NodeConstraints
 from coschedule.k8s.nodes import Node
 from coschedule.k8s.volumes import VolumeTopology
 from coschedule.marks import ClaimTemplate, Marks
@@ -68,6 +69,13 @@ class MarkedPod:
     # Other placeholders its required pod affinity pins it to: Tekton's own Affinity
     # Assistant's, when that is on too (``assistant_conflict``).
     other_assistants: tuple[str, ...] = ()
+    # Its required node-affinity terms without our pin, with an ``Exists`` of each
+    # DoNotSchedule spread constraint's key (``k8s.node_constraints``); None: no requirement.
+    node_terms: tuple[Mapping[str, Any], ...] | None = None
+
+    def constraints(self) -> NodeConstraints:
+        """Where this pod may go, as its placeholder must follow."""
+        return NodeConstraints(self.node_selector, self.node_terms, self.tolerations)
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,6 +17,7 @@ import orjson
 from coschedule import marks
 from coschedule.config.settings import Settings
 from coschedule.k8s.constants import PREFERRED, REQUIRED
+from coschedule.k8s.node_constraints import NodeConstraints
 from coschedule.marks import (
     ANNOTATION_CLAIMS,
     ANNOTATION_MODE,
@@ -56,6 +57,11 @@ class GroupSpec:
     # isolate-pipelinerun's reach, and the tenant of the namespace ("" when none).
     scope: IsolationScope = IsolationScope.NAMESPACE
     tenant: str = ""
+    # The meet of the required node-affinity terms of its pods (None: none requires any).
+    node_terms: tuple[Mapping[str, Any], ...] | None = None
+    # Pods whose node constraints leave no node in common with the earlier pods' (or none
+    # at all): they cannot follow the placeholder, which is built without them.
+    excluded: tuple[str, ...] = ()
 
 
 def first_pod(pods: Sequence[MarkedPod]) -> MarkedPod:
@@ -67,6 +73,7 @@ def group_spec(namespace: str, name: str, pods: Sequence[MarkedPod]) -> GroupSpe
     if not pods:
         return None
     first = first_pod(pods)
+    where, excluded = run_constraints(pods)
     if first.marks.mode is Mode.WORKSPACES:
         claims = first.marks.claims[:1]
     else:
@@ -79,12 +86,32 @@ def group_spec(namespace: str, name: str, pods: Sequence[MarkedPod]) -> GroupSpe
         run=first.marks.run,
         topology_key=first.marks.topology_key,
         claims=claims,
-        node_selector=dict(first.node_selector),
-        tolerations=first.tolerations,
+        node_selector=dict(where.node_selector),
+        tolerations=tuple(where.tolerations),
         scheduler_name=first.scheduler_name,
         scope=first.marks.scope,
         tenant=first.marks.tenant,
+        node_terms=where.terms,
+        excluded=excluded,
     )
+
+
+def run_constraints(pods: Sequence[MarkedPod]) -> tuple[NodeConstraints, tuple[str, ...]]:
+    """Where every pod of the group may go (the meet of their constraints, oldest pod
+    first), and the pods left out: one whose own constraints allow no node, or none that
+    the earlier pods allow (it could never join them). With every pod left out, the oldest
+    pod's constraints as they are: the run cannot run anywhere, and says so."""
+    ordered = sorted(pods, key=lambda p: (p.created, p.name))
+    found: NodeConstraints | None = None
+    excluded: list[str] = []
+    for pod in ordered:
+        own = pod.constraints()
+        met = own if found is None else found.meet(own)
+        if met is None or not met.satisfiable():
+            excluded.append(pod.name)
+            continue
+        found = met
+    return (found or ordered[0].constraints()), tuple(excluded)
 
 
 def _anti_affinity(group: GroupSpec) -> dict[str, Any]:
@@ -136,6 +163,9 @@ def pod_template(
         spec["nodeSelector"] = dict(group.node_selector)
     if group.tolerations:
         spec["tolerations"] = [dict(t) for t in group.tolerations]
+    node_affinity = NodeConstraints(group.node_selector, group.node_terms).affinity()
+    if node_affinity is not None:
+        spec["affinity"]["nodeAffinity"] = node_affinity
     # The group's scheduler places the placeholder too: one scheduler sees the run's pods
     # and their pin. The default one is left implicit so existing templates do not drift.
     if group.scheduler_name and group.scheduler_name != DEFAULT_SCHEDULER:

@@ -110,7 +110,9 @@ def _converge(observed: Observed, settings: Settings, now: float, owner_recheck:
                 observed.name,
                 "PlaceholderCreated",
                 f"placeholder for {_describe(group)} created"
-                + (f", owned by {root.kind} {root.name}" if root else ""),
+                + (f", owned by {root.kind} {root.name}" if root else "")
+                + _left_out(group),
+                "Warning" if group.excluded else "Normal",
             )
             actions.append(CreateStatefulSet(observed.namespace, observed.name, body, event))
             if lookup_failed:
@@ -168,6 +170,16 @@ def released_claims(observed: Observed) -> tuple[ReleaseClaim, ...]:
     return tuple(
         ReleaseClaim(observed.namespace, marks.placeholder_claim(t.name, observed.name))
         for t in observed.claim_templates
+    )
+
+
+def _left_out(group: GroupSpec) -> str:
+    if not group.excluded:
+        return ""
+    return (
+        f"; pod(s) {', '.join(group.excluded)} left out of where it may go: their nodeSelector "
+        "and required node affinity allow no node the run's earlier pods allow, so they cannot "
+        "join it (give every pod of the run constraints that agree)"
     )
 
 

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 import orjson
 
 from coschedule.k8s.constants import HOSTNAME, PREFERRED, REQUIRED
+from coschedule.k8s.node_constraints import and_expressions
+from coschedule.k8s.nodeaffinity import required_terms
 from coschedule.reconcile.model import Obj
 
 ANNOTATION_RELOCATIONS = "coschedule.dev/relocations"
@@ -88,21 +90,11 @@ def steer(template: Obj, annotations: Mapping[str, str]) -> Obj:
         return template
     steered = copy.deepcopy(template)
     affinity = steered.setdefault("spec", {}).setdefault("affinity", {})
-    node_affinity: Obj = {
-        REQUIRED: {
-            "nodeSelectorTerms": [
-                {
-                    "matchExpressions": [
-                        {
-                            "key": state.topology_key,
-                            "operator": "NotIn",
-                            "values": sorted(set(state.left)),
-                        }
-                    ]
-                }
-            ]
-        }
-    }
+    # ANDed into the run's own required terms (where its pods may go), never instead.
+    never_back = {"key": state.topology_key, "operator": "NotIn", "values": sorted(set(state.left))}
+    own = required_terms(affinity)
+    terms = and_expressions(own, [never_back]) or ()
+    node_affinity: Obj = {REQUIRED: {"nodeSelectorTerms": [dict(t) for t in terms]}}
     if state.target:
         node_affinity[PREFERRED] = [
             {

@@ -13,6 +13,8 @@ from typing import Any
 from coschedule import marks
 from coschedule.engines import pod_recreated_by_owner
 from coschedule.k8s.constants import REQUIRED, TERMINAL_PHASES
+from coschedule.k8s.node_constraints import spread_keys, strip_pin, with_spread
+from coschedule.k8s.nodeaffinity import required_terms
 from coschedule.k8s.nodes import ready_condition
 from coschedule.k8s.timefmt import parse_time
 from coschedule.marks import (
@@ -71,6 +73,13 @@ def other_assistants(spec: Mapping[str, Any], placeholder: str) -> list[str]:
     return sorted({instance for instance in found if instance and instance != placeholder})
 
 
+def node_terms(spec: Mapping[str, Any], pinned: str | None) -> tuple[Mapping[str, Any], ...] | None:
+    """The pod's own required node-affinity terms (our pin taken out) with what its spread
+    constraints require of a node: what its placeholder must carry too."""
+    terms = strip_pin(required_terms(spec.get("affinity")), pinned)
+    return with_spread(terms, spread_keys(spec))
+
+
 def slim_marked_pod(obj: Obj) -> Obj:
     """Informer transform for marked pods: metadata we read, scheduling inputs, phase."""
     meta = _dict(obj.get("metadata"))
@@ -105,6 +114,9 @@ def slim_marked_pod(obj: Obj) -> Obj:
         slim_spec["schedulingGates"] = spec["schedulingGates"]
         if spec.get("affinity") and node_pin.gate_index(spec) is not None:
             slim_spec["affinity"] = spec["affinity"]
+    terms = node_terms(spec, node_pin.pinned_node(meta))
+    if terms is not None:
+        slim_spec["nodeTerms"] = [dict(t) for t in terms]
     others = other_assistants(spec, str(labels.get(LABEL_PLACEHOLDER) or ""))
     if others:
         slim_spec["otherAssistants"] = others
@@ -217,6 +229,11 @@ def parse_marked(obj: Mapping[str, Any]) -> MarkedPod | BadMark:
         recreated=pod_recreated_by_owner(meta.get("ownerReferences")),
         gated=gated,
         other_assistants=tuple(str(a) for a in _list(spec.get("otherAssistants"))),
+        node_terms=(
+            tuple(t for t in terms if isinstance(t, dict))
+            if isinstance(terms := spec.get("nodeTerms"), list)
+            else None
+        ),
     )
 
 

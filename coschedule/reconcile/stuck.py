@@ -21,6 +21,7 @@ from typing import Any
 
 from coschedule.k8s import fit
 from coschedule.k8s.constants import TERMINAL_PHASES
+from coschedule.k8s.node_constraints import strip_pin
 from coschedule.k8s.nodeaffinity import pod_allows, required_terms
 from coschedule.k8s.nodes import Node
 from coschedule.k8s.quantity import resources, show
@@ -174,21 +175,10 @@ def pending_pod(obj: Obj, claims: tuple[str, ...] = ()) -> PendingPod | None:
 
 def unpinned(terms: Sequence[Any], node: str) -> list[Any] | None:
     """Required node-selector terms without our pin to ``node`` (``node_pin.pin_ops`` ANDs it
-    into every term); a term that was only the pin goes, and with no term left, None (no
-    requirement: the pin was all of it)."""
-    pin = node_pin.pin_requirement(node)
-    kept: list[Any] = []
-    for term in terms:
-        if not isinstance(term, Mapping) or pin not in (term.get("matchFields") or ()):
-            kept.append(term)
-            continue
-        fields = [f for f in term.get("matchFields") or () if f != pin]
-        rest = {k: v for k, v in term.items() if k != "matchFields"}
-        if fields:
-            rest["matchFields"] = fields
-        if fields or rest.get("matchExpressions"):
-            kept.append(rest)
-    return kept or None
+    into every term); with only the pin's own term, None (no requirement: the pin was all of
+    it)."""
+    kept = strip_pin([t for t in terms if isinstance(t, Mapping)], node)
+    return list(kept) if kept else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -267,7 +257,7 @@ def diagnose(
                 Cause.NODE_AFFINITY,
                 f"the pod's nodeSelector / node affinity excludes {where}",
                 "give every pod of the run the same nodeSelector and node affinity (the "
-                "placeholder follows the run's first pod)",
+                "placeholder goes where all the run's pods seen so far may go)",
             )
         )
     for name, wanted, free in fit.shortfalls(pod.requests, node.allocatable, in_use):
@@ -351,6 +341,8 @@ def static_candidates(
     claims: Sequence[ClaimState],
     excluded: Collection[str] = (),
     placeholder_tolerations: Sequence[Mapping[str, Any]] = (),
+    run_selector: Mapping[str, str] | None = None,
+    run_terms: Sequence[Mapping[str, Any]] | None = None,
 ) -> Candidates:
     """Nodes the pod and the placeholder could go to, before looking at what runs there."""
     result = Candidates()
@@ -373,6 +365,8 @@ def static_candidates(
             why = "a taint the run does not tolerate"
         elif not pod_allows(pod.node_selector, pod.terms, node.labels, node.name):
             why = "the pod's nodeSelector / node affinity excludes it"
+        elif not pod_allows(run_selector or {}, run_terms, node.labels, node.name):
+            why = "the run's pods' nodeSelector / node affinity (the placeholder's) excludes it"
         else:
             pinned = [
                 c

@@ -236,6 +236,8 @@ def _target(
         # of other namespaces), which the placeholder pods do not show.
         excluded=others if case.group.mode is Mode.ISOLATE_PIPELINERUN else (),
         placeholder_tolerations=case.group.tolerations,
+        run_selector=case.group.node_selector,
+        run_terms=case.group.node_terms,
     )
     if candidates.volume_blocked:
         blockers.append(

@@ -13,6 +13,7 @@ from coschedule.config.policy import (
     CONTROL_PLANE,
     HARD_ANTI_AFFINITY_TOPOLOGY,
     RESERVED_TOLERATIONS,
+    UNSATISFIABLE_PLACEMENT,
     Finding,
     PolicyMode,
     PolicySettings,
@@ -74,14 +75,20 @@ def admit(pod: dict[str, Any], context: AdmissionContext) -> tuple[Decision, dic
 # ---- config ---------------------------------------------------------------------------------
 
 
-def test_defaults_warn_warn_deny() -> None:
-    assert parse_policy({}) == PolicySettings(WARN, WARN, DENY)
-    assert Settings().policy == PolicySettings(WARN, WARN, DENY)
-    assert parse_settings({}).policy == PolicySettings(WARN, WARN, DENY)
+def test_defaults_warn_warn_deny_deny() -> None:
+    assert parse_policy({}) == PolicySettings(WARN, WARN, DENY, DENY)
+    assert Settings().policy == PolicySettings(WARN, WARN, DENY, DENY)
+    assert parse_settings({}).policy == PolicySettings(WARN, WARN, DENY, DENY)
 
 
 @pytest.mark.parametrize(
-    "rule", ["reserved-tolerations", "control-plane", "hard-anti-affinity-topology"]
+    "rule",
+    [
+        "reserved-tolerations",
+        "control-plane",
+        "hard-anti-affinity-topology",
+        "unsatisfiable-placement",
+    ],
 )
 @pytest.mark.parametrize("text", ["off", "warn", "deny", " DENY\n"])
 def test_every_key_takes_every_mode(rule: str, text: str) -> None:
@@ -90,7 +97,13 @@ def test_every_key_takes_every_mode(rule: str, text: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "rule", ["reserved-tolerations", "control-plane", "hard-anti-affinity-topology"]
+    "rule",
+    [
+        "reserved-tolerations",
+        "control-plane",
+        "hard-anti-affinity-topology",
+        "unsatisfiable-placement",
+    ],
 )
 def test_invalid_mode_is_a_config_error_naming_the_key(rule: str) -> None:
     with pytest.raises(ConfigError, match=f"\"policy-{rule}\": 'block' is not a policy mode"):
@@ -283,6 +296,26 @@ CASES: list[tuple[str, str, Any]] = [
         f"spec.affinity.podAntiAffinity.{REQUIRED}[0]",
         lambda pod: pod["spec"].update(affinity=zone_anti_affinity({})),
     ),
+    (
+        UNSATISFIABLE_PLACEMENT,
+        f"spec.affinity.nodeAffinity.{REQUIRED}",
+        lambda pod: pod["spec"].update(
+            nodeSelector={"pool": "a"},
+            affinity={
+                "nodeAffinity": {
+                    REQUIRED: {
+                        "nodeSelectorTerms": [
+                            {
+                                "matchExpressions": [
+                                    {"key": "pool", "operator": "In", "values": ["b"]}
+                                ]
+                            }
+                        ]
+                    }
+                }
+            },
+        ),
+    ),
 ]
 
 
@@ -423,3 +456,85 @@ def test_finding_warning_is_capped() -> None:
     finding: Finding = check_policy({}, [{"key": long_key}], None, ALL_WARN)[0]
     assert len(finding.warning) == 256
     assert finding.warning.endswith("…")
+
+
+# ---- unsatisfiable-placement ----------------------------------------------------------------
+
+
+def _pool_terms(*terms: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "nodeAffinity": {
+            REQUIRED: {"nodeSelectorTerms": [{"matchExpressions": list(t)} for t in terms]}
+        }
+    }
+
+
+def _pool(operator: str, *values: str) -> dict[str, Any]:
+    found: dict[str, Any] = {"key": "pool", "operator": operator}
+    if values:
+        found["values"] = list(values)
+    return found
+
+
+@pytest.mark.parametrize(
+    ("selector", "affinity", "why"),
+    [
+        (
+            {"pool": "a"},
+            _pool_terms([_pool("In", "b")]),
+            "term 0 asks pool In [b] and nodeSelector pool=a",
+        ),
+        (
+            {},
+            _pool_terms([_pool("Exists"), _pool("DoesNotExist")]),
+            "term 0 asks pool Exists and pool DoesNotExist",
+        ),
+        (
+            {"pool": "a"},
+            _pool_terms([_pool("NotIn", "a")], [_pool("In", "b", "c")]),
+            "term 0 asks pool NotIn [a] and nodeSelector pool=a; "
+            "term 1 asks pool In [b, c] and nodeSelector pool=a",
+        ),
+    ],
+)
+def test_a_pod_no_node_can_take_is_denied_naming_each_term(
+    selector: dict[str, str], affinity: dict[str, Any], why: str
+) -> None:
+    pod = load_pod("tekton-taskrun")
+    pod["spec"]["nodeSelector"] = selector
+    pod["spec"]["affinity"] = affinity
+    decision, _ = admit(pod, ctx())
+    assert not decision.allowed
+    assert decision.rule == "policy-unsatisfiable-placement"
+    assert why in (decision.message or "")
+    assert "Fix: make the nodeSelector and every node-affinity term agree" in (
+        decision.message or ""
+    )
+
+
+@pytest.mark.parametrize(
+    ("selector", "affinity"),
+    [
+        ({"pool": "a"}, _pool_terms([_pool("In", "a", "b")])),
+        ({"pool": "a"}, _pool_terms([_pool("In", "b")], [_pool("Exists")])),  # term 1 allows it
+        ({}, _pool_terms([_pool("NotIn", "a"), _pool("NotIn", "b")])),
+        ({"pool": "a"}, {"podAntiAffinity": {}}),  # no node affinity at all
+    ],
+)
+def test_a_pod_some_node_can_take_is_admitted(
+    selector: dict[str, str], affinity: dict[str, Any]
+) -> None:
+    pod = load_pod("tekton-taskrun")
+    pod["spec"]["nodeSelector"] = selector
+    pod["spec"]["affinity"] = affinity
+    decision, _ = admit(pod, ctx())
+    assert decision.allowed, decision.message
+    assert not [f for f in decision.findings if f.rule == UNSATISFIABLE_PLACEMENT]
+
+
+def test_the_check_sees_the_nodeselector_a_scheduling_default_adds() -> None:
+    rules = '[{"namespaces": ["ci"], "nodeSelector": {"pool": "a"}}]'
+    pod = load_pod("tekton-taskrun")
+    pod["spec"]["affinity"] = _pool_terms([_pool("In", "b")])
+    decision, _ = admit(pod, ctx({"scheduling-defaults": rules}))
+    assert decision.rule == "policy-unsatisfiable-placement"

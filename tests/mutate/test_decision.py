@@ -371,3 +371,18 @@ def test_reasons_explain_each_step() -> None:
     assert "mode pipelineruns" in text
     assert "tekton.dev/pipelineRun" in text
     assert run_placeholder("ci", "pr-7f3k2") in text
+
+
+@pytest.mark.parametrize("placement", list(Placement))
+@pytest.mark.parametrize("mode", [Mode.WORKSPACES, *RUN_MODES])
+def test_a_pod_that_names_its_node_is_left_alone(mode: Mode, placement: Placement) -> None:
+    """The scheduler never sees it and the API refuses a scheduling gate beside a nodeName:
+    neither a gate nor a pin nor a pod-affinity term could tie it to a placeholder."""
+    pod = load_pod("tekton-taskrun")
+    pod["spec"]["nodeName"] = "node-7"
+    context = AdmissionContext(Settings(mode=mode, placement=placement), "ci")
+    decision = decide(pod, context)
+    assert decision.allowed
+    assert decision.ops == []
+    assert decision.placeholder is None
+    assert any("spec.nodeName names its node (node-7)" in r for r in decision.reasons)

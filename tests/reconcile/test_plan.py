@@ -11,8 +11,15 @@ from coschedule.config.settings import Settings
 from coschedule.k8s.nodes import Node, Taint
 from coschedule.k8s.timefmt import parse_time
 from coschedule.k8s.volumes import VolumeTopology
-from coschedule.marks import BadMark, ClaimTemplate, Mode, claim_placeholder, run_placeholder
-from coschedule.reconcile import owners, shapes
+from coschedule.marks import (
+    BadMark,
+    ClaimTemplate,
+    Mode,
+    Placement,
+    claim_placeholder,
+    run_placeholder,
+)
+from coschedule.reconcile import owners, relocation, shapes
 from coschedule.reconcile.model import (
     CreateStatefulSet,
     DeleteClaim,
@@ -45,7 +52,7 @@ from coschedule.reconcile.plan import (
     plan,
 )
 from tests.fixtures import DEFAULT_TOLERATIONS
-from tests.reconcile.pods import marked_pod, parsed, placeholder_of
+from tests.reconcile.pods import by_node_name, marked_pod, parsed, placeholder_of
 
 NOW = 1_800_000_000.0
 PIPELINERUN = OwnerRef("tekton.dev/v1", "PipelineRun", "pr-7f3k2", "uid-pr")
@@ -202,25 +209,206 @@ def test_pipelineruns_mode_mounts_every_claim_of_the_run() -> None:
     ]
 
 
-def test_node_selector_and_tolerations_come_from_the_first_pod() -> None:
+def test_node_selector_and_tolerations_are_what_every_pod_allows() -> None:
+    first = marked_pod(
+        "tekton-taskrun-user-affinity", name="a-late", created="2026-11-21T06:00:00Z"
+    )
+    later = marked_pod("tekton-taskrun-user-affinity", name="b", created="2026-11-21T06:05:00Z")
+    later["spec"]["nodeSelector"] = {"kubernetes.io/os": "linux", "disk": "ssd"}
+    later["spec"]["tolerations"] = [*DEFAULT_TOLERATIONS]
+    pod_spec = created_body(observed_for(later, first))["spec"]["template"]["spec"]
+    # Both selectors' keys; only the tolerations both pods have.
+    assert pod_spec["nodeSelector"] == {
+        "kubernetes.io/os": "linux",
+        "node-pool": "ci-builders",
+        "disk": "ssd",
+    }
+    assert pod_spec["tolerations"] == list(DEFAULT_TOLERATIONS)
+
+
+def test_a_pod_that_allows_no_node_with_the_earlier_ones_is_left_out() -> None:
     first = marked_pod(
         "tekton-taskrun-user-affinity", name="a-late", created="2026-11-21T06:00:00Z"
     )
     later = marked_pod("tekton-taskrun-user-affinity", name="b", created="2026-11-21T06:05:00Z")
     later["spec"]["nodeSelector"] = {"node-pool": "other"}
-    later["spec"]["tolerations"] = []
     tie = marked_pod("tekton-taskrun-user-affinity", name="0-tie", created="2026-11-21T06:00:00Z")
     tie["spec"]["nodeSelector"] = {"node-pool": "tie-winner"}
-    body = created_body(observed_for(later, first))
-    pod_spec = body["spec"]["template"]["spec"]
-    assert pod_spec["nodeSelector"] == {"kubernetes.io/os": "linux", "node-pool": "ci-builders"}
-    assert {"key": "dedicated", "operator": "Equal", "value": "ci", "effect": "NoSchedule"} in (
-        pod_spec["tolerations"]
-    )
+    group = group_spec("ci", "x", [parsed(p) for p in (later, first)])
+    assert group is not None
+    assert group.node_selector == {"kubernetes.io/os": "linux", "node-pool": "ci-builders"}
+    assert group.excluded == ("b",)
+    [create] = only(plan(observed_for(later, first), SETTINGS, NOW), CreateStatefulSet)
+    assert create.event.type == "Warning"
+    assert "pod(s) b left out" in create.event.message
     # Same creationTimestamp: the name decides, whatever order the cache lists them in.
     for order in ((first, tie, later), (later, tie, first)):
         body = created_body(observed_for(*order))
         assert body["spec"]["template"]["spec"]["nodeSelector"] == {"node-pool": "tie-winner"}
+
+
+REQUIRED_TERMS = "requiredDuringSchedulingIgnoredDuringExecution"
+
+
+def _pool_affinity(pod: dict[str, Any], *allowed: str) -> None:
+    pod["spec"]["affinity"] = {
+        "nodeAffinity": {
+            REQUIRED_TERMS: {
+                "nodeSelectorTerms": [
+                    {
+                        "matchExpressions": [
+                            {"key": "pool", "operator": "In", "values": list(allowed)}
+                        ]
+                    }
+                ]
+            }
+        }
+    }
+
+
+def _required(body: dict[str, Any]) -> Any:
+    affinity = body["spec"]["template"]["spec"]["affinity"]
+    return affinity.get("nodeAffinity", {}).get(REQUIRED_TERMS, {}).get("nodeSelectorTerms")
+
+
+@pytest.mark.parametrize("placement", list(Placement))
+def test_the_runs_required_node_affinity_goes_on_the_placeholder(placement: Placement) -> None:
+    """The issue's case: the podTemplate allows two of three nodes; the placeholder, and the
+    volume it provisions, must not go to the third. Pinned pods carry our pin in their
+    terms: the placeholder carries the pod's own terms, not the pin."""
+    settings = Settings(mode=Mode.PIPELINERUNS, placement=placement)
+    pod = marked_pod(
+        "tekton-taskrun", settings=settings, before=lambda p: _pool_affinity(p, "a", "b")
+    )
+    if placement is Placement.AUTO:
+        pod = by_node_name(pod, "node-a")
+    body = created_body(observed_for(pod), settings)
+    assert _required(body) == [
+        {"matchExpressions": [{"key": "pool", "operator": "In", "values": ["a", "b"]}]}
+    ]
+    # The anti-affinity that spreads placeholders is still there.
+    assert body["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"]
+
+
+def test_pods_without_node_affinity_leave_the_placeholder_as_before() -> None:
+    body = created_body(observed_for(marked_pod("tekton-taskrun")))
+    assert "nodeAffinity" not in body["spec"]["template"]["spec"]["affinity"]
+
+
+@pytest.mark.parametrize(
+    ("first", "second", "terms"),
+    [
+        # Terms are ORed: the meet is their cross product, each pair ANDed.
+        (
+            [["a", "b"]],
+            [["b", "c"]],
+            [[("In", ["a", "b"]), ("In", ["b", "c"])]],
+        ),
+        # One pod with no requirement: the other's terms.
+        (None, [["a"]], [[("In", ["a"])]]),
+        # Two terms each: four pairs, the ones no node can meet dropped.
+        (
+            [["a"], ["b"]],
+            [["b"], ["c"]],
+            [[("In", ["b"])]],
+        ),
+    ],
+)
+def test_pods_that_differ_give_the_placeholder_their_meet(
+    first: list[list[str]] | None, second: list[list[str]], terms: list[list[tuple[str, list[str]]]]
+) -> None:
+    def with_terms(spec_terms: list[list[str]] | None) -> Any:
+        def edit(pod: dict[str, Any]) -> None:
+            if spec_terms is None:
+                return
+            pod["spec"]["affinity"] = {
+                "nodeAffinity": {
+                    REQUIRED_TERMS: {
+                        "nodeSelectorTerms": [
+                            {"matchExpressions": [{"key": "pool", "operator": "In", "values": v}]}
+                            for v in spec_terms
+                        ]
+                    }
+                }
+            }
+
+        return edit
+
+    a = marked_pod("tekton-taskrun", name="a", before=with_terms(first))
+    b = marked_pod(
+        "tekton-taskrun", name="b", created="2026-11-21T06:01:00Z", before=with_terms(second)
+    )
+    wanted = [
+        {
+            "matchExpressions": [
+                {"key": "pool", "operator": op, "values": values} for op, values in term
+            ]
+        }
+        for term in terms
+    ]
+    assert _required(created_body(observed_for(a, b))) == wanted
+
+
+def test_a_narrower_later_pod_changes_the_template_without_restarting_the_placeholder() -> None:
+    """OnDelete: the template follows; the placeholder pod moves only through the stuck-run
+    rule (when the new pod cannot join it where it is and nothing of the run runs)."""
+    a = marked_pod("tekton-taskrun", name="a", before=lambda p: _pool_affinity(p, "a", "b"))
+    observed = observed_for(a, owner=RUNNING)
+    sts = existing_set(observed)
+    b = marked_pod(
+        "tekton-taskrun",
+        name="b",
+        created="2026-11-21T06:01:00Z",
+        before=lambda p: _pool_affinity(p, "b"),
+    )
+    later = observed_for(a, b, owner=RUNNING, statefulset=sts)
+    [patch] = only(plan(later, SETTINGS, NOW), PatchStatefulSet)
+    assert patch.why == "pod template"
+    terms = patch.patch["spec"]["template"]["spec"]["affinity"]["nodeAffinity"][REQUIRED_TERMS]
+    assert terms["nodeSelectorTerms"] == [
+        {
+            "matchExpressions": [
+                {"key": "pool", "operator": "In", "values": ["a", "b"]},
+                {"key": "pool", "operator": "In", "values": ["b"]},
+            ]
+        }
+    ]
+    assert not only(plan(later, SETTINGS, NOW), DeletePlaceholderPod)
+
+
+def test_spread_constraints_keep_the_placeholder_on_nodes_with_their_key() -> None:
+    def spread(pod: dict[str, Any]) -> None:
+        pod["spec"]["topologySpreadConstraints"] = [
+            {
+                "maxSkew": 1,
+                "topologyKey": "topology.kubernetes.io/zone",
+                "whenUnsatisfiable": "DoNotSchedule",
+                "labelSelector": {"matchLabels": {"app": "x"}},
+            }
+        ]
+
+    body = created_body(observed_for(marked_pod("tekton-taskrun", before=spread)))
+    assert _required(body) == [
+        {"matchExpressions": [{"key": "topology.kubernetes.io/zone", "operator": "Exists"}]}
+    ]
+
+
+def test_relocation_ands_its_never_back_into_the_runs_terms() -> None:
+    a = marked_pod("tekton-taskrun", before=lambda p: _pool_affinity(p, "a", "b"))
+    body = created_body(observed_for(a))
+    state = relocation.first("kubernetes.io/hostname", "node-a", "node-b", NOW)
+    steered = relocation.steer(
+        body["spec"]["template"], {relocation.ANNOTATION_RELOCATIONS: state.encode()}
+    )
+    node_affinity = steered["spec"]["affinity"]["nodeAffinity"]
+    assert node_affinity[REQUIRED_TERMS]["nodeSelectorTerms"] == [
+        {
+            "matchExpressions": [
+                {"key": "pool", "operator": "In", "values": ["a", "b"]},
+                {"key": "kubernetes.io/hostname", "operator": "NotIn", "values": ["node-a"]},
+            ]
+        }
+    ]
 
 
 def test_image_resources_and_priority_class_come_from_settings() -> None:

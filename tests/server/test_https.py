@@ -352,6 +352,19 @@ def test_policy_warnings_and_denials_over_https(tmp_path: Path) -> None:
             response = post(client, admission_review(zone)).json()["response"]
             assert response["allowed"] is False
             assert "policy-hard-anti-affinity-topology" in response["status"]["message"]
+
+            # deny by default: a Tekton pod whose podTemplate's nodeSelector and required
+            # node affinity leave no node (the fixture asks kubernetes.io/arch In [amd64]).
+            nowhere = load_pod("tekton-taskrun-user-affinity")
+            nowhere["spec"]["nodeSelector"]["kubernetes.io/arch"] = "arm64"
+            response = post(client, admission_review(nowhere)).json()["response"]
+            assert response["allowed"] is False
+            message = response["status"]["message"]
+            assert "rule policy-unsatisfiable-placement" in message
+            assert (
+                "term 0 asks kubernetes.io/arch In [amd64] and "
+                "nodeSelector kubernetes.io/arch=arm64"
+            ) in message
         metrics = httpx.get(running.health_url + "/metrics").text
         assert 'allowed="false",code="403"' in metrics
     finally:
