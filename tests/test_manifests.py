@@ -935,6 +935,10 @@ def test_admission_policy_conditions_pick_unmarked_taskrun_pods() -> None:
     disabled = copy.deepcopy(taskrun)
     disabled["metadata"]["labels"][marks.LABEL_MODE] = "disabled"
     assert not gated(disabled)
+    # A pod created on its node is never scheduled: the API refuses a gate beside nodeName.
+    bound = copy.deepcopy(taskrun)
+    bound["spec"]["nodeName"] = "node-a"
+    assert not gated(bound)
 
 
 def test_run_admission_policy_holds_only_where_a_control_exists(rendered: list[Obj]) -> None:
