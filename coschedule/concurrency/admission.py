@@ -16,10 +16,11 @@ from typing import Any
 
 from coschedule.concurrency.control import Control
 from coschedule.concurrency.runs import is_pending, params, run_labels, start_state_set
-from coschedule.concurrency.template import label_value
-from coschedule.engines import Kind, run_control
+from coschedule.concurrency.template import label_value, priority_value
+from coschedule.engines import KUEUE_QUEUE_LABEL, Kind, KueueRuns, run_control
 from coschedule.marks import (
     ANNOTATION_PENDING_BY,
+    ANNOTATION_PRIORITY_PREFIX,
     CONCURRENCY_GROUPED,
     LABEL_CONCURRENCY_GROUPED,
     LABEL_CONCURRENCY_PREFIX,
@@ -34,6 +35,10 @@ class Outcome(enum.Enum):
     AUTHOR_PENDING = "left pending by its author: grouped, never started by coschedule"
     AUTHOR_STATE = "left as its author set it (spec start state given): grouped only"
     ALREADY_PENDING = "already pending by coschedule (reinvocation): nothing to add"
+    KUEUE = (
+        "grouped only: Kueue admits it (kueue.x-k8s.io/queue-name) and not every control "
+        "that selects it says kueue: Hold"
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +46,7 @@ class Match:
     control: Control
     key: str
     value: str  # the label value: the key, or its hash
+    priority: int | None = None  # the control's priority of the run (None: it has none)
 
     @property
     def hashed(self) -> bool:
@@ -77,7 +83,11 @@ def match_controls(
         if run_params is None:
             run_params = params(kind, run)
         key = control.key.expand(namespace, labels, annotations, run_params)
-        found.append(Match(control, key, label_value(key)))
+        priority = None
+        if control.priority is not None:
+            expanded = control.priority.expand(namespace, labels, annotations, run_params)
+            priority = priority_value(expanded)
+        found.append(Match(control, key, label_value(key), priority))
     return tuple(found)
 
 
@@ -98,6 +108,13 @@ def admit_run(
     _merge_map(ops, "labels", labels, wanted, stale_prefix=LABEL_CONCURRENCY_PREFIX)
 
     notes = {LABEL_CONCURRENCY_PREFIX + m.control.name: m.key for m in matches if m.hashed}
+    # A priority already on the run (a reinvocation, or a user's) is kept.
+    given = annotations if isinstance(annotations, Mapping) else {}
+    notes.update(
+        (ANNOTATION_PRIORITY_PREFIX + m.control.name, str(m.priority))
+        for m in matches
+        if m.priority is not None and ANNOTATION_PRIORITY_PREFIX + m.control.name not in given
+    )
     pending = is_pending(kind, run)
     ours = isinstance(annotations, Mapping) and (
         annotations.get(ANNOTATION_PENDING_BY) == PENDING_BY_CONCURRENCY
@@ -108,6 +125,12 @@ def admit_run(
         outcome = Outcome.AUTHOR_PENDING
     elif start_state_set(kind, run):
         outcome = Outcome.AUTHOR_STATE
+    elif KUEUE_QUEUE_LABEL in _str_map(labels) and any(
+        m.control.kueue is not KueueRuns.HOLD for m in matches
+    ):
+        # Kueue holds and starts it (tekton-kueue makes it pending): holding it too would
+        # let whichever starts it first override the other.
+        outcome = Outcome.KUEUE
     else:
         outcome = Outcome.MADE_PENDING
         notes[ANNOTATION_PENDING_BY] = PENDING_BY_CONCURRENCY

@@ -27,6 +27,7 @@ from tests.concurrency.runs import control
 KEY = GroupKey("ci", "ci", "k")
 NOW = 10.0  # runs are created at 1-4: a maxWaitSeconds of 1-12 has passed for some
 WAITING = "coschedule.dev/waiting"
+DATA = "coschedule.dev/waiting-data"
 STATES = [State.PENDING_BY_US, State.PENDING_BY_AUTHOR, State.RUNNING, State.STOPPING, State.DONE]
 
 
@@ -37,6 +38,8 @@ def groups(draw: st.DrawFn) -> Group:
     spec["maxRunning"] = draw(st.integers(1, 4))
     if strategy is Strategy.QUEUE:
         spec["order"] = draw(st.sampled_from(list(Order)))
+        if draw(st.booleans()):
+            spec["priority"] = "$(labels.priority)"
         if draw(st.booleans()):
             spec["maxPending"] = draw(st.integers(0, 3))
             spec["overflow"] = draw(st.sampled_from(list(Overflow)))
@@ -55,7 +58,7 @@ def groups(draw: st.DrawFn) -> Group:
                 resource_version="1",
                 created="",
                 labels={"concurrency.coschedule.dev/ci": "k"},
-                annotations={},
+                annotations={"priority.coschedule.dev/ci": str(draw(st.integers(-1, 2)))},
                 state=draw(st.sampled_from(STATES)),
                 created_at=float(draw(st.integers(1, 4))),  # ties: the name decides
             )
@@ -68,10 +71,10 @@ def carry_out(group: Group, actions: list[Action]) -> Group:
     after = {r.ident: r for r in group.runs}
     for action in actions:
         run = action.run
-        annotations = {k: v for k, v in run.annotations.items() if k != WAITING}
+        annotations = {k: v for k, v in run.annotations.items() if k not in (WAITING, DATA)}
         if isinstance(action, MarkWaiting):
             after[run.ident] = dataclasses.replace(
-                run, annotations={**annotations, WAITING: action.why}
+                run, annotations={**annotations, WAITING: action.why, DATA: action.data}
             )
             continue
         state = State.RUNNING if isinstance(action, StartRun) else State.STOPPING
@@ -108,6 +111,8 @@ def test_what_a_plan_may_touch(group: Group) -> None:
                 assert control.max_pending is not None or expired(control, run, NOW)
             if control.order is Order.NEWEST_FIRST:
                 waiting.reverse()
+            if control.priority is not None:
+                waiting.sort(key=lambda r: -r.priority_of("ci"))
             # In order, no skipping (the actions themselves come oldest first).
             assert {r.ident for r in starts} == {r.ident for r in waiting[: len(starts)]}
             left = [r for r in waiting if r not in starts and r not in cancels]
