@@ -73,7 +73,8 @@ class ConcurrencyMetrics:
         self.registry = registry
         self.cancellations = Counter(
             "coschedule_concurrency_cancellations_total",
-            "Runs cancelled because a newer run of their group arrived, by strategy.",
+            "Runs cancelled by concurrency control (superseded, or past maxPending or "
+            "maxWaitSeconds), by strategy.",
             ["strategy"],
             registry=registry,
         )

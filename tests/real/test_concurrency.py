@@ -433,3 +433,45 @@ def test_priority_orders_the_waiting_runs(real: RealCluster, features: Groups) -
     for name, priority in PRIORITIES.items():
         notes = runs[name]["metadata"].get("annotations") or {}
         assert notes.get("priority.coschedule.dev/prio") == priority, name
+
+
+def test_a_queue_loses_nothing_when_its_leader_is_killed_mid_queue(real: RealCluster) -> None:
+    """Every reconciler killed (SIGKILL) while one run runs and two wait, then started again:
+    the waiting runs start one after another, each once; nothing is cancelled or stranded."""
+    real.require("own-stack")
+    assert real.product is not None
+    api, sc = real.api, real.local_class
+    ns = unique("real-killed")
+    make_namespace(api, ns, None)
+    spec = {"selector": {}, "kinds": ["PipelineRun"], "strategy": "Queue", "key": "prod"}
+    api.create(
+        {
+            "apiVersion": "coschedule.dev/v1alpha1",
+            "kind": "ConcurrencyControl",
+            "metadata": {"name": "killed", "namespace": ns},
+            "spec": {**spec, "maxPending": 3, "maxWaitSeconds": 600},
+        }
+    )
+    wait_webhook_sees_control(api, ns, "killed", _run(ns, "probe", 1, sc))
+    names = ["k1", "k2", "k3"]
+    api.create(_run(ns, "k1", 20, sc))
+    _wait_running(api, "killed", ns, "k1")
+    for name in names[1:]:
+        api.create(_run(ns, name, 1, sc))
+    for name in names[1:]:
+        wait_for(f"{name} held", functools.partial(_held_by_us, api, ns, name), timeout=30)
+    procs = list(real.product.reconcilers.values())
+    for proc in procs:
+        proc.kill()
+    for proc in procs:
+        proc.start()
+    runs = wait_runs(api, ns, names, timeout=300)
+    assert_succeeded(runs, api, ns, *names)
+    _assert_one_after_another(api, ns, runs, names)
+    for name in names:
+        reasons = [reason for reason, _ in run_events(api, ns, name)]
+        assert reasons.count("Started") == 1, (name, reasons)
+        assert "Cancelled" not in reasons, (name, reasons)
+    if not os.environ.get("REAL_KEEP"):
+        with contextlib.suppress(ApiError):
+            api.delete("Namespace", ns)
