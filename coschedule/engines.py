@@ -49,6 +49,18 @@ class Overflow(enum.StrEnum):
     CANCEL_OLDEST = "CancelOldest"  # the one that waited longest
 
 
+class KueueRuns(enum.StrEnum):
+    """What a control does with a run Kueue admits (spec.kueue): one that carries
+    ``kueue.x-k8s.io/queue-name``, which tekton-kueue holds pending until its quota admits it."""
+
+    IGNORE = "Ignore"  # not selected at all: Kueue alone decides when it starts
+    GROUP = "Group"  # grouped (counted, superseded) but never held or started by coschedule
+    HOLD = "Hold"  # held like any other run (only where Kueue does not hold it too)
+
+
+KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+
+
 class Order(enum.StrEnum):
     """Which runs pending by us a Queue starts first (spec.order)."""
 

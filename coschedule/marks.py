@@ -67,6 +67,13 @@ HELD_BY_POLICY = "admission-policy"
 # On a run held pending by a Queue or Replace control: why it waits (its place, the run ahead),
 # written by the reconciler when that changes; removed when the run starts or is cancelled.
 ANNOTATION_WAITING = "coschedule.dev/waiting"
+# The same as data, for bots and UIs (JSON: control, key, position, the runs ahead and their
+# states); written and removed with it.
+ANNOTATION_WAITING_DATA = "coschedule.dev/waiting-data"
+# Per Queue control with a priority: priority.coschedule.dev/<control>: <integer>, written at
+# admission from the control's priority template; a higher one starts first. A user may
+# change it on a waiting run (kubectl annotate --overwrite) to move it up or down.
+ANNOTATION_PRIORITY_PREFIX = "priority.coschedule.dev/"
 # Placement by node name (the `placement` key, `auto`): a pod whose placeholder is not bound
 # yet waits behind this scheduling gate; the reconciler pins it to the placeholder's node and
 # lifts the gate in one patch. A pinned pod names its node in the annotation, so the pin is

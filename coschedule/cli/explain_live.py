@@ -24,6 +24,7 @@ from coschedule.concurrency.plan import (
     control_status,
     group_keys,
     plan,
+    waiting_data,
     waiting_why,
 )
 from coschedule.concurrency.runs import Run, parse_run
@@ -131,6 +132,7 @@ def live_report(
         row["next"] = [_action_text(a) for a in plan(key, groups, now)]
         rows.append(row)
     why = waiting_why(run, groups, now)
+    data = waiting_data(run, groups, now)
     report: dict[str, Any] = {
         "kind": run.kind.value,
         "namespace": run.namespace,
@@ -139,6 +141,8 @@ def live_report(
         "groups": rows,
         "waiting": why,
         "annotation": run.annotations.get(ANNOTATION_WAITING),
+        # The same as data, as the annotation coschedule.dev/waiting-data holds it.
+        "waitingData": data,
     }
     others = [c.name for c in controls if c.name not in run.groups()]
     if others:

@@ -16,11 +16,12 @@ from typing import Any
 
 from coschedule.concurrency.control import Control
 from coschedule.concurrency.runs import is_pending, params, run_labels, start_state_set
-from coschedule.concurrency.template import label_value
-from coschedule.engines import Kind, run_control
+from coschedule.concurrency.template import label_value, priority_value
+from coschedule.engines import KUEUE_QUEUE_LABEL, Kind, KueueRuns, run_control
 from coschedule.marks import (
     ANNOTATION_HELD_BY,
     ANNOTATION_PENDING_BY,
+    ANNOTATION_PRIORITY_PREFIX,
     CONCURRENCY_GROUPED,
     HELD_BY_POLICY,
     LABEL_CONCURRENCY_GROUPED,
@@ -37,6 +38,10 @@ class Outcome(enum.Enum):
     AUTHOR_STATE = "left as its author set it (spec start state given): grouped only"
     ALREADY_PENDING = "already pending by coschedule (reinvocation): nothing to add"
     RELEASED = "held by the admission policy, started again: no ConcurrencyControl selects it"
+    KUEUE = (
+        "grouped only: Kueue admits it (kueue.x-k8s.io/queue-name) and not every control "
+        "that selects it says kueue: Hold"
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +49,7 @@ class Match:
     control: Control
     key: str
     value: str  # the label value: the key, or its hash
+    priority: int | None = None  # the control's priority of the run (None: it has none)
 
     @property
     def hashed(self) -> bool:
@@ -80,7 +86,11 @@ def match_controls(
         if run_params is None:
             run_params = params(kind, run)
         key = control.key.expand(namespace, labels, annotations, run_params)
-        found.append(Match(control, key, label_value(key)))
+        priority = None
+        if control.priority is not None:
+            expanded = control.priority.expand(namespace, labels, annotations, run_params)
+            priority = priority_value(expanded)
+        found.append(Match(control, key, label_value(key), priority))
     return tuple(found)
 
 
@@ -104,22 +114,42 @@ def admit_run(
     _merge_map(ops, "labels", labels, wanted, stale_prefix=LABEL_CONCURRENCY_PREFIX)
 
     notes = {LABEL_CONCURRENCY_PREFIX + m.control.name: m.key for m in matches if m.hashed}
+    # A priority already on the run (a reinvocation, or a user's) is kept.
+    given = annotations if isinstance(annotations, Mapping) else {}
+    notes.update(
+        (ANNOTATION_PRIORITY_PREFIX + m.control.name, str(m.priority))
+        for m in matches
+        if m.priority is not None and ANNOTATION_PRIORITY_PREFIX + m.control.name not in given
+    )
     pending = is_pending(kind, run)
     ours = isinstance(annotations, Mapping) and (
         annotations.get(ANNOTATION_PENDING_BY) == PENDING_BY_CONCURRENCY
     )
-    if pending and ours:
+    # Kueue holds and starts it (tekton-kueue makes it pending): holding it too would let
+    # whichever starts it first override the other.
+    kueue = KUEUE_QUEUE_LABEL in _str_map(labels) and any(
+        m.control.kueue is not KueueRuns.HOLD for m in matches
+    )
+    unpend = False
+    if pending and ours and held and kueue:
+        # The admission policy held it before anyone could tell Kueue's: as submitted.
+        outcome, unpend = Outcome.KUEUE, True
+    elif pending and ours:
         outcome = Outcome.ALREADY_PENDING
     elif pending:
         outcome = Outcome.AUTHOR_PENDING
     elif start_state_set(kind, run):
         outcome = Outcome.AUTHOR_STATE
+    elif kueue:
+        outcome = Outcome.KUEUE
     else:
         outcome = Outcome.MADE_PENDING
         notes[ANNOTATION_PENDING_BY] = PENDING_BY_CONCURRENCY
     _merge_map(ops, "annotations", annotations, notes)
     if held:  # decided now: the policy's mark goes
         ops.append(remove(pointer("metadata", "annotations", ANNOTATION_HELD_BY)))
+    if unpend:
+        ops += _unpend_ops(kind, run)
     if outcome is Outcome.MADE_PENDING:
         ops += _pending_ops(kind, run)
     return RunAdmission(outcome, matches, ops)
@@ -148,12 +178,18 @@ def release_ops(kind: Kind, run: Mapping[str, Any]) -> list[Op]:
         ops.append(remove(pointer("metadata", "labels", LABEL_CONCURRENCY_GROUPED)))
     if ANNOTATION_HELD_BY in annotations:
         ops.append(remove(pointer("metadata", "annotations", ANNOTATION_HELD_BY)))
-    spec = run.get("spec")
     if annotations.get(ANNOTATION_PENDING_BY) == PENDING_BY_CONCURRENCY:
-        ops.append(remove(pointer("metadata", "annotations", ANNOTATION_PENDING_BY)))
-        for name in run_control(kind).pending:
-            if isinstance(spec, Mapping) and name in spec:
-                ops.append(remove(pointer("spec", name)))
+        ops += _unpend_ops(kind, run)
+    return ops
+
+
+def _unpend_ops(kind: Kind, run: Mapping[str, Any]) -> list[Op]:
+    """Undo the pending state the policy set: the pending-by mark and the spec fields."""
+    ops = [remove(pointer("metadata", "annotations", ANNOTATION_PENDING_BY))]
+    spec = run.get("spec")
+    for name in run_control(kind).pending:
+        if isinstance(spec, Mapping) and name in spec:
+            ops.append(remove(pointer("spec", name)))
     return ops
 
 

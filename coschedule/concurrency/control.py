@@ -14,7 +14,16 @@ from typing import Any
 from coschedule.concurrency.names import API_VERSION, KIND, MAX_CONTROL_NAME
 from coschedule.concurrency.selector import BadSelector, parse_selector
 from coschedule.concurrency.template import BadTemplate, Template, parse_template
-from coschedule.engines import RUN_ENGINES, SLOTTED, Kind, Order, Overflow, Strategy
+from coschedule.engines import (
+    KUEUE_QUEUE_LABEL,
+    RUN_ENGINES,
+    SLOTTED,
+    Kind,
+    KueueRuns,
+    Order,
+    Overflow,
+    Strategy,
+)
 from coschedule.k8s.selectors import Selector
 
 DEFAULT_KINDS = frozenset(RUN_ENGINES)  # every run engine
@@ -29,6 +38,8 @@ SPEC_FIELDS = frozenset(
         "maxPending",
         "overflow",
         "maxWaitSeconds",
+        "priority",
+        "kueue",
     }
 )
 MAX_PENDING = 100_000
@@ -52,13 +63,18 @@ class Control:
     max_pending: int | None = None  # Queue: how many runs of a group may wait
     overflow: Overflow = Overflow.CANCEL_NEWEST  # which waiting run goes past maxPending
     max_wait_seconds: int | None = None  # Queue, Replace: a waiting run is cancelled after
+    priority: Template | None = None  # Queue: a run's priority (an integer; else 0)
+    kueue: KueueRuns = KueueRuns.IGNORE  # runs Kueue admits (kueue.x-k8s.io/queue-name)
 
     @property
     def ref(self) -> str:
         return f"{self.namespace}/{self.name}"
 
     def holds(self, kind: Kind, labels: Mapping[str, str]) -> bool:
-        """This control applies to a run of ``kind`` with ``labels``."""
+        """This control applies to a run of ``kind`` with ``labels`` (a run Kueue admits
+        only when the control says ``kueue: Group`` or ``Hold``)."""
+        if self.kueue is KueueRuns.IGNORE and KUEUE_QUEUE_LABEL in labels:
+            return False
         return kind in self.kinds and self.selector.matches(labels)
 
 
@@ -141,6 +157,24 @@ def parse_control(obj: Mapping[str, Any], namespace: str | None = None) -> Contr
             "spec.maxWaitSeconds applies to strategies Queue and Replace only (the others "
             "never keep a run waiting): remove it or use strategy: Queue or Replace"
         )
+    priority = None
+    if "priority" in spec:
+        if strategy is not Strategy.QUEUE:
+            raise BadControl(
+                "spec.priority applies to strategy Queue only (the others start the newest "
+                "or the oldest): remove it or use strategy: Queue"
+            )
+        if not isinstance(spec["priority"], str):
+            raise BadControl("spec.priority must be a string (a template)")
+        try:
+            priority = parse_template(spec["priority"], "spec.priority")
+        except BadTemplate as exc:
+            raise BadControl(str(exc)) from None
+    raw_kueue = spec.get("kueue", KueueRuns.IGNORE.value)
+    try:
+        kueue = KueueRuns(raw_kueue)
+    except ValueError:
+        raise BadControl(f"spec.kueue: {raw_kueue!r} is not one of {_choices(KueueRuns)}") from None
     return Control(
         ns,
         name,
@@ -153,6 +187,8 @@ def parse_control(obj: Mapping[str, Any], namespace: str | None = None) -> Contr
         max_pending,
         overflow,
         max_wait,
+        priority,
+        kueue,
     )
 
 

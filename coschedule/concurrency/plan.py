@@ -25,11 +25,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
 
 from coschedule.concurrency.control import Control
 from coschedule.concurrency.runs import Run, State
 from coschedule.engines import SLOTTED, Order, Overflow, Strategy, run_control
-from coschedule.marks import ANNOTATION_WAITING
+from coschedule.marks import ANNOTATION_WAITING, ANNOTATION_WAITING_DATA
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -63,6 +66,8 @@ class Verdict:
     cancels: Mapping[str, tuple[str, str, str]]
     running: int = 0
     waiting: Mapping[str, str] = field(default_factory=dict)  # held back run -> why
+    # held back run -> the same as data (JSON: place, the runs ahead and their states)
+    waiting_data: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,10 +94,12 @@ class StartRun:
 
 @dataclass(frozen=True, slots=True)
 class MarkWaiting:
-    """Write why the run still waits (it changed): annotation and one Event."""
+    """Write why the run still waits (it changed): annotations (text and data) and one
+    Event (when the text changed)."""
 
     run: Run
     why: str
+    data: str = ""
 
 
 Action = CancelRun | StartRun | MarkWaiting
@@ -158,6 +165,9 @@ def _slotted(
     free = max(0, control.max_running - len(running))
     if control.strategy is Strategy.QUEUE and control.order is Order.NEWEST_FIRST:
         waiting.reverse()
+    if control.priority is not None:
+        # A higher priority starts first; equal ones keep their order (a stable sort).
+        waiting.sort(key=lambda r: -r.priority_of(control.name))
     starts = frozenset(r.ident for r in waiting[:free])
     rest = waiting[free:]
     cancels: dict[str, tuple[str, str, str]] = {}
@@ -179,6 +189,8 @@ def _slotted(
         by_age = sorted(
             left, key=lambda r: r.order, reverse=control.overflow is Overflow.CANCEL_NEWEST
         )
+        if control.priority is not None:  # the lowest priority overflows first
+            by_age.sort(key=lambda r: r.priority_of(control.name))
         reason = (
             f"the queue of its key was full (maxPending {control.max_pending}, overflow "
             f"{control.overflow.value})"
@@ -196,7 +208,12 @@ def _slotted(
         for place, run in enumerate(line)
         if place >= len(ahead)
     }
-    return Verdict(names, starts, cancels, len(running), why)
+    data = {
+        run.ident: _waiting_data(control, run, place, line, after)
+        for place, run in enumerate(line)
+        if place >= len(ahead)
+    }
+    return Verdict(names, starts, cancels, len(running), why, data)
 
 
 SHOWN_PLACES = 10  # a waiting run's place is told up to this one
@@ -243,6 +260,37 @@ def _waiting_why(
     if control.strategy is Strategy.REPLACE:
         text += "; a newer run of the key replaces it"
     return text
+
+
+def _waiting_data(
+    control: Control, run: Run, place: int, line: Sequence[Run], after: Mapping[str, State]
+) -> str:
+    """The reason as data (annotation ``coschedule.dev/waiting-data``, JSON with sorted keys):
+    the control, the key, the 1-based position and the runs ahead with their states, up to
+    the 10th place; past it ``position`` is null, ``after`` is 10 and only the run right
+    ahead is listed (so a start rewrites at most ten, as for the text)."""
+
+    def entry(r: Run) -> dict[str, str]:
+        state = after.get(r.ident, r.state)
+        said = "waiting" if state is State.PENDING_BY_US else state.value
+        return {"kind": r.kind.value, "name": r.name, "state": said}
+
+    shown = place < SHOWN_PLACES
+    out: dict[str, Any] = {
+        "control": control.name,
+        "key": run.key_of(control.name),
+        "strategy": control.strategy.value,
+        "maxRunning": control.max_running,
+        "position": place + 1 if shown else None,
+        "ahead": [entry(r) for r in (line[:place] if shown else line[place - 1 : place])],
+    }
+    if not shown:
+        out["after"] = SHOWN_PLACES
+    if control.priority is not None:
+        out["priority"] = run.priority_of(control.name)
+    if control.strategy is Strategy.REPLACE:
+        out["replacedByNewer"] = True
+    return orjson.dumps(out, option=orjson.OPT_SORT_KEYS).decode()
 
 
 def ordinal(n: int) -> str:
@@ -297,9 +345,12 @@ def plan(key: GroupKey, groups: Mapping[GroupKey, Group], now: float | None = No
             continue
         if run.ident in started:
             continue
-        waits = _waiting_why_of(run, of)
-        if waits is not None and waits != run.annotations.get(ANNOTATION_WAITING):
-            actions.append(MarkWaiting(run, waits))
+        waits = _waiting_of(run, of)
+        if waits is not None and waits != (
+            run.annotations.get(ANNOTATION_WAITING),
+            run.annotations.get(ANNOTATION_WAITING_DATA),
+        ):
+            actions.append(MarkWaiting(run, *waits))
     return actions
 
 
@@ -323,16 +374,27 @@ def waiting_why(run: Run, groups: Mapping[GroupKey, Group], now: float | None = 
     not wait (it starts, or is cancelled, on the next look)."""
     if run.state is not State.PENDING_BY_US:
         return None
-    return _waiting_why_of(run, verdicts_of(groups, now))
+    waits = _waiting_of(run, verdicts_of(groups, now))
+    return waits[0] if waits is not None else None
 
 
-def _waiting_why_of(run: Run, of: VerdictOf) -> str | None:
-    """Why the run waits: from the first of its groups (by control name) that holds it back,
-    so that every group's plan computes the same text."""
+def waiting_data(
+    run: Run, groups: Mapping[GroupKey, Group], now: float | None = None
+) -> dict[str, Any] | None:
+    """The same as data (what the ``coschedule.dev/waiting-data`` annotation should hold)."""
+    if run.state is not State.PENDING_BY_US:
+        return None
+    waits = _waiting_of(run, verdicts_of(groups, now))
+    return orjson.loads(waits[1]) if waits is not None else None
+
+
+def _waiting_of(run: Run, of: VerdictOf) -> tuple[str, str] | None:
+    """Why the run waits, as text and as data: from the first of its groups (by control
+    name) that holds it back, so that every group's plan computes the same."""
     for control, value in sorted(run.groups().items()):
         theirs = of(GroupKey(run.namespace, control, value))
         if theirs is not None and run.ident in theirs.waiting:
-            return theirs.waiting[run.ident]
+            return theirs.waiting[run.ident], theirs.waiting_data[run.ident]
     return None
 
 

@@ -13,11 +13,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from coschedule.concurrency.template import priority_value
 from coschedule.engines import RUN_ENGINES, Kind, run_control
 from coschedule.k8s.timefmt import parse_time
 from coschedule.marks import (
     ANNOTATION_PENDING_BY,
+    ANNOTATION_PRIORITY_PREFIX,
     ANNOTATION_WAITING,
+    ANNOTATION_WAITING_DATA,
     LABEL_CONCURRENCY_PREFIX,
     PENDING_BY_CONCURRENCY,
 )
@@ -114,6 +117,11 @@ class Run:
             if key.startswith(LABEL_CONCURRENCY_PREFIX)
         }
 
+    def priority_of(self, control: str) -> int:
+        """The run's priority in ``control`` (annotation ``priority.coschedule.dev/<control>``,
+        written at admission; 0 when absent or not an integer)."""
+        return priority_value(self.annotations.get(ANNOTATION_PRIORITY_PREFIX + control, ""))
+
     def key_of(self, control: str) -> str:
         """The key as written at admission: the annotation when the label is a hash."""
         return self.annotations.get(LABEL_CONCURRENCY_PREFIX + control) or self.labels.get(
@@ -165,7 +173,11 @@ def start_patch(run: Run) -> dict[str, Any]:
     return {
         "metadata": {
             "resourceVersion": run.resource_version,
-            "annotations": {ANNOTATION_PENDING_BY: None, ANNOTATION_WAITING: None},
+            "annotations": {
+                ANNOTATION_PENDING_BY: None,
+                ANNOTATION_WAITING: None,
+                ANNOTATION_WAITING_DATA: None,
+            },
         },
         "spec": spec,
     }
@@ -178,16 +190,19 @@ def cancel_patch(run: Run, value: str) -> dict[str, Any]:
     spec: dict[str, Any] = {control.cancel_field: value}
     metadata: dict[str, Any] = {"resourceVersion": run.resource_version}
     if run.state is State.PENDING_BY_US:
-        metadata["annotations"] = {ANNOTATION_PENDING_BY: None, ANNOTATION_WAITING: None}
+        metadata["annotations"] = {
+            ANNOTATION_PENDING_BY: None,
+            ANNOTATION_WAITING: None,
+            ANNOTATION_WAITING_DATA: None,
+        }
         spec.update(control.held_cancel)
     return {"metadata": metadata, "spec": spec}
 
 
-def waiting_patch(run: Run, why: str) -> dict[str, Any]:
-    """JSON merge patch: why the run waits, only if the run is unchanged."""
-    return {
-        "metadata": {
-            "resourceVersion": run.resource_version,
-            "annotations": {ANNOTATION_WAITING: why},
-        }
-    }
+def waiting_patch(run: Run, why: str, data: str | None = None) -> dict[str, Any]:
+    """JSON merge patch: why the run waits (text, and data when given), only if the run is
+    unchanged."""
+    notes = {ANNOTATION_WAITING: why}
+    if data is not None:
+        notes[ANNOTATION_WAITING_DATA] = data
+    return {"metadata": {"resourceVersion": run.resource_version, "annotations": notes}}

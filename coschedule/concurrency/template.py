@@ -122,3 +122,13 @@ def label_value(key: str) -> str:
     if valid_label_value(key):
         return key
     return hashlib.sha256(key.encode("utf-8")).hexdigest()[:HASH_HEX]
+
+
+_INTEGER = re.compile(r"^[+-]?[0-9]{1,18}$")
+
+
+def priority_value(text: str) -> int:
+    """A priority template's value as an integer: a decimal integer (surrounding blanks
+    ignored); anything else, a missing value included, is 0. Never refused, as keys."""
+    text = text.strip()
+    return int(text) if _INTEGER.match(text) else 0

@@ -54,7 +54,9 @@ from coschedule.kube.informer import IndexFunc, Informer, Obj
 from coschedule.marks import (
     ANNOTATION_HELD_BY,
     ANNOTATION_PENDING_BY,
+    ANNOTATION_PRIORITY_PREFIX,
     ANNOTATION_WAITING,
+    ANNOTATION_WAITING_DATA,
     LABEL_CONCURRENCY_GROUPED,
     LABEL_CONCURRENCY_PREFIX,
 )
@@ -77,7 +79,8 @@ class ConcurrencyMetrics:
         self.registry = registry
         self.cancellations = Counter(
             "coschedule_concurrency_cancellations_total",
-            "Runs cancelled because a newer run of their group arrived, by strategy.",
+            "Runs cancelled by concurrency control (superseded, or past maxPending or "
+            "maxWaitSeconds), by strategy.",
             ["strategy"],
             registry=registry,
         )
@@ -129,8 +132,14 @@ def slim_run(obj: Obj, kind: Kind) -> Obj:
             "annotations": {
                 k: v
                 for k, v in annotations.items()
-                if k in (ANNOTATION_PENDING_BY, ANNOTATION_WAITING, ANNOTATION_HELD_BY)
-                or k.startswith(LABEL_CONCURRENCY_PREFIX)
+                if k
+                in (
+                    ANNOTATION_PENDING_BY,
+                    ANNOTATION_WAITING,
+                    ANNOTATION_WAITING_DATA,
+                    ANNOTATION_HELD_BY,
+                )
+                or k.startswith((LABEL_CONCURRENCY_PREFIX, ANNOTATION_PRIORITY_PREFIX))
             },
         },
         "spec": {k: spec[k] for k in RUN_SPEC_FIELDS if k in spec},
@@ -449,8 +458,9 @@ class ConcurrencyController:
         elif isinstance(action, MarkWaiting):
             # Written only when the reason changed (the plan compares it with the run's): one
             # Event per change, and nothing when a look changes nothing.
-            await self.client.patch(path, waiting_patch(run, action.why))
-            await run_event(self.client, run, "Waiting", action.why)
+            await self.client.patch(path, waiting_patch(run, action.why, action.data))
+            if action.why != run.annotations.get(ANNOTATION_WAITING):
+                await run_event(self.client, run, "Waiting", action.why)
 
     def _count_start(self, run: Run) -> None:
         created = run.created_at

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import orjson
 import pytest
 
 from coschedule.cli.explain_live import live_report, parse_run_ref, render_live_text
@@ -53,7 +54,17 @@ def test_a_held_run_shows_its_place_its_group_and_that_its_reason_is_not_written
     assert "not on the run yet" in text
     assert "1 running, 1 pending" in text
     # Once the reconciler wrote it, the report says nothing is left to do.
-    written = dataclasses.replace(held, annotations={**held.annotations, WAITING: why})
+    assert report["waitingData"] == {
+        "control": "deploy",
+        "key": "prod",
+        "strategy": "Queue",
+        "maxRunning": 1,
+        "position": 2,
+        "ahead": [{"kind": "PipelineRun", "name": "deploy-7x2", "state": "running"}],
+    }
+    data = orjson.dumps(report["waitingData"], option=orjson.OPT_SORT_KEYS).decode()
+    notes = {**held.annotations, WAITING: why, "coschedule.dev/waiting-data": data}
+    written = dataclasses.replace(held, annotations=notes)
     groups = {KEY: Group(KEY, control, (running, written))}
     text = render_live_text(live_report(written, [control], groups))
     assert "not on the run yet" not in text

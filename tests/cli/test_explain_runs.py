@@ -155,3 +155,40 @@ def test_replace_and_newest_first_say_what_happens(
     out = capsys.readouterr().out
     assert "release-newest-first (Queue): matches" in out
     assert "are running, newest first" in out
+
+
+def test_explain_says_how_a_bounded_timed_queue_and_kueue_treat_the_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = {
+        "apiVersion": "tekton.dev/v1",
+        "kind": "PipelineRun",
+        "metadata": {
+            "name": "deploy-1",
+            "namespace": "team-a",
+            "labels": {"kueue.x-k8s.io/queue-name": "team-a"},
+        },
+        "spec": {
+            "pipelineRef": {"name": "deploy"},
+            "params": [{"name": "environment", "value": "prod"}],
+        },
+    }
+    path = tmp_path / "run.json"
+    path.write_bytes(orjson.dumps(run))
+    # The documented deploy-bounded control ignores runs Kueue admits (kueue: Ignore).
+    assert main(["explain", "-f", str(path), "--controls", CONTROLS]) == 0
+    out = capsys.readouterr().out
+    assert "outcome:  untouched" in out
+    controls = tmp_path / "controls.yaml"
+    controls.write_text(
+        (EXAMPLES / "controls.yaml")
+        .read_text()
+        .replace("  maxWaitSeconds: 1800\n", "  maxWaitSeconds: 1800\n  kueue: Group\n")
+    )
+    assert main(["explain", "-f", str(path), "--controls", str(controls)]) == 0
+    out = capsys.readouterr().out
+    assert "outcome:  grouped only: Kueue admits it" in out
+    assert (
+        "; at most 2 wait, past that the newest waiting run is cancelled; cancelled if still "
+        "waiting 1800 s after its creation"
+    ) in out

@@ -236,3 +236,95 @@ def test_an_author_pending_run_the_policy_marked_stays_the_authors() -> None:
     stored = apply(run, admit_run(Kind.PIPELINE_RUN, run, "ci", []).ops)
     assert stored["spec"]["status"] == "PipelineRunPending"  # its author's: kept
     assert "coschedule.dev/concurrency" not in stored["metadata"]["labels"]
+
+
+QUEUE_BY_PRIORITY = (
+    "deploy",
+    {"selector": {}, "strategy": "Queue", "key": "prod", "priority": "$(labels.priority)"},
+)
+
+
+@pytest.mark.parametrize(
+    ("label", "written"), [("10", "10"), (" -3 ", "-3"), ("high", "0"), (None, "0")]
+)
+def test_a_queue_with_a_priority_writes_the_runs_priority(label: str | None, written: str) -> None:
+    labels = {"priority": label} if label is not None else {}
+    run = pipeline_run("pr-1", labels=labels)
+    decision = admit_run(Kind.PIPELINE_RUN, run, "ci", controls(QUEUE_BY_PRIORITY, CI))
+    stored = apply(run, decision.ops)
+    assert stored["metadata"]["annotations"]["priority.coschedule.dev/deploy"] == written
+    # Only the control with a priority writes one.
+    assert "priority.coschedule.dev/ci" not in stored["metadata"]["annotations"]
+    # Reinvoked: nothing to add.
+    assert admit_run(Kind.PIPELINE_RUN, stored, "ci", controls(QUEUE_BY_PRIORITY, CI)).ops == []
+
+
+def test_a_priority_the_run_already_carries_is_kept() -> None:
+    run = pipeline_run(
+        "pr-1", labels={"priority": "1"}, annotations={"priority.coschedule.dev/deploy": "7"}
+    )
+    stored = apply(run, admit_run(Kind.PIPELINE_RUN, run, "ci", controls(QUEUE_BY_PRIORITY)).ops)
+    assert stored["metadata"]["annotations"]["priority.coschedule.dev/deploy"] == "7"
+
+
+KUEUE = {"kueue.x-k8s.io/queue-name": "team-a"}
+
+
+def test_a_run_kueue_admits_is_not_selected_unless_the_control_says_so() -> None:
+    run = pipeline_run("pr-1", params={"branch": "main"}, labels=KUEUE)
+    decision = admit_run(Kind.PIPELINE_RUN, run, "ci", controls(CI))
+    assert decision.outcome is Outcome.UNTOUCHED
+    assert decision.ops == []
+    # Without the label the same control holds it.
+    plain = pipeline_run("pr-2", params={"branch": "main"})
+    assert admit_run(Kind.PIPELINE_RUN, plain, "ci", controls(CI)).outcome is Outcome.MADE_PENDING
+
+
+def test_kueue_group_labels_the_run_but_leaves_holding_it_to_kueue() -> None:
+    grouped = ("ci", {**CI[1], "kueue": "Group"})
+    run = pipeline_run("pr-1", params={"branch": "main"}, labels=KUEUE)
+    decision = admit_run(Kind.PIPELINE_RUN, run, "ci", controls(grouped))
+    assert decision.outcome is Outcome.KUEUE
+    stored = apply(run, decision.ops)
+    assert stored["metadata"]["labels"]["concurrency.coschedule.dev/ci"] == "main"
+    assert "status" not in stored["spec"]
+    assert "coschedule.dev/pending-by" not in (stored["metadata"].get("annotations") or {})
+    # tekton-kueue made it pending first: pending by its "author", never started by us.
+    held = pipeline_run(
+        "pr-2", params={"branch": "main"}, labels=KUEUE, status="PipelineRunPending"
+    )
+    decision = admit_run(Kind.PIPELINE_RUN, held, "ci", controls(grouped))
+    assert decision.outcome is Outcome.AUTHOR_PENDING
+    assert state_of(Kind.PIPELINE_RUN, apply(held, decision.ops)) is State.PENDING_BY_AUTHOR
+
+
+def test_kueue_hold_holds_the_run_only_when_every_selecting_control_says_so() -> None:
+    hold = ("ci", {**CI[1], "kueue": "Hold"})
+    group = ("q", {"selector": {}, "strategy": "Queue", "kueue": "Group"})
+    run = pipeline_run("pr-1", params={"branch": "main"}, labels=KUEUE)
+    assert admit_run(Kind.PIPELINE_RUN, run, "ci", controls(hold)).outcome is Outcome.MADE_PENDING
+    decision = admit_run(Kind.PIPELINE_RUN, run, "ci", controls(hold, group))
+    assert decision.outcome is Outcome.KUEUE
+
+
+def test_a_run_kueue_admits_that_the_policy_held_is_left_to_kueue() -> None:
+    """The admission policy holds every run of a namespace with a control (it cannot read
+    the control's kueue field); the webhook, or the reconciler in its stead, hands a run
+    Kueue admits back as submitted, grouped only."""
+    grouped = ("ci", {**CI[1], "kueue": "Group"})
+    run = policy_held_run(Kind.PIPELINE_RUN, "pr-1", {"branch": "main"})
+    run["metadata"]["labels"].update(KUEUE)
+    decision = admit_run(Kind.PIPELINE_RUN, run, "ci", controls(grouped))
+    assert decision.outcome is Outcome.KUEUE
+    stored = apply(run, decision.ops)
+    assert "status" not in stored["spec"]
+    assert stored["metadata"]["annotations"] == {}
+    assert stored["metadata"]["labels"]["concurrency.coschedule.dev/ci"] == "main"
+    assert state_of(Kind.PIPELINE_RUN, stored) is not State.PENDING_BY_US
+    # A control that says kueue: Hold keeps the policy's hold.
+    hold = ("ci", {**CI[1], "kueue": "Hold"})
+    again = policy_held_run(Kind.PIPELINE_RUN, "pr-2", {"branch": "main"})
+    again["metadata"]["labels"].update(KUEUE)
+    kept = admit_run(Kind.PIPELINE_RUN, again, "ci", controls(hold))
+    assert kept.outcome is Outcome.ALREADY_PENDING
+    assert state_of(Kind.PIPELINE_RUN, apply(again, kept.ops)) is State.PENDING_BY_US

@@ -76,6 +76,10 @@ BAD: list[tuple[dict[str, Any], str]] = [
     ),
     ({"selector": {}, "strategy": "Cancel", "maxWaitSeconds": 60}, "spec.maxWaitSeconds applies"),
     ({"selector": {}, "strategy": "Queue", "maxWaitSeconds": 0}, "spec.maxWaitSeconds must be"),
+    ({"selector": {}, "strategy": "Replace", "priority": "1"}, "spec.priority applies"),
+    ({"selector": {}, "strategy": "Queue", "kueue": "Admit"}, "spec.kueue: 'Admit' is not one of"),
+    ({"selector": {}, "strategy": "Queue", "priority": "$(foo.x)"}, "spec.priority: unknown"),
+    ({"selector": {}, "strategy": "Queue", "priority": 5}, "spec.priority must be a string"),
     ({"selector": {}, "strategy": "Replace", "maxRunning": 0}, "spec.maxRunning must be"),
     ({"selector": {}, "strategy": "Queue", "order": "random"}, "spec.order: 'random' is not"),
     ({"selector": {}, "strategy": "Replace", "order": "newest-first"}, "spec.order applies"),
@@ -156,3 +160,14 @@ def test_not_in_matches_a_missing_label_as_kubernetes_does() -> None:
 def test_empty_selector_matches_everything() -> None:
     assert parse_selector({}).matches({})
     assert parse_selector({"matchLabels": {}}).matches({"any": "thing"})
+
+
+def test_a_control_holds_a_run_kueue_admits_only_when_it_says_so() -> None:
+    kueue = {"app": "ci", "kueue.x-k8s.io/queue-name": "team-a"}
+    spec = {"selector": {"matchLabels": {"app": "ci"}}, "strategy": "Queue"}
+    assert not parse_control(control("c", spec)).holds(Kind.PIPELINE_RUN, kueue)
+    assert parse_control(control("c", spec)).holds(Kind.PIPELINE_RUN, {"app": "ci"})
+    for mode in ("Group", "Hold"):
+        parsed = parse_control(control("c", {**spec, "kueue": mode}))
+        assert parsed.kueue.value == mode
+        assert parsed.holds(Kind.PIPELINE_RUN, kueue)

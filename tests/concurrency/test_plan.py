@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+import orjson
 import pytest
 
 from coschedule.concurrency.control import Control, parse_control
@@ -34,6 +35,7 @@ from tests.concurrency.runs import control, pipeline_run, workflow
 Obj = dict[str, Any]
 PENDING = {"coschedule.dev/pending-by": "concurrency"}
 WAITING = "coschedule.dev/waiting"
+DATA = "coschedule.dev/waiting-data"
 PENDING_BY = "coschedule.dev/pending-by"
 
 
@@ -176,6 +178,55 @@ def test_a_newest_finished_run_still_cancels_older_ones() -> None:
     assert summary(actions) == [("cancel", "old", "Cancelled")]
 
 
+# ---- priority ---------------------------------------------------------------------------
+
+
+def prio(name: str, second: int, priority: int | None, **kw: Any) -> Run:
+    notes = dict(PENDING)
+    if priority is not None:
+        notes["priority.coschedule.dev/ci"] = str(priority)
+    return pr(name, second, status="PipelineRunPending", annotations=notes, **kw)
+
+
+def test_a_higher_priority_starts_first_then_order() -> None:
+    control = ctl(strategy="Queue", priority="$(labels.priority)")
+    runs = (pr("a", 0), prio("b", 1, 0), prio("c", 2, 5), prio("d", 3, 1), prio("e", 4, None))
+    actions = decide(control, *runs)
+    assert summary(actions) == []  # a runs: nobody starts, nobody is cancelled
+    assert [name for name, why in sorted(waits(actions).items(), key=lambda i: i[1])] == [
+        "c",  # 2nd in queue
+        "d",  # 3rd
+        "b",  # 4th (priority 0, older than e)
+        "e",  # 5th (no priority: 0)
+    ]
+    assert waits(actions)["c"].startswith("waiting: 2nd in queue for key main")
+    # When a finishes, c goes first.
+    done = (pr("a", 0, succeeded="True"), *runs[1:])
+    assert summary(decide(control, *done)) == [("start", "c", "")]
+    # newest-first orders equal priorities newest first.
+    newest = ctl(strategy="Queue", priority="$(labels.priority)", order="newest-first")
+    assert summary(decide(newest, prio("b", 1, 0), prio("e", 4, None), prio("x", 5, -1))) == [
+        ("start", "e", "")
+    ]
+
+
+def test_a_higher_priority_arrival_never_cancels_a_running_run() -> None:
+    control = ctl(strategy="Queue", priority="$(labels.priority)")
+    assert summary(decide(control, pr("a", 0), prio("urgent", 1, 100))) == []
+
+
+def test_overflow_cancels_the_lowest_priority_first() -> None:
+    control = ctl(strategy="Queue", priority="$(labels.priority)", maxPending=1)
+    runs = (pr("a", 0), prio("low", 1, 0), prio("high", 2, 9))
+    assert summary(decide(control, *runs)) == [("cancel", "low", "Cancelled")]
+
+
+def test_without_a_priority_template_the_annotation_is_ignored() -> None:
+    control = ctl(strategy="Queue")
+    runs = (prio("b", 1, 0), prio("c", 2, 5))
+    assert summary(decide(control, *runs)) == [("start", "b", "")]
+
+
 # ---- bounded and timed queues ---------------------------------------------------------
 
 
@@ -306,7 +357,10 @@ def test_cancelling_a_pending_run_drops_our_annotation_and_argo_suspension() -> 
     run = pending_wf("w", 0)
     patch = cancel_patch(run, "Terminate")
     assert patch == {
-        "metadata": {"resourceVersion": "1", "annotations": {PENDING_BY: None, WAITING: None}},
+        "metadata": {
+            "resourceVersion": "1",
+            "annotations": {PENDING_BY: None, WAITING: None, DATA: None},
+        },
         "spec": {"shutdown": "Terminate", "suspend": False},
     }
     assert cancel_patch(pr("r", 0, rv="9"), "Cancelled") == {
@@ -317,7 +371,10 @@ def test_cancelling_a_pending_run_drops_our_annotation_and_argo_suspension() -> 
 
 def test_start_patches_carry_the_version_they_were_decided_on() -> None:
     assert start_patch(pending_pr("p", 0, rv="7")) == {
-        "metadata": {"resourceVersion": "7", "annotations": {PENDING_BY: None, WAITING: None}},
+        "metadata": {
+            "resourceVersion": "7",
+            "annotations": {PENDING_BY: None, WAITING: None, DATA: None},
+        },
         "spec": {"status": None},
     }
     assert start_patch(pending_wf("w", 0, rv="8"))["spec"] == {"suspend": False}
@@ -399,7 +456,20 @@ def test_a_held_run_whose_reason_is_written_needs_nothing_until_the_line_moves()
         "waiting: 2nd in queue for key main of ConcurrencyControl ci, behind a, which is "
         "stopping (1 may run at once)"
     )
-    b = pr("b", 1, status="PipelineRunPending", annotations={**PENDING, WAITING: why})
+    (mark,) = decide(queue(1), pr("a", 0, status="Cancelled"), pending_pr("b", 1))
+    assert isinstance(mark, MarkWaiting)
+    assert mark.why == why
+    # The same as data, for a bot or a UI.
+    assert orjson.loads(mark.data) == {
+        "control": "ci",
+        "key": "main",
+        "strategy": "Queue",
+        "maxRunning": 1,
+        "position": 2,
+        "ahead": [{"kind": "PipelineRun", "name": "a", "state": "stopping"}],
+    }
+    notes = {**PENDING, WAITING: why, DATA: mark.data}
+    b = pr("b", 1, status="PipelineRunPending", annotations=notes)
     assert decide(queue(1), pr("a", 0, status="Cancelled"), b) == []
     # a is done: b starts (its start patch drops the annotation, no separate write).
     (start,) = decide(queue(1), pr("a", 0, succeeded="True"), b)
@@ -543,8 +613,10 @@ def test_a_run_in_two_groups_starts_only_when_both_let_it() -> None:
         "waiting: 2nd in queue for key prod of ConcurrencyControl env, behind deploying, "
         "which is running (1 may run at once)"
     )
-    assert plan(ci_key, groups) == plan(env_key, groups) == [MarkWaiting(a, why)]
-    marked = dataclasses.replace(a, annotations={**a.annotations, WAITING: why})
+    (mark,) = plan(ci_key, groups)
+    assert isinstance(mark, MarkWaiting)
+    assert plan(ci_key, groups) == plan(env_key, groups) == [MarkWaiting(a, why, mark.data)]
+    marked = dataclasses.replace(a, annotations={**a.annotations, WAITING: why, DATA: mark.data})
     groups = {k: dataclasses.replace(g, runs=(marked, *g.runs[1:])) for k, g in groups.items()}
     assert plan(ci_key, groups) == plan(env_key, groups) == []
     finished = pr("deploying", 0, groups={"env": "prod"}, succeeded="True")

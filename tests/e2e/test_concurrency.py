@@ -451,6 +451,57 @@ def test_a_bounded_queue_cancels_the_overflow_and_a_timed_one_the_runs_that_wait
     assert time.monotonic() - since >= 2.0
 
 
+@pytest.mark.usefixtures("reconciling")
+def test_a_queue_starts_the_highest_priority_first(e2e: E2E, namespace: Callable[..., str]) -> None:
+    api, kind = e2e.api, "PipelineRun"
+    ns = namespace(prefix="cc-prio")
+    spec = {"selector": {}, "strategy": "Queue", "key": "prod", "priority": "$(labels.priority)"}
+    make_control(e2e, ns, "deploy", spec, kind)
+    api.create(run_manifest(kind, ns, "p0", {}))
+    wait_states(api, kind, ns, {"p0": "started"})
+    for name, priority in (("p1", None), ("p2", "5"), ("p3", "1")):
+        labels = {"priority": priority} if priority else {}
+        stored = api.create(run_manifest(kind, ns, name, {}, labels=labels))
+        assert stored["metadata"]["annotations"]["priority.coschedule.dev/deploy"] == (
+            priority or "0"
+        )
+    expected = {"p0": "started", "p1": "pending-us", "p2": "pending-us", "p3": "pending-us"}
+    wait_states(api, kind, ns, expected)
+    for finished, starting in (("p0", "p2"), ("p2", "p3"), ("p3", "p1")):
+        time.sleep(0.5)  # a wrong extra start would show by now
+        assert states(api, kind, ns, list(expected)) == expected
+        finish(api, kind, ns, finished)
+        expected[finished] = "done"
+        expected[starting] = "started"
+        wait_states(api, kind, ns, expected)
+
+
+@pytest.mark.usefixtures("reconciling")
+def test_runs_kueue_admits_are_held_only_when_the_control_says_so(
+    e2e: E2E, namespace: Callable[..., str]
+) -> None:
+    api, kind = e2e.api, "PipelineRun"
+    ns = namespace(prefix="cc-kueue")
+    make_control(e2e, ns, "ignore", {"selector": {"matchLabels": {"c": "i"}}, "strategy": "Queue"})
+    make_control(
+        e2e,
+        ns,
+        "group",
+        {"selector": {"matchLabels": {"c": "g"}}, "strategy": "Queue", "kueue": "Group"},
+    )
+    queue = {"kueue.x-k8s.io/queue-name": "team-a"}
+    ignored = api.create(run_manifest(kind, ns, "i", {}, labels={"c": "i", **queue}))
+    assert LABEL + "ignore" not in ignored["metadata"]["labels"]
+    assert state(ignored) == "started"
+    grouped = api.create(run_manifest(kind, ns, "g", {}, labels={"c": "g", **queue}))
+    assert grouped["metadata"]["labels"][LABEL + "group"] == ""
+    assert state(grouped) == "started"  # not held: Kueue's webhook holds it
+    # As tekton-kueue does it: created pending by Kueue; coschedule never starts it.
+    api.create(run_manifest(kind, ns, "k", {}, labels={"c": "g", **queue}, pending=True))
+    time.sleep(1.0)
+    assert state(api.must_get(kind, "k", ns)) == "pending-author"
+
+
 def cancel_events(api: Api, ns: str, name: str) -> list[str]:
     """The run's Cancelled Events' messages, once there is one (Events are written after
     the patch)."""
@@ -713,6 +764,25 @@ def test_a_held_run_says_why_it_waits_once_and_a_restart_writes_nothing(
     assert "not on the run yet" not in shown
     assert "  - env, key prod (Queue, maxRunning 1): 1 running, 2 pending" in shown
     assert "next look: nothing to do" in shown
+    # The same as data: on the run, and in `explain --run -o json`.
+    stored = orjson.loads(
+        api.must_get(kind, "third", ns)["metadata"]["annotations"]["coschedule.dev/waiting-data"]
+    )
+    assert stored == {
+        "control": "env",
+        "key": "prod",
+        "strategy": "Queue",
+        "maxRunning": 1,
+        "position": 3,
+        "ahead": [
+            {"kind": kind, "name": "deploy-7x2", "state": "running"},
+            {"kind": kind, "name": "second", "state": "waiting"},
+        ],
+    }
+    assert main([*argv, "-o", "json"]) == 0
+    report = orjson.loads(capsys.readouterr().out)
+    assert report["waitingData"] == stored
+    assert report["waiting"] == want["third"]
     # The line moves: second starts (its reason goes with the start), third says so, once.
     finish(api, kind, ns, "deploy-7x2")
     wait_states(api, kind, ns, {"deploy-7x2": "done", "second": "started", "third": "pending-us"})

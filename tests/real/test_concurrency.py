@@ -55,7 +55,13 @@ def _control(namespace: str, strategy: str) -> Obj:
 
 
 def _run(
-    namespace: str, name: str, seconds: int, storage_class: str, *, status: str | None = None
+    namespace: str,
+    name: str,
+    seconds: int,
+    storage_class: str,
+    *,
+    status: str | None = None,
+    labels: dict[str, str] | None = None,
 ) -> Obj:
     """``work`` sleeps; the finally task ``cleanup`` says it ran. (Not what work wrote: a run
     cancelled while its step's entrypoint still waits to start has written nothing.)"""
@@ -68,6 +74,7 @@ def _run(
         {"ws": {"volumeClaimTemplate": claim_template(storage_class)}},
         finally_=finally_,
         status=status,
+        labels=labels,
     )
 
 
@@ -298,3 +305,173 @@ def test_a_run_its_author_created_pending_stays_pending(real: RealCluster, group
     assert held["spec"].get("status") == PENDING, describe(api, ns)
     assert not _taskruns(api, ns, "held"), describe(api, ns)
     assert (held["metadata"].get("annotations") or {}).get("coschedule.dev/pending-by") is None
+
+
+# ---- limit plus supersede, bounded and timed queues, priority ---------------------------
+
+FEATURES: dict[str, Obj] = {
+    "limit": {"strategy": "GracefullyCancel", "maxRunning": 2, "key": "main"},
+    "bounded": {"strategy": "Queue", "key": "prod", "maxPending": 1, "overflow": "CancelNewest"},
+    "timed": {"strategy": "Queue", "key": "prod", "maxWaitSeconds": 15},
+    "prio": {"strategy": "Queue", "key": "prod", "priority": "$(labels.priority)"},
+}
+PRIORITIES = {"p1": "0", "p2": "5", "p3": "1"}  # created in this order while p0 runs
+
+
+@pytest.fixture(scope="module")
+def features(real: RealCluster) -> Iterator[Groups]:
+    api, sc = real.api, real.local_class
+    namespaces: dict[str, str] = {}
+    for name, spec in FEATURES.items():
+        ns = unique(f"real-{name}")
+        make_namespace(api, ns, None)
+        api.create(
+            {
+                "apiVersion": "coschedule.dev/v1alpha1",
+                "kind": "ConcurrencyControl",
+                "metadata": {"name": name, "namespace": ns},
+                "spec": {"selector": {}, "kinds": ["PipelineRun"], **spec},
+            }
+        )
+        namespaces[name] = ns
+    for name, ns in namespaces.items():
+        wait_webhook_sees_control(api, ns, name, _run(ns, "probe", 1, sc))
+    limit, bounded, timed, prio = (namespaces[n] for n in FEATURES)
+    api.create(_run(limit, "l1", 90, sc))
+    api.create(_run(bounded, "b1", 30, sc))
+    api.create(_run(timed, "w1", 50, sc))
+    api.create(_run(prio, "p0", 30, sc))
+    _wait_running(api, "limit", limit, "l1")
+    api.create(_run(limit, "l2", 25, sc))
+    _wait_running(api, "bounded", bounded, "b1")
+    api.create(_run(bounded, "b2", 1, sc))
+    wait_for("bounded: b2 held", functools.partial(_held_by_us, api, bounded, "b2"), timeout=30)
+    api.create(_run(bounded, "b3", 1, sc))
+    _wait_running(api, "timed", timed, "w1")
+    api.create(_run(timed, "w2", 1, sc))
+    _wait_running(api, "prio", prio, "p0")
+    for name, priority in PRIORITIES.items():
+        api.create(_run(prio, name, 1, sc, labels={"priority": priority}))
+    _wait_running(api, "limit", limit, "l2")
+    api.create(_run(limit, "l3", 1, sc))
+    yield Groups(namespaces)
+    if os.environ.get("REAL_KEEP"):
+        return
+    for ns in namespaces.values():
+        with contextlib.suppress(ApiError):
+            api.delete("Namespace", ns)
+
+
+def test_limit_plus_supersede_cancels_the_oldest_running_run(
+    real: RealCluster, features: Groups
+) -> None:
+    api = real.api
+    ns = features.namespaces["limit"]
+    runs = wait_runs(api, ns, ["l1", "l2", "l3"], timeout=300)
+    assert_succeeded(runs, api, ns, "l2", "l3")
+    assert runs["l1"]["spec"].get("status") == "CancelledRunFinally", describe(api, ns)
+    assert verdict(runs["l1"]) == ("False", "Cancelled"), describe(api, ns)
+    old = _taskruns(api, ns, "l1")
+    assert verdict(old["work"])[0] == "False", describe(api, ns)
+    assert verdict(old["cleanup"]) == ("True", "Succeeded"), describe(api, ns)
+    assert (
+        "Cancelled",
+        "cancelled by ConcurrencyControl limit: newer run l3; maxRunning 2 keeps the 2 newest, "
+        "key main",
+    ) in run_events(api, ns, "l1"), describe(api, ns)
+    # l3 started while l2 still ran: two at once, never three.
+    l3_first = min(
+        _time(tr["metadata"]["creationTimestamp"]) for tr in _taskruns(api, ns, "l3").values()
+    )
+    assert l3_first < _time(runs["l2"]["status"]["completionTime"]), describe(api, ns)
+
+
+def test_a_bounded_queue_cancels_the_overflowing_arrival(
+    real: RealCluster, features: Groups
+) -> None:
+    api = real.api
+    ns = features.namespaces["bounded"]
+    runs = wait_runs(api, ns, ["b1", "b2", "b3"], timeout=300)
+    assert_succeeded(runs, api, ns, "b1", "b2")
+    _assert_one_after_another(api, ns, runs, ["b1", "b2"])
+    assert verdict(runs["b3"]) == ("False", "Cancelled"), describe(api, ns)
+    assert not _taskruns(api, ns, "b3"), describe(api, ns)  # it never ran
+    assert (
+        "Cancelled",
+        "cancelled by ConcurrencyControl bounded: the queue of its key was full (maxPending 1, "
+        "overflow CancelNewest), key prod",
+    ) in run_events(api, ns, "b3"), describe(api, ns)
+
+
+def test_max_wait_seconds_cancels_a_run_that_waited_too_long(
+    real: RealCluster, features: Groups
+) -> None:
+    api = real.api
+    ns = features.namespaces["timed"]
+    runs = wait_runs(api, ns, ["w1", "w2"], timeout=300)
+    assert_succeeded(runs, api, ns, "w1")
+    assert verdict(runs["w2"]) == ("False", "Cancelled"), describe(api, ns)
+    assert not _taskruns(api, ns, "w2"), describe(api, ns)
+    assert (
+        "Cancelled",
+        "cancelled by ConcurrencyControl timed: waited longer than maxWaitSeconds 15, key prod",
+    ) in run_events(api, ns, "w2"), describe(api, ns)
+    # Cancelled after its 15 s, while w1 still ran (not when the line moved).
+    created = _time(runs["w2"]["metadata"]["creationTimestamp"])
+    ended = _time(runs["w2"]["status"]["completionTime"])
+    assert (ended - created).total_seconds() >= 14, describe(api, ns)
+    assert ended < _time(runs["w1"]["status"]["completionTime"]), describe(api, ns)
+
+
+def test_priority_orders_the_waiting_runs(real: RealCluster, features: Groups) -> None:
+    api = real.api
+    ns = features.namespaces["prio"]
+    order = ["p0", "p2", "p3", "p1"]
+    runs = wait_runs(api, ns, order, timeout=300)
+    assert_succeeded(runs, api, ns, *order)
+    _assert_one_after_another(api, ns, runs, order)
+    for name, priority in PRIORITIES.items():
+        notes = runs[name]["metadata"].get("annotations") or {}
+        assert notes.get("priority.coschedule.dev/prio") == priority, name
+
+
+def test_a_queue_loses_nothing_when_its_leader_is_killed_mid_queue(real: RealCluster) -> None:
+    """Every reconciler killed (SIGKILL) while one run runs and two wait, then started again:
+    the waiting runs start one after another, each once; nothing is cancelled or stranded."""
+    real.require("own-stack")
+    assert real.product is not None
+    api, sc = real.api, real.local_class
+    ns = unique("real-killed")
+    make_namespace(api, ns, None)
+    spec = {"selector": {}, "kinds": ["PipelineRun"], "strategy": "Queue", "key": "prod"}
+    api.create(
+        {
+            "apiVersion": "coschedule.dev/v1alpha1",
+            "kind": "ConcurrencyControl",
+            "metadata": {"name": "killed", "namespace": ns},
+            "spec": {**spec, "maxPending": 3, "maxWaitSeconds": 600},
+        }
+    )
+    wait_webhook_sees_control(api, ns, "killed", _run(ns, "probe", 1, sc))
+    names = ["k1", "k2", "k3"]
+    api.create(_run(ns, "k1", 20, sc))
+    _wait_running(api, "killed", ns, "k1")
+    for name in names[1:]:
+        api.create(_run(ns, name, 1, sc))
+    for name in names[1:]:
+        wait_for(f"{name} held", functools.partial(_held_by_us, api, ns, name), timeout=30)
+    procs = list(real.product.reconcilers.values())
+    for proc in procs:
+        proc.kill()
+    for proc in procs:
+        proc.start()
+    runs = wait_runs(api, ns, names, timeout=300)
+    assert_succeeded(runs, api, ns, *names)
+    _assert_one_after_another(api, ns, runs, names)
+    for name in names:
+        reasons = [reason for reason, _ in run_events(api, ns, name)]
+        assert reasons.count("Started") == 1, (name, reasons)
+        assert "Cancelled" not in reasons, (name, reasons)
+    if not os.environ.get("REAL_KEEP"):
+        with contextlib.suppress(ApiError):
+            api.delete("Namespace", ns)
