@@ -41,6 +41,9 @@ LABEL = CONTROL_LABEL
 TIMEOUT = 20.0
 
 
+NO_GATED_POD = "no pod is held by the coschedule.dev/placeholder gate"
+
+
 @pytest.fixture
 def reconciling(e2e: E2E) -> Iterator[None]:
     e2e.require("reconciler")
@@ -901,18 +904,19 @@ def test_release_held_starts_the_held_runs_once_the_reconciler_is_gone(
     capsys.readouterr()
 
     assert main([*admin, "--dry-run"]) == 0
-    assert capsys.readouterr().out.splitlines()[-1] == (
-        "2 held run(s) would be released (dry run: nothing changed)"
-    )
+    assert capsys.readouterr().out.splitlines()[-2:] == [
+        "2 held run(s) would be released (dry run: nothing changed)",
+        NO_GATED_POD,
+    ]
     assert states(api, "PipelineRun", ns, list(held)) == held
 
     assert main(admin) == 0
     out = capsys.readouterr().out.splitlines()
-    assert [line.split(" (")[0] for line in out[:-1]] == [
+    assert [line.split(" (")[0] for line in out[:-2]] == [
         f"released PipelineRun {ns}/r2",
         f"released PipelineRun {ns}/r3",
     ], out
-    assert out[-1] == "released 2 held run(s)"
+    assert out[-2:] == ["released 2 held run(s)", NO_GATED_POD]
     released = {**held, "r2": "started", "r3": "started"}
     assert states(api, "PipelineRun", ns, list(held)) == released
     for name in ("r2", "r3"):
@@ -927,7 +931,7 @@ def test_release_held_starts_the_held_runs_once_the_reconciler_is_gone(
         "r3": "pending-us",
     }
     assert main(admin) == 0
-    assert capsys.readouterr().out == "no run is held pending by coschedule\n"
+    assert capsys.readouterr().out == f"no run is held pending by coschedule\n{NO_GATED_POD}\n"
 
 
 # ---- leader loss mid-burst ------------------------------------------------------------

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from coschedule.cli.main import main
 from coschedule.marks import (
     ANNOTATION_PINNED_NODE,
     GATE_PLACEHOLDER,
@@ -34,8 +35,10 @@ from tests.e2e.conftest import E2E
 from tests.e2e.kube import Api, Obj, wait_for
 from tests.e2e.runs import node, wait_bound, wait_placeholder_bound
 from tests.e2e.test_concurrency import (
+    NO_GATED_POD,
     finish,
     make_control,
+    reconciling,  # noqa: F401 (a fixture)
     run_manifest,
     state,
     states,
@@ -227,3 +230,41 @@ def test_a_webhook_outage_refuses_no_run_and_a_queue_keeps_its_limit(
         assert "coschedule.dev/held-by" not in (stored["metadata"].get("annotations") or {})
         assert stored["metadata"]["labels"]["concurrency.coschedule.dev/env"] == "x"
         assert state(stored) == "pending-us"
+
+
+@pytest.mark.usefixtures("reconciling")
+def test_after_an_uninstall_release_held_leaves_no_gated_pod(
+    e2e: E2E, namespace: Callable[..., str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The reconciler gone (uninstalled): TaskRun pods wait behind the gate, which nothing
+    else lifts; ``release-held`` lifts every one, pins none, and the scheduler places them."""
+    e2e.require("scheduler", "controller-manager", "reconciler")
+    api = e2e.api
+    ns = namespace(mode="pipelineruns")
+    for name in list(e2e.product.reconcilers):
+        e2e.product.reconcilers.pop(name).stop()
+    run = TektonRun(api, ns, unique("pr")).create()
+    for task in ("build", "test"):
+        stored = run.create_pod(task, fixture=NO_WORKSPACE)
+        assert gates_of(stored) == [GATE_PLACEHOLDER]  # the webhook held it: no placeholder
+    time.sleep(2)  # nothing lifts the gate
+    assert all(
+        gates_of(api.must_get("Pod", run.pod_name(t), ns)) == [GATE_PLACEHOLDER]
+        for t in ("build", "test")
+    )
+    assert e2e.plane.admin_kubeconfig is not None
+    admin = ["release-held", "--kubeconfig", str(e2e.plane.admin_kubeconfig), "-n", ns]
+    capsys.readouterr()
+    assert main([*admin, "--dry-run"]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        "2 gated pod(s) would be ungated (dry run: nothing changed)"
+    )
+    assert main(admin) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == "ungated 2 pod(s)"
+    left = [p for p in api.list("Pod", ns) if GATE_PLACEHOLDER in gates_of(p)]
+    assert left == []  # gated pods left after uninstall: 0
+    for task in ("build", "test"):
+        bound = wait_bound(api, ns, run.pod_name(task))
+        assert ANNOTATION_PINNED_NODE not in (bound["metadata"].get("annotations") or {})
+    assert main(admin) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == NO_GATED_POD
