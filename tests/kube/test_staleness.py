@@ -41,6 +41,7 @@ async def test_a_quiet_established_watch_is_fresh_a_broken_one_goes_stale_then_f
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(informer_module, "BACKOFF_START", 0.05)
+    monkeypatch.setattr(informer_module, "BACKOFF_MAX", 0.5)  # back soon once it answers
     api.put("nodes", {"metadata": {"name": "n1"}})
     nodes = Informer(client, "/api/v1/nodes", name="nodes")
     running.append(asyncio.create_task(nodes.run()))

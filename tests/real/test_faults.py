@@ -35,7 +35,13 @@ from coschedule.marks import GATE_PLACEHOLDER
 from tests.e2e.cluster import Proc, wait_healthy
 from tests.e2e.install import SYSTEM_NAMESPACE
 from tests.e2e.kube import Api, ApiError, Obj, wait_for
-from tests.e2e.world import Ticker, make_namespace, unique, wait_webhook_sees_control
+from tests.e2e.world import (
+    Ticker,
+    make_namespace,
+    unique,
+    wait_webhook_sees,
+    wait_webhook_sees_control,
+)
 from tests.real.runs import (
     assert_succeeded,
     claim_template,
@@ -263,7 +269,10 @@ def test_leader_killed_with_a_full_queue(real: RealCluster) -> None:
     product = real.product
     api = real.api
     ns = unique("real-queue-ha")
-    make_namespace(api, ns, None)
+    # Mode pipelineruns: each run's placeholder goes when the run is done (in workspaces
+    # mode a claim's placeholder waits out the idle grace: its claim outlives the run).
+    make_namespace(api, ns, "pipelineruns")
+    wait_webhook_sees(api, ns, "pipelineruns")
     control = {
         "apiVersion": "coschedule.dev/v1alpha1",
         "kind": "ConcurrencyControl",
