@@ -158,7 +158,8 @@ def test_a_certificate_for_other_names_is_replaced() -> None:
 
 def test_a_mismatched_key_is_replaced() -> None:
     observed = steady()
-    assert observed.ca is not None and observed.serving is not None
+    assert observed.ca is not None
+    assert observed.serving is not None
     other = serving_of(observed.ca, T0)
     observed = replace(observed, serving=KeyPair(observed.serving.cert_pem, other.key_pem))
     step = decide(observed, POLICY, T0 + dt.timedelta(seconds=30))
@@ -195,7 +196,8 @@ def test_readyz_detail_says_what_is_in_use() -> None:
 )
 def test_lifetimes_that_cannot_work_are_refused(change: dict[str, object], says: str) -> None:
     problem = replace(POLICY, **change).problem()  # type: ignore[arg-type]
-    assert problem is not None and says in problem
+    assert problem is not None
+    assert says in problem
     assert POLICY.problem() is None
 
 
