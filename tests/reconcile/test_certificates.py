@@ -174,7 +174,8 @@ async def test_the_jobs_certificate_is_taken_over_without_an_untrusted_moment(
         ]
         ok, detail = controller.readiness()
         assert ok
-        assert detail is not None and "serving certificate valid until" in detail
+        assert detail is not None
+        assert "serving certificate valid until" in detail
     finally:
         await manager.stop()
 
