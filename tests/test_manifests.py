@@ -245,6 +245,24 @@ def _check_cert_manager(obj: Obj, docs: list[Obj]) -> list[str]:
     return problems
 
 
+def _check_monitoring(obj: Obj) -> list[str]:
+    """The Prometheus Operator's kinds, structurally (their CRDs are not Kubernetes')."""
+    spec = obj.get("spec") or {}
+    if obj["kind"] == "ServiceMonitor":
+        ok = spec.get("selector", {}).get("matchLabels") and all(
+            e.get("port") for e in spec.get("endpoints") or [{}]
+        )
+        return [] if ok else ["a ServiceMonitor needs selector.matchLabels and endpoint ports"]
+    if obj["kind"] == "PrometheusRule":
+        problems = []
+        for group in spec.get("groups") or [{}]:
+            for rule in group.get("rules") or [{}]:
+                if not (rule.get("alert") and isinstance(rule.get("expr"), str)):
+                    problems.append(f"group {group.get('name')}: a rule without alert or expr")
+        return problems
+    return [f"unknown kind {obj['kind']}"]
+
+
 def schema_problems(docs: list[Obj], version: str) -> list[str]:
     """Every object through kubernetes-validate (strict); cert-manager's structurally."""
     kv = pytest.importorskip(
@@ -254,6 +272,9 @@ def schema_problems(docs: list[Obj], version: str) -> list[str]:
     for obj in docs:
         if obj["apiVersion"].startswith("cert-manager.io/"):
             problems += [f"{ident(obj)}: {p}" for p in _check_cert_manager(obj, docs)]
+            continue
+        if obj["apiVersion"] == "monitoring.coreos.com/v1":
+            problems += [f"{ident(obj)}: {p}" for p in _check_monitoring(obj)]
             continue
         try:
             kv.validate(obj, version, strict=True)
