@@ -60,10 +60,11 @@ WARN_BEFORE_MAX = dt.timedelta(days=14)
 
 
 def expiry_warning(not_before: dt.datetime, not_after: dt.datetime, now: dt.datetime) -> str | None:
-    """A warning once less than a quarter of the certificate's life (at most 14 days) is
-    left: by then whatever renews it (the reconciler, cert-manager) should have."""
+    """A warning once less than a fifth of the certificate's life (at most 14 days) is
+    left: by then whatever renews it (the reconciler and cert-manager renew a third ahead)
+    should have."""
     left = not_after - now
-    if left > min((not_after - not_before) / 4, WARN_BEFORE_MAX):
+    if left > min((not_after - not_before) / 5, WARN_BEFORE_MAX):
         return None
     when = not_after.strftime("%Y-%m-%dT%H:%M:%SZ")
     if left <= dt.timedelta(0):

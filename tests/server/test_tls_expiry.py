@@ -1,4 +1,4 @@
-"""When the webhook warns that its certificate was not renewed: a quarter of its life, at
+"""When the webhook warns that its certificate was not renewed: a fifth of its life, at
 most 14 days, before it expires."""
 
 from __future__ import annotations
@@ -21,12 +21,12 @@ DAY = dt.timedelta(days=1)
         (90 * DAY, 13 * DAY, True),  # 14 days at most, however long the life
         (365 * DAY, 20 * DAY, False),
         (8 * DAY, 2.5 * DAY, False),
-        (8 * DAY, 1.5 * DAY, True),  # a quarter of a short life
+        (8 * DAY, 1.5 * DAY, True),  # a fifth of a short life
         (dt.timedelta(minutes=4), dt.timedelta(seconds=90), False),
-        (dt.timedelta(minutes=4), dt.timedelta(seconds=50), True),
+        (dt.timedelta(minutes=4), dt.timedelta(seconds=45), True),
     ],
 )
-def test_warns_past_a_quarter_of_the_life_or_14_days(
+def test_warns_past_a_fifth_of_the_life_or_14_days(
     lifetime: dt.timedelta, left: dt.timedelta, warns: bool
 ) -> None:
     not_after = T0 + lifetime
