@@ -39,7 +39,7 @@ from tests.test_manifests import (
 
 DEFAULTS: Obj = yaml.safe_load((CHART / "values.yaml").read_text("utf-8"))
 # Values whose default is an empty mapping or list: a leaf for "every value is exercised".
-_LEAF_MAPPINGS = {"resources", "nodeSelector", "affinity", "requests", "limits"}
+_LEAF_MAPPINGS = {"resources", "nodeSelector", "affinity", "requests", "limits", "labels"}
 
 
 def _values(source: str) -> Obj:
@@ -224,8 +224,19 @@ def test_every_option_reaches_the_objects() -> None:
     assert runs["failurePolicy"] == "Ignore"
     assert runs["timeoutSeconds"] == 3
     args = pods["certs"]["spec"]["containers"][0]["args"]
-    assert "--days=90" in args
-    assert "--renew-before-days=20" in args
+    assert "--days=60" in args
+    assert "--renew-before-days=0" in args  # the Job only bootstraps
+    keeper = pods["reconciler"]["spec"]["containers"][0]["args"]
+    for flag in ("--cert-validity=60d", "--cert-renew-before=20d"):
+        assert flag in keeper
+    assert "--ca-validity=1000d" in keeper
+    assert "--ca-renew-before=300d" in keeper
+    (monitor,) = objects(docs, "ServiceMonitor")
+    assert monitor["spec"]["endpoints"][0]["interval"] == "15s"
+    assert monitor["metadata"]["labels"]["release"] == "prometheus"
+    (rule,) = objects(docs, "PrometheusRule")
+    assert rule["metadata"]["labels"]["release"] == "prometheus"
+    assert one(docs, "ConfigMap", "coschedule-grafana-dashboard")
 
     settings = parse_settings(one(docs, "ConfigMap", "coschedule-config")["data"])
     assert settings.mode is Mode.PIPELINERUNS

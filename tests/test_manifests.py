@@ -332,7 +332,9 @@ def test_base_has_the_expected_objects() -> None:
             f"Deployment {NAMESPACE}/coschedule-webhook",
             f"PodDisruptionBudget {NAMESPACE}/coschedule-webhook",
             f"Service {NAMESPACE}/{SERVICE}",
+            f"Service {NAMESPACE}/coschedule-webhook-metrics",
             f"Deployment {NAMESPACE}/coschedule-reconciler",
+            f"Service {NAMESPACE}/coschedule-reconciler-metrics",
             f"PodDisruptionBudget {NAMESPACE}/coschedule-reconciler",
             f"MutatingWebhookConfiguration {WEBHOOK_CONFIG}",
         ]

@@ -88,6 +88,7 @@ def _check_expr(expr: str, names: dict[str, set[str]], where: str) -> None:
 def component_rules() -> Obj:
     docs = list(yaml.safe_load_all((COMPONENT / "prometheusrule.yaml").read_text("utf-8")))
     (rule,) = docs
+    assert isinstance(rule, dict)
     return rule
 
 

@@ -22,7 +22,7 @@ from cryptography import x509
 
 from coschedule.certs import CA_FILE, CERT_FILE, KEY_FILE, CertBundle
 from coschedule.kube.client import ApiError, object_path
-from coschedule.kube.webhook_config import WEBHOOK_API, NoWebhooks, patch_ca_bundle
+from coschedule.kube.webhook_config import WEBHOOK_API, NoWebhooks, Patcher, patch_ca_bundle
 
 SECRET_TYPE = "kubernetes.io/tls"
 MERGE = "application/merge-patch+json"
@@ -32,19 +32,10 @@ class ApplyError(RuntimeError):
     """Why the certificate could not be installed; says which object and what to check."""
 
 
-class Api(Protocol):
+class Api(Patcher, Protocol):
     async def get(self, path: str) -> dict[str, Any] | None: ...
 
     async def create(self, path: str, body: Mapping[str, Any]) -> dict[str, Any]: ...
-
-    async def patch(
-        self,
-        path: str,
-        body: Any,
-        *,
-        content_type: str = ...,
-        params: Mapping[str, Any] | None = ...,
-    ) -> dict[str, Any]: ...
 
 
 def parse_secret_ref(text: str) -> tuple[str, str]:

@@ -31,7 +31,7 @@ from coschedule import certs
 from tests.e2e.cluster import Proc, find_kubectl, wait_healthy
 from tests.e2e.install import MANIFESTS, SYSTEM_NAMESPACE, WEBHOOK_CONFIG_NAME, render_kustomization
 from tests.e2e.kube import Api, ApiError, Obj
-from tests.real.runs import assert_succeeded, pipeline_run, task, wait_runs
+from tests.real.runs import assert_succeeded, claim_template, pipeline_run, task, wait_runs
 from tests.real.stack import RealCluster, api_from_kubeconfig
 
 SECRET = "coschedule-webhook-tls"
@@ -289,7 +289,7 @@ def test_certificates_renew_while_runs_are_admitted(
     )
     first_bundles = _bundles(api)
     ns = namespace("pipelineruns", prefix="certs")
-    probe_ns = namespace(prefix="certs-probe")
+    probe_ns = namespace("pipelineruns", prefix="certs-probe")  # every group pod is marked
     sync = KubeletSync(api_from_kubeconfig(real.kubeconfig, real.workdir), folder, SYNC_LAG)
     served = Served(product.webhook_port)
     admissions = Admissions(api_from_kubeconfig(real.kubeconfig, real.workdir), probe_ns)
@@ -311,7 +311,8 @@ def test_certificates_renew_while_runs_are_admitted(
                 "second", "grep one $(workspaces.ws.path)/f\n", ["ws"], run_after=["first"]
             )
             try:
-                api.create(pipeline_run(ns, run, [first, second], {"ws": {"emptyDir": {}}}))
+                workspace = {"ws": {"volumeClaimTemplate": claim_template(real.local_class)}}
+                api.create(pipeline_run(ns, run, [first, second], workspace))
                 runs.append(run)
             except ApiError as exc:
                 creation_errors.append(f"{run}: {exc}")
