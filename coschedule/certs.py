@@ -214,6 +214,3 @@ def ensure_self_signed(cert_dir: Path) -> bool:
     write_bundle(generate(list(LOCAL_NAMES)), cert_dir)
     return True
 
-
-def not_after(cert_pem: bytes) -> dt.datetime:
-    return x509.load_pem_x509_certificate(cert_pem).not_valid_after_utc
