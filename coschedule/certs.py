@@ -213,4 +213,3 @@ def ensure_self_signed(cert_dir: Path) -> bool:
         return False
     write_bundle(generate(list(LOCAL_NAMES)), cert_dir)
     return True
-
