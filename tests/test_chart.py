@@ -234,8 +234,8 @@ def test_every_option_reaches_the_objects() -> None:
     (monitor,) = objects(docs, "ServiceMonitor")
     assert monitor["spec"]["endpoints"][0]["interval"] == "15s"
     assert monitor["metadata"]["labels"]["release"] == "prometheus"
-    (rule,) = objects(docs, "PrometheusRule")
-    assert rule["metadata"]["labels"]["release"] == "prometheus"
+    (alerting,) = objects(docs, "PrometheusRule")
+    assert alerting["metadata"]["labels"]["release"] == "prometheus"
     assert one(docs, "ConfigMap", "coschedule-grafana-dashboard")
 
     settings = parse_settings(one(docs, "ConfigMap", "coschedule-config")["data"])
