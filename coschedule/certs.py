@@ -104,12 +104,26 @@ def _san(names: list[str]) -> x509.SubjectAlternativeName:
     return x509.SubjectAlternativeName(entries)
 
 
-def generate(
-    dns_names: list[str], *, days: int = 365, now: dt.datetime | None = None
-) -> CertBundle:
-    """A fresh CA (P-256) and a serving certificate it signs, for ``dns_names``."""
-    check_names(dns_names)
-    start = (now or dt.datetime.now(dt.UTC)) - dt.timedelta(minutes=5)  # clock skew
+SKEW = dt.timedelta(minutes=5)  # notBefore this far back: clocks of other machines
+
+
+@dataclass(frozen=True, slots=True)
+class KeyPair:
+    """A certificate and its private key, PEM."""
+
+    cert_pem: bytes
+    key_pem: bytes
+
+
+def _pem_key(key: ec.EllipticCurvePrivateKey) -> bytes:
+    return key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+
+
+def generate_ca(validity: dt.timedelta, *, now: dt.datetime | None = None) -> KeyPair:
+    """A CA (P-256) valid from now for ``validity``, that signs serving certificates."""
+    now = now or dt.datetime.now(dt.UTC)
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "coschedule-ca")])
     ca_cert = (
@@ -118,8 +132,8 @@ def generate(
         .issuer_name(ca_name)
         .public_key(ca_key.public_key())
         .serial_number(x509.random_serial_number())
-        .not_valid_before(start)
-        .not_valid_after(start + dt.timedelta(days=days * 2))
+        .not_valid_before(now - SKEW)
+        .not_valid_after(now + validity)
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
         .add_extension(
             _key_usage(signs_certificates=True),
@@ -128,15 +142,28 @@ def generate(
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), False)
         .sign(ca_key, hashes.SHA256())
     )
+    return KeyPair(ca_cert.public_bytes(serialization.Encoding.PEM), _pem_key(ca_key))
+
+
+def issue_serving(
+    ca: KeyPair, dns_names: list[str], validity: dt.timedelta, *, now: dt.datetime | None = None
+) -> KeyPair:
+    """A serving certificate for ``dns_names`` signed by ``ca``; it never outlives the CA."""
+    check_names(dns_names)
+    now = now or dt.datetime.now(dt.UTC)
+    ca_cert = x509.load_pem_x509_certificate(ca.cert_pem)
+    ca_key = serialization.load_pem_private_key(ca.key_pem, password=None)
+    if not isinstance(ca_key, ec.EllipticCurvePrivateKey):
+        raise ValueError("the CA key is not an EC key")
     key = ec.generate_private_key(ec.SECP256R1())
     cert = (
         x509.CertificateBuilder()
         .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, dns_names[0])]))
-        .issuer_name(ca_name)
+        .issuer_name(ca_cert.subject)
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
-        .not_valid_before(start)
-        .not_valid_after(start + dt.timedelta(days=days))
+        .not_valid_before(max(now - SKEW, ca_cert.not_valid_before_utc))
+        .not_valid_after(min(now + validity, ca_cert.not_valid_after_utc))
         .add_extension(_san(dns_names), critical=False)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(
@@ -149,14 +176,18 @@ def generate(
         )
         .sign(ca_key, hashes.SHA256())
     )
-    pem = serialization.Encoding.PEM
-    return CertBundle(
-        ca_pem=ca_cert.public_bytes(pem),
-        cert_pem=cert.public_bytes(pem),
-        key_pem=key.private_bytes(
-            pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-        ),
-    )
+    return KeyPair(cert.public_bytes(serialization.Encoding.PEM), _pem_key(key))
+
+
+def generate(
+    dns_names: list[str], *, days: int = 365, now: dt.datetime | None = None
+) -> CertBundle:
+    """A fresh CA (P-256, valid twice as long) and a serving certificate it signs."""
+    check_names(dns_names)
+    now = now or dt.datetime.now(dt.UTC)
+    ca = generate_ca(dt.timedelta(days=days * 2), now=now)
+    serving = issue_serving(ca, dns_names, dt.timedelta(days=days), now=now)
+    return CertBundle(ca_pem=ca.cert_pem, cert_pem=serving.cert_pem, key_pem=serving.key_pem)
 
 
 def _write_atomic(path: Path, data: bytes, mode: int) -> None:
@@ -182,7 +213,3 @@ def ensure_self_signed(cert_dir: Path) -> bool:
         return False
     write_bundle(generate(list(LOCAL_NAMES)), cert_dir)
     return True
-
-
-def not_after(cert_pem: bytes) -> dt.datetime:
-    return x509.load_pem_x509_certificate(cert_pem).not_valid_after_utc

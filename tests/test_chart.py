@@ -51,6 +51,7 @@ _LEAF_MAPPINGS = {
     "podLabels",
     "podSecurityContext",
     "containerSecurityContext",
+    "labels",
 }
 
 
@@ -239,8 +240,19 @@ def test_every_option_reaches_the_objects() -> None:
     assert runs["failurePolicy"] == "Fail"
     assert runs["timeoutSeconds"] == 3
     args = pods["certs"]["spec"]["containers"][0]["args"]
-    assert "--days=90" in args
-    assert "--renew-before-days=20" in args
+    assert "--days=60" in args
+    assert "--renew-before-days=0" in args  # the Job only bootstraps
+    keeper = pods["reconciler"]["spec"]["containers"][0]["args"]
+    for flag in ("--cert-validity=60d", "--cert-renew-before=20d"):
+        assert flag in keeper
+    assert "--ca-validity=1000d" in keeper
+    assert "--ca-renew-before=300d" in keeper
+    (monitor,) = objects(docs, "ServiceMonitor")
+    assert monitor["spec"]["endpoints"][0]["interval"] == "15s"
+    assert monitor["metadata"]["labels"]["release"] == "prometheus"
+    (alerting,) = objects(docs, "PrometheusRule")
+    assert alerting["metadata"]["labels"]["release"] == "prometheus"
+    assert one(docs, "ConfigMap", "coschedule-grafana-dashboard")
 
     # Pod metadata, log level, extra args and env, security contexts.
     for name, given in (

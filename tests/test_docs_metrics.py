@@ -80,7 +80,8 @@ def test_certs_readme_names_the_service_the_manifests_define() -> None:
         for doc in yaml.safe_load_all((ROOT / "manifests/base/webhook.yaml").read_text("utf-8"))
         if doc and doc.get("kind") == "Service"
     ]
-    assert services == ["coschedule-webhook"]
+    # The one the API server calls (the other is the metrics Service).
+    assert services == ["coschedule-webhook", "coschedule-webhook-metrics"]
     named = re.findall(r"--service (\S+)", (ROOT / "certs/README.md").read_text("utf-8"))
     assert named
     assert set(named) == {"coschedule-webhook"}, named

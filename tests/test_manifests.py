@@ -51,6 +51,7 @@ K8S_VERSIONS = ("1.30", "1.36")
 NAMESPACE = "coschedule-system"
 SERVICE = "coschedule-webhook"
 TLS_SECRET = "coschedule-webhook-tls"
+CA_SECRET = "coschedule-webhook-ca"
 CONFIGMAP = "coschedule-config"
 WEBHOOK_CONFIG = "coschedule"
 WEBHOOK_NAME = "pods.coschedule.dev"
@@ -253,6 +254,24 @@ NEWER_KINDS = {
 }
 
 
+def _check_monitoring(obj: Obj) -> list[str]:
+    """The Prometheus Operator's kinds, structurally (their CRDs are not Kubernetes')."""
+    spec = obj.get("spec") or {}
+    if obj["kind"] == "ServiceMonitor":
+        ok = spec.get("selector", {}).get("matchLabels") and all(
+            e.get("port") for e in spec.get("endpoints") or [{}]
+        )
+        return [] if ok else ["a ServiceMonitor needs selector.matchLabels and endpoint ports"]
+    if obj["kind"] == "PrometheusRule":
+        problems = []
+        for group in spec.get("groups") or [{}]:
+            for rule in group.get("rules") or [{}]:
+                if not (rule.get("alert") and isinstance(rule.get("expr"), str)):
+                    problems.append(f"group {group.get('name')}: a rule without alert or expr")
+        return problems
+    return [f"unknown kind {obj['kind']}"]
+
+
 def schema_problems(docs: list[Obj], version: str) -> list[str]:
     """Every object through kubernetes-validate (strict); cert-manager's structurally."""
     kv = pytest.importorskip(
@@ -266,6 +285,9 @@ def schema_problems(docs: list[Obj], version: str) -> list[str]:
             continue
         if obj["apiVersion"].startswith("cert-manager.io/"):
             problems += [f"{ident(obj)}: {p}" for p in _check_cert_manager(obj, docs)]
+            continue
+        if obj["apiVersion"] == "monitoring.coreos.com/v1":
+            problems += [f"{ident(obj)}: {p}" for p in _check_monitoring(obj)]
             continue
         try:
             kv.validate(obj, version, strict=True)
@@ -324,7 +346,9 @@ def test_base_has_the_expected_objects() -> None:
             f"Deployment {NAMESPACE}/coschedule-webhook",
             f"PodDisruptionBudget {NAMESPACE}/coschedule-webhook",
             f"Service {NAMESPACE}/{SERVICE}",
+            f"Service {NAMESPACE}/coschedule-webhook-metrics",
             f"Deployment {NAMESPACE}/coschedule-reconciler",
+            f"Service {NAMESPACE}/coschedule-reconciler-metrics",
             f"PodDisruptionBudget {NAMESPACE}/coschedule-reconciler",
             f"MutatingWebhookConfiguration {WEBHOOK_CONFIG}",
             "MutatingAdmissionPolicy coschedule-gate-pods",
@@ -751,6 +775,24 @@ EXPECTED_PERMISSIONS: dict[str, set[Permission]] = {
         "get patch",
         WEBHOOK_CONFIG,
     ),
+    # The self-signed install's certificate keeper (the reconciler's leader): by name only.
+    f"Role {NAMESPACE}/coschedule-reconciler-certs": _grant(
+        "core", "secrets", "get patch", TLS_SECRET
+    )
+    | _grant("core", "secrets", "get patch", CA_SECRET),
+    "ClusterRole coschedule-reconciler-certs": _grant(
+        "admissionregistration.k8s.io",
+        "mutatingwebhookconfigurations",
+        "get list watch patch",
+        WEBHOOK_CONFIG,
+    ),
+}
+# Roles only the self-signed install has (the cert-manager one has no certificate keeper).
+SELF_SIGNED_ONLY = {
+    "coschedule-reconciler": {
+        f"Role {NAMESPACE}/coschedule-reconciler-certs",
+        "ClusterRole coschedule-reconciler-certs",
+    }
 }
 # Which account holds which roles (the split per process).
 EXPECTED_BINDINGS: dict[str, set[str]] = {
@@ -770,6 +812,8 @@ def test_rbac_has_no_wildcards_and_no_dangerous_verbs(rendered: list[Obj]) -> No
             assert "*" not in (group, resource, verb, name), ident(role)
             assert verb not in ("escalate", "bind", "impersonate", "deletecollection"), ident(role)
             assert not (resource == "secrets" and verb in ("list", "watch")), ident(role)
+            if resource == "secrets" and verb != "create":
+                assert name, f"{ident(role)}: {verb} on secrets by name only"
 
 
 def test_rbac_grants_exactly_the_expected_permissions(rendered: list[Obj]) -> None:
@@ -796,7 +840,12 @@ def test_every_binding_gives_one_of_our_roles_to_one_of_our_accounts(rendered: l
             assert subject["namespace"] == NAMESPACE, ident(binding)
             assert subject["name"] in accounts, ident(binding)
             held.setdefault(subject["name"], set()).add(role)
-    assert held == {a: EXPECTED_BINDINGS[a] for a in accounts}
+    certs_job = bool(objects(rendered, "Job"))  # the self-signed install
+    expected = {
+        a: EXPECTED_BINDINGS[a] | (SELF_SIGNED_ONLY.get(a, set()) if certs_job else set())
+        for a in accounts
+    }
+    assert held == expected
 
 
 # ---- overlays --------------------------------------------------------------------------
@@ -964,3 +1013,41 @@ def test_run_admission_policy_holds_only_where_a_control_exists(rendered: list[O
 
 
 HOLD_POLICY = "coschedule-hold-runs"
+
+
+def _reconciler_args(docs: list[Obj]) -> argparse.Namespace:
+    deployment = one(docs, "Deployment", "coschedule-reconciler")
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    return parse_args(container["args"])
+
+
+@pytest.mark.parametrize("target", [SELF_SIGNED, CHART_SELF_SIGNED])
+def test_self_signed_install_has_the_reconciler_keep_the_certificate(target: str) -> None:
+    """The leader renews the Job's certificate: the flags name the Secret the webhook mounts,
+    a CA Secret the install ships empty, our one webhook configuration and the Service; the
+    lifetimes are ones the keeper accepts."""
+    from coschedule.reconcile.main import certificate_keeping
+
+    docs = render(target)
+    args = _reconciler_args(docs)
+    keeping = certificate_keeping(args, NAMESPACE)
+    assert keeping is not None
+    targets, policy = keeping
+    assert targets.secret == TLS_SECRET
+    assert targets.webhook_configs == (WEBHOOK_CONFIG,)
+    one(docs, "MutatingWebhookConfiguration", WEBHOOK_CONFIG)
+    assert list(policy.names) == certs.service_dns_names(SERVICE, NAMESPACE)
+    assert policy.problem() is None
+    assert policy.renew_before.days >= 14  # well before expiry
+    ca = one(docs, "Secret", targets.ca_secret)
+    assert ca["metadata"]["namespace"] == NAMESPACE
+    assert "data" not in ca
+    assert "stringData" not in ca
+    # The Job only bootstraps: it keeps any certificate that has not expired.
+    (job,) = objects(docs, "Job")
+    (container,) = job["spec"]["template"]["spec"]["containers"]
+    assert "--renew-before-days=0" in container["args"]
+
+
+def test_cert_manager_install_has_no_certificate_keeper() -> None:
+    assert _reconciler_args(render(CERT_MANAGER)).cert_secret is None

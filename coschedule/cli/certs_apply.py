@@ -22,10 +22,9 @@ from cryptography import x509
 
 from coschedule.certs import CA_FILE, CERT_FILE, KEY_FILE, CertBundle
 from coschedule.kube.client import ApiError, object_path
+from coschedule.kube.webhook_config import WEBHOOK_API, NoWebhooks, Patcher, patch_ca_bundle
 
 SECRET_TYPE = "kubernetes.io/tls"
-WEBHOOK_API = "admissionregistration.k8s.io/v1"
-STRATEGIC_MERGE = "application/strategic-merge-patch+json"
 MERGE = "application/merge-patch+json"
 
 
@@ -33,19 +32,10 @@ class ApplyError(RuntimeError):
     """Why the certificate could not be installed; says which object and what to check."""
 
 
-class Api(Protocol):
+class Api(Patcher, Protocol):
     async def get(self, path: str) -> dict[str, Any] | None: ...
 
     async def create(self, path: str, body: Mapping[str, Any]) -> dict[str, Any]: ...
-
-    async def patch(
-        self,
-        path: str,
-        body: Any,
-        *,
-        content_type: str = ...,
-        params: Mapping[str, Any] | None = ...,
-    ) -> dict[str, Any]: ...
 
 
 def parse_secret_ref(text: str) -> tuple[str, str]:
@@ -113,18 +103,6 @@ async def _get_webhook_config(
         waited += 2.0
 
 
-async def _patch_ca_bundle(api: Api, config: Mapping[str, Any], ca_bundle: str) -> None:
-    name = config["metadata"]["name"]
-    hooks = [h["name"] for h in config.get("webhooks") or [] if isinstance(h, dict)]
-    if not hooks:
-        raise ApplyError(f"MutatingWebhookConfiguration {name} has no webhooks to patch")
-    # Strategic merge on the list's merge key (name): other fields and webhooks stay as
-    # they are, and so does ownership of fields applied by kubectl.
-    body = {"webhooks": [{"name": h, "clientConfig": {"caBundle": ca_bundle}} for h in hooks]}
-    path = object_path(WEBHOOK_API, "mutatingwebhookconfigurations", name=name)
-    await api.patch(path, body, content_type=STRATEGIC_MERGE)
-
-
 async def _write_secret(
     api: Api, namespace: str, name: str, bundle: CertBundle, existing: bool
 ) -> None:
@@ -186,7 +164,10 @@ async def apply_in_cluster(
             rotating = fresh and current is not None and current.ca_pem != bundle.ca_pem
             if rotating and current is not None and _ca_still_valid(current.ca_pem, now):
                 trusted = bundle.ca_pem + current.ca_pem  # until the webhook reloads
-            await _patch_ca_bundle(api, config, _b64(trusted))
+            try:
+                await patch_ca_bundle(api, config, _b64(trusted))
+            except NoWebhooks as exc:
+                raise ApplyError(str(exc)) from None
         if secret is not None and fresh:
             await _write_secret(api, secret[0], secret[1], bundle, secret_obj is not None)
     except ApiError as exc:

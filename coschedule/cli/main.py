@@ -77,6 +77,49 @@ class _DefaultsHelp(argparse.HelpFormatter):
         return f"{text} (default: {value})"
 
 
+def _cert_flags(rec: argparse.ArgumentParser) -> None:
+    """The certificate keeper: the leader renews the webhook's self-signed certificate."""
+    group = rec.add_argument_group(
+        "certificate keeping (the self-signed install; off without --cert-secret)"
+    )
+    group.add_argument(
+        "--cert-secret",
+        metavar="NAME",
+        help="keep the webhook's serving certificate in this kubernetes.io/tls Secret (in "
+        "--namespace): renew it before expiry and keep the caBundles trusting it",
+    )
+    group.add_argument(
+        "--cert-ca-secret",
+        metavar="NAME",
+        default="coschedule-webhook-ca",
+        help="the Secret that holds the CA and the trust bundle (in --namespace)",
+    )
+    group.add_argument(
+        "--cert-webhook-config",
+        metavar="NAME",
+        action="append",
+        help="a MutatingWebhookConfiguration whose caBundle to keep (repeatable)",
+    )
+    group.add_argument(
+        "--cert-service", metavar="NAME", help="the certificate covers this Service's DNS names"
+    )
+    group.add_argument(
+        "--cert-dns-name", metavar="NAME", action="append", help="also this name (repeatable)"
+    )
+    for flag, default, what in (
+        ("--cert-validity", "90d", "lifetime of a serving certificate"),
+        ("--cert-renew-before", "30d", "renew a serving certificate this long before it expires"),
+        ("--ca-validity", "1825d", "lifetime of a CA"),
+        ("--ca-renew-before", "365d", "make a new CA this long before the CA expires"),
+    ):
+        group.add_argument(
+            flag,
+            type=options.duration,
+            default=options.duration(default),
+            help=f"{what}, e.g. 90d, 12h, 10m (default: {default})",
+        )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="coschedule",
@@ -148,6 +191,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     rec.add_argument("--log-level", type=options.log_level, default="info", help=log_help)
     _log_format_flag(rec)
+    _cert_flags(rec)
     rec.set_defaults(func=cmd_reconcile)
 
     certs = sub.add_parser(

@@ -4,6 +4,7 @@ traceback and never a silently different value (``--port 99999`` would bind anot
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 from importlib import metadata
 
 EXIT_OK = 0
@@ -43,6 +44,24 @@ def days_or_zero(text: str) -> int:
     if value < 0:
         raise argparse.ArgumentTypeError(f"{text!r}: must be 0 or more")
     return value
+
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def duration(text: str) -> dt.timedelta:
+    """``90d``, ``2160h``, ``10m``, ``45s``: a positive span of time."""
+    value = text.strip().lower()
+    unit = _UNITS.get(value[-1:]) if value else None
+    try:
+        amount = float(value[:-1]) if unit is not None else float("nan")
+    except ValueError:
+        amount = float("nan")
+    if unit is None or not amount > 0 or amount == float("inf"):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a duration: a positive number and a unit, s, m, h or d (90d, 12h)"
+        )
+    return dt.timedelta(seconds=amount * unit)
 
 
 def log_level(text: str) -> str:

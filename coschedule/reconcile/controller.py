@@ -42,6 +42,7 @@ from coschedule.reconcile import plan as planning
 from coschedule.reconcile.assistant_conflict import plan_assistant_conflict
 from coschedule.reconcile.event_keys import BY_NODE, BY_PLACEHOLDER
 from coschedule.reconcile.executor import Executor
+from coschedule.reconcile.gated import gated_pods
 from coschedule.reconcile.model import (
     MarkedPod,
     Observed,
@@ -158,6 +159,11 @@ class Controller:
             stuck=self.stuck,
         )
         self.pods.add_handler(self._on_pod)
+        # Counted at scrape time from the cache: the oldest pod's wait grows between events.
+        metrics.gated_pods.set_function(lambda: gated_pods(self.pods.view().values(), clock())[0])
+        metrics.gated_pod_oldest.set_function(
+            lambda: gated_pods(self.pods.view().values(), clock())[1]
+        )
         self.placeholder_pods.add_handler(self._on_placeholder_pod)
         self.nodes.add_handler(self._on_node)
         self.statefulsets.add_handler(self._on_statefulset)

@@ -13,11 +13,14 @@ from collections.abc import Iterator
 
 import uvicorn
 
+from coschedule import certs
 from coschedule.config.store import SettingsStore, open_store_or_exit, reload_loop
 from coschedule.kube.client import Credentials, KubeClient, KubeConfigError, require
 from coschedule.kube.leader import ElectionConfig, LeaderElector
 from coschedule.listen import EVERY_ADDRESS, ListenError, listen_socket
 from coschedule.probes import Probes, probes_app
+from coschedule.reconcile.cert_plan import RotationPolicy
+from coschedule.reconcile.certificates import CertificateController, CertificateTargets
 from coschedule.reconcile.concurrency import ConcurrencyController
 from coschedule.reconcile.controller import Controller
 from coschedule.reconcile.manager import Manager
@@ -46,15 +49,49 @@ def run_reconciler(args: argparse.Namespace) -> int:
     store = open_store_or_exit("reconcile", args.config_dir, os.environ, metrics)
     try:
         creds = require(args.kubeconfig, os.environ, "the reconciler")
-    except KubeConfigError as exc:
+        keeping = certificate_keeping(args, args.namespace or creds.namespace)
+    except (KubeConfigError, ValueError) as exc:
         print(f"coschedule reconcile: {exc}", file=sys.stderr)
         return EXIT_USAGE
     try:
-        asyncio.run(serve_reconciler(args, creds, store, metrics))
+        asyncio.run(serve_reconciler(args, creds, store, metrics, keeping=keeping))
     except ListenError as exc:
         print(f"coschedule reconcile: {exc}", file=sys.stderr)
         return 1
     return 0
+
+
+def certificate_keeping(
+    args: argparse.Namespace, namespace: str
+) -> tuple[CertificateTargets, RotationPolicy] | None:
+    """What ``--cert-*`` asks the leader to keep (None: off); ValueError saying what is wrong."""
+    if not getattr(args, "cert_secret", None):
+        return None
+    names = list(args.cert_dns_name or [])
+    if args.cert_service:
+        names += certs.service_dns_names(args.cert_service, namespace)
+    if not names:
+        raise ValueError("--cert-secret needs --cert-service or --cert-dns-name")
+    if not args.cert_webhook_config:
+        raise ValueError("--cert-secret needs --cert-webhook-config (whose caBundle to keep)")
+    certs.check_names(names)
+    policy = RotationPolicy(
+        names=tuple(names),
+        validity=args.cert_validity,
+        renew_before=args.cert_renew_before,
+        ca_validity=args.ca_validity,
+        ca_renew_before=args.ca_renew_before,
+    )
+    problem = policy.problem()
+    if problem is not None:
+        raise ValueError(f"--cert-*/--ca-*: {problem}")
+    targets = CertificateTargets(
+        namespace=namespace,
+        secret=args.cert_secret,
+        ca_secret=args.cert_ca_secret,
+        webhook_configs=tuple(args.cert_webhook_config),
+    )
+    return targets, policy
 
 
 async def serve_reconciler(
@@ -63,6 +100,8 @@ async def serve_reconciler(
     store: SettingsStore,
     metrics: ReconcileMetrics,
     stopping: asyncio.Event | None = None,
+    *,
+    keeping: tuple[CertificateTargets, RotationPolicy] | None = None,
 ) -> None:
     # Probes reach the pod on its IPv6 or IPv4 address: listen on both (coschedule.listen);
     # bound first, so a port in use stops the process before anything else starts.
@@ -74,6 +113,13 @@ async def serve_reconciler(
         UnmarkedController(client, lambda: store.current, metrics, leading=manager.is_leading)
     )
     manager.add(ConcurrencyController(client, metrics.registry, leading=manager.is_leading))
+    if keeping is not None:
+        targets, policy = keeping
+        manager.add(
+            CertificateController(
+                client, targets, policy, metrics.registry, leading=manager.is_leading
+            )
+        )
     probes = Probes()
     probes.checks.update(manager.checks())
     health = _Server(
@@ -114,7 +160,11 @@ async def serve_reconciler(
         manager.start_leading()
     log.info(
         "reconciler started",
-        extra={"health_port": args.health_port, "leader_elect": bool(args.leader_elect)},
+        extra={
+            "health_port": args.health_port,
+            "leader_elect": bool(args.leader_elect),
+            "certificate": f"{keeping[0].namespace}/{keeping[0].secret}" if keeping else "off",
+        },
     )
     try:
         await stopping.wait()

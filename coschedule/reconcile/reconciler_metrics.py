@@ -91,6 +91,18 @@ class ReconcileMetrics:
             "set coschedule: disabled in Tekton's feature-flags.",
             registry=self.registry,
         )
+        self.gated_pods = Gauge(
+            "coschedule_gated_pods",
+            "Marked pods still behind the coschedule.dev/placeholder scheduling gate (only "
+            "the reconciler's leader lifts it), from this replica's pod cache.",
+            registry=self.registry,
+        )
+        self.gated_pod_oldest = Gauge(
+            "coschedule_gated_pod_oldest_seconds",
+            "How long the oldest marked pod still behind the coschedule.dev/placeholder "
+            "scheduling gate has existed (0: none waits).",
+            registry=self.registry,
+        )
         for reason in ("cordoned", "tainted"):
             self.evictions.labels(reason)
         for cause in (Cause.RESOURCES, Cause.PODS, Cause.TAINT, Cause.VOLUME):

@@ -92,6 +92,7 @@ class Webhook:
     def reload_once(self) -> None:
         self.settings.maybe_reload()
         self.certificate.maybe_reload()
+        self.certificate.warning()  # logs once when the certificate nears its expiry
 
 
 def build_webhook(
@@ -109,7 +110,9 @@ def build_webhook(
     probes = Probes()
 
     def cert_check() -> tuple[bool, str | None]:
-        return certificate.state.loaded, certificate.state.error
+        # Near expiry the pod stays ready (the certificate still works), and says so.
+        details = [d for d in (certificate.state.error, certificate.warning()) if d]
+        return certificate.state.loaded, "; ".join(details) or None
 
     def config_check() -> tuple[bool, str | None]:
         # Loaded at start or the process would not be here; a refused reload is detail only.

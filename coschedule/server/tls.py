@@ -6,13 +6,16 @@ handshake; connections already open keep theirs, so a rotation fails no request.
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 import os
 import ssl
 from dataclasses import dataclass
 from pathlib import Path
 
-from coschedule.certs import CERT_FILE, KEY_FILE, not_after
+from cryptography import x509
+
+from coschedule.certs import CERT_FILE, KEY_FILE
 from coschedule.server.webhook_metrics import WebhookMetrics
 
 log = logging.getLogger("coschedule.tls")
@@ -22,6 +25,11 @@ def _signature(path: Path) -> tuple[int, int, int, int]:
     # stat follows the ..data symlink of a mounted Secret, so a swap changes inode and mtime.
     st = os.stat(path)
     return st.st_ino, st.st_mtime_ns, st.st_size, st.st_dev
+
+
+def _validity(cert_pem: bytes) -> tuple[dt.datetime, dt.datetime]:
+    cert = x509.load_pem_x509_certificate(cert_pem)
+    return cert.not_valid_before_utc, cert.not_valid_after_utc
 
 
 class CertificateUnusable(Exception):
@@ -43,6 +51,37 @@ class CertState:
     loaded: bool = False
     error: str | None = None
     signature: tuple[object, ...] | None = None
+    not_before: dt.datetime | None = None
+    not_after: dt.datetime | None = None
+    warned_for: dt.datetime | None = None  # the notAfter the expiry warning was logged for
+
+
+WARN_BEFORE_MAX = dt.timedelta(days=14)
+
+
+def expiry_warning(not_before: dt.datetime, not_after: dt.datetime, now: dt.datetime) -> str | None:
+    """A warning once less than a fifth of the certificate's life (at most 14 days) is
+    left: by then whatever renews it (the reconciler and cert-manager renew a third ahead)
+    should have."""
+    left = not_after - now
+    if left > min((not_after - not_before) / 5, WARN_BEFORE_MAX):
+        return None
+    when = not_after.strftime("%Y-%m-%dT%H:%M:%SZ")
+    if left <= dt.timedelta(0):
+        return f"the serving certificate EXPIRED at {when}: the API server refuses it"
+    return (
+        f"the serving certificate expires at {when} ({_span(left)} left) and has not been "
+        "renewed: check what renews it (the reconciler's certificate keeper, cert-manager)"
+    )
+
+
+def _span(left: dt.timedelta) -> str:
+    seconds = int(left.total_seconds())
+    if seconds >= 86400:
+        return f"{seconds // 86400}d {seconds % 86400 // 3600}h"
+    if seconds >= 3600:
+        return f"{seconds // 3600}h {seconds % 3600 // 60}m"
+    return f"{seconds // 60}m {seconds % 60}s"
 
 
 class ServingCertificate:
@@ -64,7 +103,7 @@ class ServingCertificate:
         try:
             signature = (_signature(self.cert_path), _signature(self.key_path))
             self.context.load_cert_chain(self.cert_path, self.key_path)
-            expiry = not_after(self.cert_path.read_bytes())
+            validity = _validity(self.cert_path.read_bytes())
         except (OSError, ssl.SSLError, ValueError) as exc:
             raise CertificateUnusable(
                 f"cannot serve with {self.cert_path} and {self.key_path}: {_why(exc)}"
@@ -72,7 +111,7 @@ class ServingCertificate:
         self.state.loaded = True
         self.state.error = None
         self.state.signature = signature
-        self.metrics.cert_not_after.set(expiry.timestamp())
+        self._in_use(*validity)
 
     def maybe_reload(self) -> bool:
         """Reload when the files changed; keep the old certificate if the new pair is bad.
@@ -86,7 +125,7 @@ class ServingCertificate:
             return False
         try:
             self.context.load_cert_chain(self.cert_path, self.key_path)
-            expiry = not_after(self.cert_path.read_bytes())
+            validity = _validity(self.cert_path.read_bytes())
         except (OSError, ssl.SSLError, ValueError) as exc:
             # A rotation writes two files: between them the pair does not match. Retry on the
             # next poll instead of marking the signature seen.
@@ -94,10 +133,25 @@ class ServingCertificate:
             return False
         self.state.signature = signature
         self.state.error = None
-        self.metrics.cert_not_after.set(expiry.timestamp())
+        self._in_use(*validity)
         self.metrics.cert_reloads.labels("success").inc()
-        log.info("serving certificate reloaded", extra={"not_after": expiry.isoformat()})
+        log.info("serving certificate reloaded", extra={"not_after": validity[1].isoformat()})
         return True
+
+    def _in_use(self, not_before: dt.datetime, not_after: dt.datetime) -> None:
+        self.state.not_before, self.state.not_after = not_before, not_after
+        self.metrics.cert_not_after.set(not_after.timestamp())
+
+    def warning(self, now: dt.datetime | None = None) -> str | None:
+        """The expiry warning for ``/readyz``; logged once per certificate."""
+        state = self.state
+        if state.not_before is None or state.not_after is None:
+            return None
+        message = expiry_warning(state.not_before, state.not_after, now or dt.datetime.now(dt.UTC))
+        if message is not None and state.warned_for != state.not_after:
+            state.warned_for = state.not_after
+            log.warning(message, extra={"not_after": state.not_after.isoformat()})
+        return message
 
     def _failed(self, message: str) -> None:
         if self.state.error != message:

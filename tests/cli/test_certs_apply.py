@@ -11,12 +11,12 @@ import pytest
 
 from coschedule import certs
 from coschedule.cli.certs_apply import (
-    STRATEGIC_MERGE,
     ApplyError,
     apply_in_cluster,
     parse_secret_ref,
 )
 from coschedule.kube.client import ApiError
+from coschedule.kube.webhook_config import STRATEGIC_MERGE
 
 SECRET = "/api/v1/namespaces/coschedule-system/secrets/coschedule-webhook-tls"
 SECRETS = "/api/v1/namespaces/coschedule-system/secrets"

@@ -22,6 +22,7 @@ KINDS: dict[str, tuple[str, str, bool]] = {
     "Namespace": ("v1", "namespaces", False),
     "ServiceAccount": ("v1", "serviceaccounts", True),
     "ConfigMap": ("v1", "configmaps", True),
+    "Secret": ("v1", "secrets", True),
     "Node": ("v1", "nodes", False),
     "Pod": ("v1", "pods", True),
     "PersistentVolume": ("v1", "persistentvolumes", False),

@@ -39,6 +39,8 @@ def test_overlay_applies_with_server_dry_run(e2e: E2E, overlay: str) -> None:
         assert "certificate.cert-manager.io/coschedule-webhook" in out, out
     else:
         assert "job.batch/coschedule-certs" in out, out
+        assert "secret/coschedule-webhook-ca" in out, out
+        assert "role.rbac.authorization.k8s.io/coschedule-reconciler-certs" in out, out
     # Nothing was stored: the dry run did not replace the suite's own registration.
     assert e2e.api.get("Deployment", "coschedule-webhook", "coschedule-system") is None
 
@@ -79,7 +81,31 @@ def test_chart_applies_with_server_dry_run(e2e: E2E, source: str, tmp_path: Path
         ("clusterrole.rbac.authorization.k8s.io", "coschedule-reconciler"),
         ("configmap", "coschedule-config"),
         ("certificate.cert-manager.io" if source == "cert-manager" else "job.batch", ""),
+        ("servicemonitor.monitoring.coreos.com", "coschedule"),
+        ("prometheusrule.monitoring.coreos.com", "coschedule"),
     ]:
         assert f"{kind}/{name}" in out, f"{kind}/{name} not applied:\n{out}\n{done.stderr}"
     assert "(server dry run)" in out, out
     assert e2e.api.get("Deployment", "coschedule-webhook", "coschedule-system") is None
+
+
+def test_monitoring_component_applies_with_server_dry_run(e2e: E2E, tmp_path: Path) -> None:
+    """The self-signed overlay with manifests/components/monitoring: the ServiceMonitor,
+    the PrometheusRule and the dashboard ConfigMap apply (the Prometheus Operator's kinds
+    installed as minimal CRDs by the session, as the operator would)."""
+    import yaml
+
+    from tests.test_monitoring import _build_with_component
+
+    manifest = tmp_path / "with-monitoring.yaml"
+    manifest.write_text(yaml.safe_dump_all(_build_with_component(tmp_path)))
+    done = e2e.kubectl_run("apply", "--dry-run=server", "-f", str(manifest))
+    assert done.returncode == 0, done.stderr
+    for applied in (
+        "servicemonitor.monitoring.coreos.com/coschedule",
+        "prometheusrule.monitoring.coreos.com/coschedule",
+        "configmap/coschedule-grafana-dashboard",
+        "service/coschedule-webhook-metrics",
+        "service/coschedule-reconciler-metrics",
+    ):
+        assert applied in done.stdout, done.stdout

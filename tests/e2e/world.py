@@ -72,6 +72,10 @@ OWNER_CRDS: tuple[Obj, ...] = (
     # cert-manager's kinds, so that its overlay can be dry-run applied.
     crd("cert-manager.io", "v1", "Certificate", "certificates"),
     crd("cert-manager.io", "v1", "Issuer", "issuers"),
+    # The Prometheus Operator's, so that the monitoring component and the chart's
+    # metrics.* objects can be dry-run applied.
+    crd("monitoring.coreos.com", "v1", "ServiceMonitor", "servicemonitors"),
+    crd("monitoring.coreos.com", "v1", "PrometheusRule", "prometheusrules"),
 )
 
 

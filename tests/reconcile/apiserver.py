@@ -66,7 +66,40 @@ RESOURCES = {
     "workflows": ("argoproj.io", "v1alpha1"),
     "jobs": ("batch", "v1"),
     "concurrencycontrols": ("coschedule.dev", "v1alpha1"),
+    "secrets": ("", "v1"),
+    "mutatingwebhookconfigurations": ("admissionregistration.k8s.io", "v1"),
 }
+
+# Lists a strategic merge patch merges by a key (Kubernetes' patchMergeKey), for what the
+# code under test patches that way: a webhook configuration's webhooks, by name.
+_MERGE_KEYS = {"webhooks": "name"}
+
+
+def _strategic(target: Any, patch: Any) -> Any:
+    """A strategic merge patch, for the lists in ``_MERGE_KEYS``; else a merge patch."""
+    if not isinstance(patch, dict) or not isinstance(target, dict):
+        return _merge(target, patch)
+    result = dict(target)
+    for key, value in patch.items():
+        merge_key = _MERGE_KEYS.get(key)
+        if merge_key and isinstance(value, list) and isinstance(result.get(key), list):
+            items = [copy.deepcopy(item) for item in result[key]]
+            for change in value:
+                found = [
+                    i
+                    for i, item in enumerate(items)
+                    if item.get(merge_key) == change.get(merge_key)
+                ]
+                if found:
+                    items[found[0]] = _strategic(items[found[0]], change)
+                else:
+                    items.append(copy.deepcopy(change))
+            result[key] = items
+        elif value is None:
+            result.pop(key, None)
+        else:
+            result[key] = _strategic(result.get(key), value)
+    return result
 
 
 def _merge(target: Any, patch: Any) -> Any:
@@ -316,6 +349,8 @@ class MiniApi:
         if method == "PATCH":
             patch = copy.deepcopy(body)
             patch.get("metadata", {}).pop("resourceVersion", None)
+            if "strategic-merge" in str(request.headers.get("Content-Type")):
+                return self.put(plural, _strategic(current, patch))
             return self.put(plural, _merge(current, patch))
         raise kmock.KubernetesError(status=405, reason="MethodNotAllowed", message=method)
 

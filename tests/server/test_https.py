@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import datetime as dt
 import socket
 import ssl
 from pathlib import Path
@@ -424,3 +425,26 @@ def test_missing_default_config_dir_is_said_in_the_log_and_readyz(tmp_path: Path
         assert "/etc/coschedule/config not found" in running.log()
     finally:
         stop_server(running)
+
+
+def test_a_certificate_near_expiry_is_said_in_readyz_and_the_log(server: RunningServer) -> None:
+    """A renewal that did not happen is seen before the API server refuses the webhook: the
+    pod stays ready (the certificate still works), ``/readyz`` says when it expires, and
+    the log says it once."""
+    now = dt.datetime.now(dt.UTC)
+    ca = certs.generate_ca(dt.timedelta(days=30), now=now - dt.timedelta(days=10))
+    old = certs.issue_serving(
+        ca, ["localhost", "127.0.0.1"], dt.timedelta(days=12), now=now - dt.timedelta(days=10)
+    )
+    (server.cert_dir / "tls.key").write_bytes(old.key_pem)
+    (server.cert_dir / "tls.crt").write_bytes(old.cert_pem)
+
+    def detail() -> str:
+        ready = httpx.get(server.health_url + "/readyz")
+        assert ready.status_code == 200
+        text: str = ready.json()["checks"]["certificate"].get("detail", "")
+        return text
+
+    wait_for(lambda: "has not been renewed" in detail())
+    assert "(1d 23h left)" in detail() or "(2d 0h left)" in detail()
+    wait_for(lambda: server.log().count("has not been renewed") == 1)
