@@ -445,6 +445,10 @@ def test_a_certificate_near_expiry_is_said_in_readyz_and_the_log(server: Running
         text: str = ready.json()["checks"]["certificate"].get("detail", "")
         return text
 
-    wait_for(lambda: "has not been renewed" in detail())
+    wait_until(lambda: "has not been renewed" in detail(), "the expiry warning in /readyz")
     assert "(1d 23h left)" in detail() or "(2d 0h left)" in detail()
-    wait_for(lambda: server.log().count("has not been renewed") == 1)
+    wait_until(
+        lambda: server.log().count("has not been renewed") == 1,
+        "one expiry warning in the log",
+        describe=server.log,
+    )
