@@ -189,6 +189,8 @@ class ControlPlane:
     procs: dict[str, Proc] = field(default_factory=dict)
     api: Api | None = None
     kcm_controllers: str = KCM_CONTROLLERS
+    # More kube-apiserver flags (the artifact tier: --enable-aggregator-routing=true).
+    apiserver_args: tuple[str, ...] = ()
 
     @property
     def has_scheduler(self) -> bool:
@@ -245,6 +247,7 @@ class ControlPlane:
                 "--allow-privileged=true",
                 "--endpoint-reconciler-type=none",
                 "--v=1",
+                *self.apiserver_args,
             ],
         )
         headers = {"Authorization": f"Bearer {pki.admin_token}"}
