@@ -256,6 +256,13 @@ class AdmissionLoop:
             self._thread.join(10)
 
 
+def _disruptions_allowed(api: Api) -> int:
+    pdb = api.request(
+        "GET", f"/apis/policy/v1/namespaces/{NAMESPACE}/poddisruptionbudgets/coschedule-webhook"
+    )
+    return int(((pdb or {}).get("status") or {}).get("disruptionsAllowed") or 0)
+
+
 def _evict(api: Api, pod: str) -> int:
     body = {
         "apiVersion": "policy/v1",
@@ -384,6 +391,7 @@ def wave(art: ArtifactStack, release: Release) -> Wave:
     leader = _leader(api)
     api.delete("Pod", leader, NAMESPACE)
     # A webhook pod evicted while pods are admitted; the PDB refuses the second eviction.
+    wait_for("the PDB to allow one disruption", lambda: _disruptions_allowed(api) >= 1, timeout=120)
     admissions = AdmissionLoop(api, ns["pipelineruns"]).start()
     try:
         webhooks = sorted(p["metadata"]["name"] for p in art.pods("webhook"))
