@@ -401,8 +401,9 @@ def wave(art: ArtifactStack, release: Release) -> Wave:
         time.sleep(3)  # admissions go on through the new pod too
     finally:
         admissions.stop()
-    runs = {key: wait_runs(api, name, [], timeout=300, until=_all_done) for key, name in ns.items()}
+    # While the runs still run (a run's placeholder goes when it ends).
     after = {key: _statefulsets(api, name) for key, name in ns.items()}
+    runs = {key: wait_runs(api, name, [], timeout=300, until=_all_done) for key, name in ns.items()}
     return Wave(
         ns,
         runs,
@@ -596,13 +597,14 @@ def upgrade(art: ArtifactStack, wave: Wave) -> Upgrade:
         _apply(art, art.render_overlay(V2), "release-v2.yaml")
         art.wait_ready(f"{IMAGE_REPO}:{V2}", timeout=240)
         seconds = time.monotonic() - started
+        after = _statefulsets(api, ns["upgrade"])  # while the run still runs
         runs = {
             key: wait_runs(api, name, [], timeout=300, until=_all_done) for key, name in ns.items()
         }
     finally:
         admissions.stop()
     _note(f"rolling upgrade to the rebuilt image: {seconds:.0f} s to both Deployments Ready")
-    return Upgrade(ns, runs, node, admissions, before, _statefulsets(api, ns["upgrade"]), seconds)
+    return Upgrade(ns, runs, node, admissions, before, after, seconds)
 
 
 def test_cordon_mid_run_moves_the_later_tasks(art: ArtifactStack, upgrade: Upgrade) -> None:
