@@ -594,6 +594,9 @@ def upgrade(art: ArtifactStack, wave: Wave) -> Upgrade:
     admissions = AdmissionLoop(api, ns["upgrade"]).start()
     try:
         started = time.monotonic()
+        # A Job's pod template is immutable: the finished certs Job goes first (as the
+        # self-signed overlay says for a renewal), or apply refuses the new image for it.
+        api.delete("Job", "coschedule-certs", NAMESPACE, propagation="Background")
         _apply(art, art.render_overlay(V2), "release-v2.yaml")
         art.wait_ready(f"{IMAGE_REPO}:{V2}", timeout=240)
         seconds = time.monotonic() - started
