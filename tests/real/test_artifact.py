@@ -561,7 +561,9 @@ def upgrade(art: ArtifactStack, wave: Wave) -> Upgrade:
             finally_=[task("last", "cat $(workspaces.ws.path)/f\n", ["ws"])],
         )
     )
-    api.create(_two_workspace_run(ns["upgrade"], "up-run", 45, LOCAL_CLASS))
+    # Long enough to span the rollout (81 s on a loaded machine), so that its placeholder
+    # is still there to compare when both Deployments are Ready.
+    api.create(_two_workspace_run(ns["upgrade"], "up-run", 150, LOCAL_CLASS))
     node = wait_for(
         "the cordon run's first task to run",
         lambda: _running(api, ns["cordon"], "moved", "first"),
