@@ -639,7 +639,12 @@ def test_deployments_run_the_design_commands(
         assert not args.no_cluster
     else:
         assert args.leader_elect is True
-    for probe_name, path in (("livenessProbe", "/livez"), ("readinessProbe", "/readyz")):
+    probes = (
+        ("startupProbe", "/livez"),
+        ("livenessProbe", "/livez"),
+        ("readinessProbe", "/readyz"),
+    )
+    for probe_name, path in probes:
         probe = container[probe_name]["httpGet"]
         assert probe["path"] == path
         assert probe.get("scheme", "HTTP") == "HTTP", "probes use the plain health port"

@@ -190,6 +190,8 @@ class ControlPlane:
     api: Api | None = None
     kcm_controllers: str = KCM_CONTROLLERS
     kcm_args: tuple[str, ...] = ()  # more kube-controller-manager flags (node lifecycle)
+    # More kube-apiserver flags (the artifact tier: --enable-aggregator-routing=true).
+    apiserver_args: tuple[str, ...] = ()
 
     @property
     def has_scheduler(self) -> bool:
@@ -246,6 +248,7 @@ class ControlPlane:
                 "--allow-privileged=true",
                 "--endpoint-reconciler-type=none",
                 "--v=1",
+                *self.apiserver_args,
             ],
         )
         headers = {"Authorization": f"Bearer {pki.admin_token}"}

@@ -29,6 +29,7 @@ KINDS: dict[str, tuple[str, str, bool]] = {
     "PersistentVolumeClaim": ("v1", "persistentvolumeclaims", True),
     "StatefulSet": ("apps/v1", "statefulsets", True),
     "Deployment": ("apps/v1", "deployments", True),
+    "Job": ("batch/v1", "jobs", True),
     "ClusterRole": ("rbac.authorization.k8s.io/v1", "clusterroles", False),
     "ClusterRoleBinding": ("rbac.authorization.k8s.io/v1", "clusterrolebindings", False),
     "Role": ("rbac.authorization.k8s.io/v1", "roles", True),

@@ -88,6 +88,16 @@ topologySpreadConstraints:
 {{- end }}
 
 {{- define "coschedule.probes" -}}
+# Liveness waits until the process first answers: its start takes seconds, far more on a
+# loaded node (up to 2 minutes here), and a liveness kill then only starts it again.
+startupProbe:
+  httpGet:
+    path: /livez
+    port: health
+    scheme: HTTP
+  periodSeconds: 2
+  timeoutSeconds: 2
+  failureThreshold: 60
 livenessProbe:
   httpGet:
     path: /livez
