@@ -211,13 +211,14 @@ dist:
 # Standard library and kubectl (or kustomize) only: the release job runs it on a bare runner.
 KUSTOMIZE ?= kubectl kustomize
 RELEASE_IMAGE_NAME := ghcr.io/coschedule/coschedule
-IMAGE ?= $(RELEASE_IMAGE_NAME):$(VERSION)
+# `make image` has its own IMAGE default (a local name): only an IMAGE given here counts.
+RELEASE_IMAGE = $(if $(filter command line environment,$(origin IMAGE)),$(IMAGE),$(RELEASE_IMAGE_NAME):$(VERSION))
 RELEASE_DIR := build/release
 release-manifest:
 	@test -n "$(VERSION)" || { echo "usage: make release-manifest VERSION=x.y.z [IMAGE=REPO:TAG|REPO@sha256:...]" >&2; exit 2; }
 	@$(PYTHON) .github/scripts/release_version.py "v$(VERSION)" >/dev/null
 	@mkdir -p $(RELEASE_DIR) dist
-	@image='$(IMAGE)'; last="$${image##*/}"; \
+	@image='$(RELEASE_IMAGE)'; last="$${image##*/}"; \
 	case "$$image" in \
 		*@sha256:*) pin="  newName: \"$${image%%@*}\"\n  digest: \"$${image#*@}\"" ;; \
 		*) case "$$last" in \
@@ -230,7 +231,7 @@ release-manifest:
 	   echo "#   kubectl apply -f coschedule.yaml"; \
 	   $(KUSTOMIZE) $(RELEASE_DIR); } > dist/coschedule.yaml.tmp
 	@mv dist/coschedule.yaml.tmp dist/coschedule.yaml
-	@echo "dist/coschedule.yaml: $(IMAGE)"
+	@echo "dist/coschedule.yaml: $(RELEASE_IMAGE)"
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis

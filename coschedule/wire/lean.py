@@ -37,6 +37,7 @@ POD_READS: Final[dict[str, tuple[str, ...]]] = {
         "tolerations",
         "schedulerName",
         "schedulingGates",
+        "nodeName",
     ),
     "spec.volumes[]": ("name", "persistentVolumeClaim"),
 }
@@ -66,6 +67,7 @@ class _Spec(TypedDict, total=False):
     tolerations: Any
     schedulerName: Any
     schedulingGates: Any
+    nodeName: Any  # a pod created on its node is left alone
 
 
 class _Pod(Struct):
