@@ -212,11 +212,13 @@ dist:
 KUSTOMIZE ?= kubectl kustomize
 RELEASE_IMAGE_NAME := ghcr.io/coschedule/coschedule
 # `make image` has its own IMAGE default (a local name): only an IMAGE given here counts.
-RELEASE_IMAGE = $(if $(filter command line environment,$(origin IMAGE)),$(IMAGE),$(RELEASE_IMAGE_NAME):$(VERSION))
+# Likewise VERSION: make image reads it from pyproject.toml; a release names it.
+RELEASE_VERSION = $(if $(filter command line environment,$(origin VERSION)),$(VERSION))
+RELEASE_IMAGE = $(if $(filter command line environment,$(origin IMAGE)),$(IMAGE),$(RELEASE_IMAGE_NAME):$(RELEASE_VERSION))
 RELEASE_DIR := build/release
 release-manifest:
-	@test -n "$(VERSION)" || { echo "usage: make release-manifest VERSION=x.y.z [IMAGE=REPO:TAG|REPO@sha256:...]" >&2; exit 2; }
-	@$(PYTHON) .github/scripts/release_version.py "v$(VERSION)" >/dev/null
+	@test -n "$(RELEASE_VERSION)" || { echo "usage: make release-manifest VERSION=x.y.z [IMAGE=REPO:TAG|REPO@sha256:...]" >&2; exit 2; }
+	@$(PYTHON) .github/scripts/release_version.py "v$(RELEASE_VERSION)" >/dev/null
 	@mkdir -p $(RELEASE_DIR) dist
 	@image='$(RELEASE_IMAGE)'; last="$${image##*/}"; \
 	case "$$image" in \
@@ -227,7 +229,7 @@ release-manifest:
 		esac ;; \
 	esac; \
 	printf 'apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - ../../manifests/release\nimages:\n- name: $(RELEASE_IMAGE_NAME)\n%b\n' "$$pin" > $(RELEASE_DIR)/kustomization.yaml
-	@{ echo "# coschedule $(VERSION): the ConcurrencyControl CRD and the install with a self-signed certificate."; \
+	@{ echo "# coschedule $(RELEASE_VERSION): the ConcurrencyControl CRD and the install with a self-signed certificate."; \
 	   echo "#   kubectl apply -f coschedule.yaml"; \
 	   $(KUSTOMIZE) $(RELEASE_DIR); } > dist/coschedule.yaml.tmp
 	@mv dist/coschedule.yaml.tmp dist/coschedule.yaml
