@@ -374,7 +374,7 @@ class Controller:
         )
         facts = await gather(self.client, observed, facts, settings, now)
         result = result.then(plan_stuck(observed, facts, settings, now))
-        result = result.then(node_pins.plan_pins(observed, result.actions))
+        result = node_pins.stranded_first(result, node_pins.plan_pins(observed, result.actions))
         result = result.then(plan_assistant_conflict(observed))
         await self.executor.execute(key, result.actions, sts_obj)
         return result

@@ -266,7 +266,10 @@ class Executor:
         try:
             deleted = await self.client.delete(path, body=body)
         except ApiError as exc:
-            if exc.status not in STALE:
+            if exc.status != 404:
+                # Changed since seen (bound, most likely): the rest of the pass, a
+                # relocation among it, was planned on a pod that is not there any more.
+                # The 409 retries the key, which is planned again from what is.
                 raise
             deleted = None
         if deleted is None:

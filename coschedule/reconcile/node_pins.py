@@ -22,6 +22,7 @@ is released onto it, and a pod pinned there is stranded.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 from coschedule.k8s.constants import HOSTNAME
 from coschedule.marks import GATE_PLACEHOLDER
@@ -42,6 +43,18 @@ from coschedule.reconcile.model import (
 )
 
 REASON_STRANDED = "PodRecreated"
+
+
+def stranded_first(earlier: Plan, pins: Plan) -> Plan:
+    """``earlier`` then ``pins``, but the stranded pods deleted first. A placeholder pod that
+    leaves its node frees room there: a pod pinned to that node and stuck for want of room
+    would be bound into it before its own delete came, and the run split across two nodes.
+    Deleted first (conditionally: the executor ends the pass if one was bound meanwhile), it
+    cannot be. Pure."""
+    both = earlier.then(pins)
+    stranded = tuple(a for a in both.actions if isinstance(a, DeleteStrandedPod))
+    others = tuple(a for a in both.actions if not isinstance(a, DeleteStrandedPod))
+    return replace(both, actions=(*stranded, *others))
 
 
 def plan_pins(observed: Observed, earlier: Sequence[Action] = ()) -> Plan:

@@ -552,7 +552,8 @@ def node_of(api: Api, namespace: str, name: str) -> str | None:
 
 def describe_namespace(api: Api, namespace: str) -> str:
     lines = [f"pods in {namespace}:"]
-    lines += ["  " + brief(p) for p in api.list("Pod", namespace)]
+    # List items carry no kind; brief() needs it to show node and phase.
+    lines += ["  " + brief({"kind": "Pod", **p}) for p in api.list("Pod", namespace)]
     lines.append("statefulsets:")
     for sts in api.list("StatefulSet", namespace):
         status = sts.get("status") or {}

@@ -30,7 +30,7 @@ from coschedule.reconcile.model import (
     ReleasePod,
     RelocatePlaceholder,
 )
-from coschedule.reconcile.node_pins import REASON_STRANDED, plan_pins
+from coschedule.reconcile.node_pins import REASON_STRANDED, plan_pins, stranded_first
 from coschedule.reconcile.stuck_runs import facts_wanted, plan_stuck
 from coschedule.wire.jsonpatch import apply
 from tests.fixtures import load_pod
@@ -334,6 +334,15 @@ def test_a_pinned_pod_that_does_not_fit_its_runs_node_moves_the_run_then_is_recr
     [delete] = plan_pins(observed, result.actions).actions
     assert isinstance(delete, DeleteStrandedPod)
     assert delete.name == stuck_plan.STUCK_POD
+    # ... and deleted before the placeholder pod frees its room on worker-1, where the
+    # scheduler would otherwise bind it (found by the e2e suite with a node full of pods).
+    both = stranded_first(result, plan_pins(observed, result.actions))
+    kinds = [type(a) for a in both.actions]
+    assert kinds.index(DeleteStrandedPod) < kinds.index(RelocatePlaceholder)
+    assert sorted(map(repr, both.actions)) == sorted(
+        map(repr, (*result.actions, delete))
+    ), "nothing planned is lost or added"
+    assert both.requeue == result.then(plan_pins(observed, result.actions)).requeue
 
     # Next look: the placeholder is on worker-2. The pod pinned to worker-1 is not stuck
     # (no second move, no Warning); it is deleted for Tekton to recreate it on worker-2.
