@@ -339,9 +339,9 @@ def test_a_pinned_pod_that_does_not_fit_its_runs_node_moves_the_run_then_is_recr
     both = stranded_first(result, plan_pins(observed, result.actions))
     kinds = [type(a) for a in both.actions]
     assert kinds.index(DeleteStrandedPod) < kinds.index(RelocatePlaceholder)
-    assert sorted(map(repr, both.actions)) == sorted(
-        map(repr, (*result.actions, delete))
-    ), "nothing planned is lost or added"
+    assert sorted(map(repr, both.actions)) == sorted(map(repr, (*result.actions, delete))), (
+        "nothing planned is lost or added"
+    )
     assert both.requeue == result.then(plan_pins(observed, result.actions)).requeue
 
     # Next look: the placeholder is on worker-2. The pod pinned to worker-1 is not stuck
