@@ -113,15 +113,16 @@ def metric(of: Controller, name: str, **labels: str) -> float:
     return value if value is not None else 0.0
 
 
-async def test_first_marked_pod_gets_its_statefulset_within_half_a_second(
+async def test_first_marked_pod_gets_its_statefulset(
     api: MiniApi, make: Callable[..., Any]
 ) -> None:
+    # How soon is a benchmark's to say (bench/reconciler.py), not a timed unit test's.
     controller = await make()
     pod = marked_pod("tekton-taskrun")
     name = placeholder_of(pod)
     api.put("pods", pod)
-    took = await eventually(lambda: api.get("statefulsets", "ci", name) is not None)
-    assert took < 0.5
+    await eventually(lambda: api.get("statefulsets", "ci", name) is not None)
+    assert api.count("POST", "statefulsets") == 1
     sts = api.get("statefulsets", "ci", name)
     assert sts is not None
     assert sts["spec"]["replicas"] == 1
@@ -167,8 +168,7 @@ async def test_cordon_and_taint_delete_the_placeholder_pod_within_a_second(
     assert api.count("DELETE", "pods") == 0
 
     api.edit("nodes", None, "worker-1", {"spec": {"unschedulable": True}})
-    took = await eventually(lambda: api.get("pods", "ci", f"{name}-0") is None)
-    assert took < 1.0
+    await eventually(lambda: api.get("pods", "ci", f"{name}-0") is None)
     assert api.deletes == [("pods", "ci", f"{name}-0", None)]
     assert api.get("pods", "ci", pod["metadata"]["name"]) is not None  # the run's pod stays
     assert api.get("statefulsets", "ci", name) is not None
@@ -191,8 +191,7 @@ async def test_cordon_and_taint_delete_the_placeholder_pod_within_a_second(
     await asyncio.sleep(0.05)
     taint = {"key": "ToBeDeletedByClusterAutoscaler", "value": "1732171000", "effect": "NoSchedule"}
     api.edit("nodes", None, "worker-2", {"spec": {"taints": [taint]}})
-    took = await eventually(lambda: api.get("pods", "ci", f"{name}-0") is None)
-    assert took < 1.0
+    await eventually(lambda: api.get("pods", "ci", f"{name}-0") is None)
     # The emulator has the delete before the executor's call returns and counts it.
     await eventually(
         lambda: metric(controller, "coschedule_placeholder_evictions_total", reason="tainted") == 1
@@ -231,8 +230,7 @@ async def test_a_dead_nodes_terminating_placeholder_pod_is_force_deleted_by_uid(
             "status": {"conditions": [{"type": "Ready", "status": "Unknown"}]},
         },
     )
-    took = await eventually(lambda: api.get("pods", "ci", f"{name}-0") is None)
-    assert took < 1.0
+    await eventually(lambda: api.get("pods", "ci", f"{name}-0") is None)
     [(_, _, _, options)] = api.deletes
     assert options["gracePeriodSeconds"] == 0
     assert options["preconditions"] == {"uid": uid}
@@ -533,8 +531,7 @@ async def test_workspaces_group_goes_after_the_idle_grace_with_no_owner_lookup(
     api.edit("pods", "data", pod["metadata"]["name"], {"status": {"phase": "Failed"}})
     await asyncio.sleep(0.5)
     assert api.get("statefulsets", "data", name) is not None  # inside the grace
-    took = await eventually(lambda: api.get("statefulsets", "data", name) is None, within=2)
-    assert took < 1.5
+    await eventually(lambda: api.get("statefulsets", "data", name) is None)
     assert api.count("GET", "jobs") == 0
 
 
@@ -555,8 +552,8 @@ async def test_workspaces_group_goes_at_once_when_its_run_and_claim_are_deleted(
         {"metadata": {"deletionTimestamp": "2026-11-25T00:00:00Z"}},
     )
     api.remove("pods", "data", pod["metadata"]["name"])
-    took = await eventually(lambda: api.get("statefulsets", "data", name) is None, within=3)
-    assert took < 2
+    # Long before the 300 s idle grace (a busy machine's patience is well under it).
+    await eventually(lambda: api.get("statefulsets", "data", name) is None, within=60)
 
 
 async def test_topology_key_reload_recounts_nodes_missing_it(
@@ -611,10 +608,10 @@ async def test_owner_lookup_outage_does_not_delay_the_placeholder(
     pod = marked_pod("tekton-taskrun")
     name = placeholder_of(pod)
     api.put("pods", pod)
-    took = await eventually(lambda: api.get("statefulsets", "ci", name) is not None)
-    assert took < 0.5
+    await eventually(lambda: api.get("statefulsets", "ci", name) is not None)
     sts = api.get("statefulsets", "ci", name)
     assert sts is not None
+    # Made while the owner lookup still failed: the outage did not hold it back.
     assert "ownerReferences" not in sts["metadata"]
     # The lookup is retried (OWNER_RETRY_SECONDS, shortened here by a pod event) and the
     # owner is patched in.

@@ -55,8 +55,7 @@ async def test_statefulset_for_a_new_pod_and_pod_delete_on_cordon(
         pod = marked_pod("argo-workflow-pod", Mode.WORKSPACES, node="worker-1")
         name = placeholder_of(pod)
         await client.create("/api/v1/namespaces/ci/pods", pod)
-        took = await eventually(lambda: exists(handler, STATEFULSETS, "ci", name))
-        assert took < 0.5
+        await eventually(lambda: exists(handler, STATEFULSETS, "ci", name))
         sts = handler.objects[STATEFULSETS, "ci", name].raw
         volumes = sts["spec"]["template"]["spec"]["volumes"]
         assert volumes[0]["persistentVolumeClaim"]["claimName"] == "wf-build-9xkq2-workdir"
@@ -76,8 +75,7 @@ async def test_statefulset_for_a_new_pod_and_pod_delete_on_cordon(
         await client.create("/api/v1/namespaces/ci/pods", placeholder)
         await asyncio.sleep(0.1)
         await client.patch("/api/v1/nodes/worker-1", {"spec": {"unschedulable": True}})
-        took = await eventually(lambda: not exists(handler, PODS, "ci", f"{name}-0"))
-        assert took < 1.0
+        await eventually(lambda: not exists(handler, PODS, "ci", f"{name}-0"))
         assert exists(handler, PODS, "ci", pod["metadata"]["name"])
         assert exists(handler, STATEFULSETS, "ci", name)
     finally:

@@ -68,8 +68,8 @@ async def test_two_replicas_one_acts_and_the_other_takes_over_on_shutdown(
     leader[0].set()  # SIGTERM: stop acting, release the Lease
     await asyncio.wait_for(leader[2], 5)
     # The 15 s lease was released: the follower acts within a couple of retry periods.
-    took = await eventually(lambda: leading(follower[1]), within=6)
-    assert took < 5
+    took = await eventually(lambda: leading(follower[1]))
+    assert took < 7.5, f"took {took:.1f} s: the lease was waited out, not released"
     second = marked_pod("argo-workflow-pod")
     api.put("pods", second)
     await eventually(lambda: api.get("statefulsets", "ci", placeholder_of(second)) is not None)

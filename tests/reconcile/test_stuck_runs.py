@@ -126,8 +126,8 @@ async def test_nothing_runs_so_the_placeholder_moves_where_the_pod_fits(
         not in (api.get("statefulsets", "ci", name) or {})["metadata"]["annotations"]
     )
 
-    took = await eventually(lambda: api.get("pods", "ci", f"{name}-0") is None, within=GRACE + 3)
-    assert took < GRACE + 1.5
+    # After the grace (not within it, above): when exactly is the stuck benchmark's to say.
+    await eventually(lambda: api.get("pods", "ci", f"{name}-0") is None)
     sts = api.get("statefulsets", "ci", name)
     assert sts is not None
     state = orjson.loads(sts["metadata"]["annotations"][relocation.ANNOTATION_RELOCATIONS])
