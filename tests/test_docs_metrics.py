@@ -1,5 +1,6 @@
-"""The README's metric table is the metrics the code registers: every name, its type and its
-labels (read from the instruments' constructors in coschedule/), nothing more, nothing less."""
+"""The metric table of docs/reference.md is the metrics the code registers: every name, its type
+and its labels (read from the instruments' constructors in coschedule/), nothing more, nothing
+less."""
 
 from __future__ import annotations
 
@@ -40,16 +41,16 @@ def registered() -> dict[str, tuple[str, tuple[str, ...]]]:
 
 
 def documented() -> dict[str, tuple[str, tuple[str, ...]]]:
-    readme = (ROOT / "README.md").read_text("utf-8")
-    rows = re.findall(r"^\| `(coschedule_[a-z_]+)(?:\{([a-z_,]+)\})?` \| (\w+) \|", readme, re.M)
+    reference = (ROOT / "docs" / "reference.md").read_text("utf-8")
+    rows = re.findall(r"^\| `(coschedule_[a-z_]+)(?:\{([a-z_,]+)\})?` \| (\w+) \|", reference, re.M)
     return {name: (kind, tuple(labels.split(",")) if labels else ()) for name, labels, kind in rows}
 
 
-def test_the_readme_metric_table_is_what_the_code_registers() -> None:
+def test_the_reference_metric_table_is_what_the_code_registers() -> None:
     code, docs = registered(), documented()
     assert len(code) >= 20, sorted(code)
-    assert sorted(set(code) - set(docs)) == [], "registered but not in the README's table"
-    assert sorted(set(docs) - set(code)) == [], "in the README's table but not registered"
+    assert sorted(set(code) - set(docs)) == [], "registered but not in the reference's table"
+    assert sorted(set(docs) - set(code)) == [], "in the reference's table but not registered"
     for name, (kind, labels) in code.items():
         assert docs[name] == (kind, labels), name
 
