@@ -23,7 +23,7 @@ from typing import Any, Final
 
 from tests.e2e.cluster import ControlPlane, find_kubectl
 from tests.e2e.install import Coschedule
-from tests.e2e.world import install_crds
+from tests.e2e.world import install_crds, owner_reference
 
 Obj = dict[str, Any]
 
@@ -91,17 +91,6 @@ def deploy(
     return Deployed(product, workdir / "logs" / f"{RECONCILER}.log")
 
 
-def owner_ref(obj: Obj) -> Obj:
-    return {
-        "apiVersion": obj["apiVersion"],
-        "kind": obj["kind"],
-        "name": obj["metadata"]["name"],
-        "uid": obj["metadata"]["uid"],
-        "controller": True,
-        "blockOwnerDeletion": True,
-    }
-
-
 def pipeline_run(namespace: str, run: str, batch_label: str, batch: str) -> Obj:
     return {
         "apiVersion": "tekton.dev/v1",
@@ -129,7 +118,7 @@ def task_run(namespace: str, pod: Obj, owner: Obj, batch_label: str, batch: str)
                 "tekton.dev/pipelineTask": labels["tekton.dev/pipelineTask"],
                 batch_label: batch,
             },
-            "ownerReferences": [owner_ref(owner)],
+            "ownerReferences": [owner_reference(owner)],
         },
         "spec": {"taskRef": {"name": labels["tekton.dev/pipelineTask"]}},
     }
@@ -156,7 +145,7 @@ async def own(
             labels = pod["metadata"]["labels"]
             labels["tekton.dev/pipelineRunUID"] = owner["metadata"]["uid"]
             labels["tekton.dev/taskRunUID"] = made["metadata"]["uid"]
-            pod["metadata"]["ownerReferences"] = [owner_ref(made)]
+            pod["metadata"]["ownerReferences"] = [owner_reference(made)]
 
     await asyncio.gather(*(one(run, pods) for run, pods in runs.items()))
 
