@@ -670,7 +670,7 @@ class Client:
             # most of the pool idle): such a one is replaced, and a request it loses is sent
             # once more on a new one.
             while True:
-                if conn.closed:
+                if conn.closed or conn.transport is None or conn.transport.is_closing():
                     conn = await self._connect()
                 try:
                     status, answer = await conn.send(head.encode() + content)
@@ -679,6 +679,7 @@ class Client:
                     if retried:
                         raise
                     retried = True
+                    conn.closed = True  # a new one for the second try
         finally:
             pool.put_nowait(conn)
         if retried and method == "POST" and status == 409:
