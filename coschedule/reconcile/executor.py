@@ -48,9 +48,10 @@ JSON_PATCH = "application/json-patch+json"
 # preconditions, a resourceVersion), 422 (a JSON patch's ``test``), 404 (gone). The change
 # that made it stale comes through the watch and the group is looked at again.
 STALE = frozenset({404, 409, 422})
-# Release patches of one pass in flight at once: a run's gated pods are independent writes,
-# and one after another they cost a round trip each (a burst of runs waited seconds).
-RELEASES_IN_FLIGHT = 16
+# Release patches in flight at once, over all workers: a run's gated pods are independent
+# writes, and one after another they cost a round trip each (a burst of runs waited
+# seconds); bounded below the client's connection pool (100), which other calls share.
+RELEASES_IN_FLIGHT = 32
 
 
 class NotLeader(Exception):
@@ -100,6 +101,7 @@ class Executor:
         # the watch shows the patch plans the same release from the same version; sent
         # again, its ``test`` on the gate fails (422) and the key is looked at once more.
         self.released: dict[str, str] = {}
+        self._releasing: asyncio.Semaphore | None = None  # made on the running loop
 
     def forget_pod(self, pod_key: str) -> None:
         self.deleted.pop(pod_key, None)
@@ -146,9 +148,12 @@ class Executor:
             index += 1
 
     async def _release_pods(self, key: str, releases: list[Action]) -> None:
-        """Every release at once (``RELEASES_IN_FLIGHT`` at most); the first error of any
-        is raised once all have ended (the others took effect or were stale)."""
-        gate = asyncio.Semaphore(RELEASES_IN_FLIGHT)
+        """Every release at once (``RELEASES_IN_FLIGHT`` at most, with the other workers');
+        the first error of any is raised once all have ended (the others took effect or
+        were stale)."""
+        if self._releasing is None:
+            self._releasing = asyncio.Semaphore(RELEASES_IN_FLIGHT)
+        gate = self._releasing
 
         async def one(action: Action) -> None:
             assert isinstance(action, ReleasePod)
