@@ -86,8 +86,7 @@ PLACEHOLDER_POD_SELECTOR = (
     f"{LABEL_MANAGED_BY}={MANAGED_BY},{LABEL_COMPONENT}={COMPONENT_AFFINITY_ASSISTANT}"
 )
 STATEFULSET_SELECTOR = f"{LABEL_MANAGED_BY}={MANAGED_BY}"
-# Reconciles wait on the API far more than they compute: a burst of runs needs many at once.
-DEFAULT_WORKERS = 16
+DEFAULT_WORKERS = 4
 
 
 class Controller:
