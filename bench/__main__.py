@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
         "--scheduler-nodes",
         type=int,
         action="append",
-        help="cluster sizes for bench.scheduler (default 1,000 and 5,000; 50 with --quick)",
+        help="cluster sizes for bench.scheduler (default 500; 50 with --quick)",
     )
     parser.add_argument("--server-cpu", type=int, default=None)
     parser.add_argument("--client-cpu", type=int, default=None)

@@ -1,35 +1,44 @@
-"""What our pods cost the real kube-scheduler: scheduler CPU per pod and throughput of pods
-exactly as coschedule mutates them, as ratios to plain pods in the same run, at 1,000 and
-5,000 nodes.
+"""What co-scheduled runs cost the real kube-scheduler and the control plane, as ratios to
+plain pods in the same interleaved run; by default as deployed (``coschedule serve`` and
+``coschedule reconcile`` running, ``bench/deployed.py``).
 
 The cluster: kube-apiserver, etcd and kube-scheduler v1.36 from ``KUBEBUILDER_ASSETS`` (the
-e2e suite's control plane, ``tests/e2e/cluster.py``), no kube-controller-manager (nothing
-marks the kubelet-less nodes unreachable, so they stay Ready), N Ready nodes (API objects:
-32 CPU, 128 GiB, 110 pods) with 10 bound background pods each (created with
-``spec.nodeName``). The scheduler runs with ``--kube-api-qps 500 --kube-api-burst 500`` so
-its client rate limit does not hide what scheduling costs.
+e2e suite's control plane, ``tests/e2e/cluster.py``), N Ready nodes (API objects: 32 CPU,
+128 GiB, 110 pods) with 10 bound background pods each (created with ``spec.nodeName``). The
+scheduler runs with ``--kube-api-qps 500 --kube-api-burst 500`` so its client rate limit
+does not hide what scheduling costs. No node lifecycle controller runs (nothing marks the
+kubelet-less nodes unreachable).
 
 The pods: 30 PipelineRuns x 10 Tekton pods (``tests/fixtures``: nine ``tekton-taskrun``
 tasks mounting the run's workspace claim and the ``finally`` task), per batch:
 
-- ``plain``: the pods as Tekton creates them (each run's claim bound, usable anywhere);
-- ``coschedule``: the same pods through the real ``decide`` with the webhook's claim cache
-  (the first pod of a run decides the claim templates, the later ones follow the
-  placeholder's), JSONPatch applied, plus each run's placeholder pod rendered from the
-  StatefulSet the reconciler would make (``reconcile/placeholder.py``) as the StatefulSet
-  controller renders replica 0; created placeholder first, then its run's pods;
+- ``plain``: the pods as Tekton creates them (each run's claim bound, usable anywhere), in
+  a namespace coschedule does not serve;
+- ``deployed`` (the default encoding): the same pods with real owners (each run's
+  PipelineRun and TaskRuns created first) in an enabled namespace, through the registered
+  webhook; the reconciler makes each run's placeholder StatefulSet (kube-controller-manager's
+  StatefulSet controller renders its pod) and lifts the gates with the pin. Also measured:
+  the webhook's and the reconciler's CPU, each run's first pod bound, placeholder bound ->
+  gate lifted, and what the reconciler logged (stale releases, placeholders restored);
+- the older stand-ins (``--encoding affinity|pin-after-bound|gate-pin|gate-pin-spread``):
+  the pods through ``decide`` in process, the placeholder pod rendered by the bench, the
+  gates lifted by the bench (issue 20's candidates);
 - ``plain beside``: plain pods again while the co-scheduled batch is still there (the
   spillover: what co-scheduled pods cost everyone else's pods).
 
-Per round: plain, coschedule, plain beside; the batches are interleaved so a burst of other
-work on the machine touches all three. The scheduler is stopped (SIGSTOP) while a batch is
-created and continued (SIGCONT) once it is all there; its CPU (utime + stime from
+Per round: plain, co-scheduled, plain beside; the batches are interleaved so a burst of
+other work on the machine touches all three. The scheduler is stopped (SIGSTOP) while a
+batch is created (a burst: every co-scheduled pod is gated, no placeholder is bound yet)
+and continued (SIGCONT) once it is all there; its CPU (utime + stime from
 ``/proc/PID/stat``) and the wall time are taken from then until every pod of the batch is
-bound (a watch on the batch; 0.3 s more for the trailing events and bindings). The
-co-scheduled batch counts only the run pods: the placeholders' cost is in it, amortised.
+bound (a watch on the batch; 0.3 s more for the trailing events and bindings); the
+webhook's and the reconciler's CPU from the first create to the same end. The co-scheduled
+batch counts only the run pods: the placeholders' cost is in it, amortised.
 
-Run: ``python -m bench.scheduler [--nodes 1000 --nodes 5000] [--rounds 3] [--quick]
-[--json FILE]``; in ``python -m bench`` (``make bench``) unless ``--no-scheduler``.
+Run: ``python -m bench.scheduler [--quick | --full] [--nodes N ...] [--rounds 3] [--json
+FILE] [--keep-logs DIR]``: 500 nodes and 3 rounds by default, ``--quick`` 50 nodes and 5
+runs, ``--full`` the issue's scale (5,000 nodes, 5 rounds); in ``python -m bench``
+(``make bench``) unless ``--no-scheduler``.
 """
 
 from __future__ import annotations
@@ -40,12 +49,13 @@ import contextlib
 import copy
 import json
 import os
+import shutil
 import signal
 import ssl
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Final, cast
@@ -57,6 +67,7 @@ import jsonpatch
 import orjson
 import uvloop
 
+from bench import deployed
 from bench.decide import add_placeholder, run_claims_cache
 from bench.servers import loadavg
 from coschedule.config.settings import Settings
@@ -66,6 +77,7 @@ from coschedule.marks import (
     BadMark,
     Mode,
     Placement,
+    run_placeholder,
 )
 from coschedule.mutate import node_pin
 from coschedule.mutate.decision import AdmissionContext, Decision, decide
@@ -112,9 +124,15 @@ class Encoding:
     spread: str = "anti-affinity"
 
 
+DEPLOYED: Final = "deployed"
 ENCODINGS: Final = {
     e.name: e
     for e in (
+        Encoding(
+            DEPLOYED,
+            "as deployed: `coschedule serve` and `coschedule reconcile` (gate, then the pin)",
+            DEPLOYED,
+        ),
         Encoding("affinity", "pod affinity (today)", "affinity"),
         Encoding(
             "pin-after-bound",
@@ -139,7 +157,7 @@ ENCODINGS: Final = {
 
 @dataclass(frozen=True, slots=True)
 class Plan:
-    nodes: tuple[int, ...] = (1000, 5000)
+    nodes: tuple[int, ...] = (500,)
     rounds: int = 3
     groups: int = 30
     per_group: int = 10
@@ -147,7 +165,8 @@ class Plan:
     background_per_node: int = 10
     concurrency: int = 48
     bind_timeout_s: float = 1200.0  # a loaded machine at 5,000 nodes: minutes per batch
-    encodings: tuple[str, ...] = ("affinity",)
+    keep_logs: Path | None = None  # copy every process's log here at the end
+    encodings: tuple[str, ...] = (DEPLOYED,)
     # The "affinity" encoding is the pod-affinity one, whatever the default placement.
     settings: Settings = field(
         default_factory=lambda: Settings(mode=Mode.PIPELINERUNS, placement=Placement.POD_AFFINITY)
@@ -155,6 +174,7 @@ class Plan:
 
 
 QUICK: Final = Plan(nodes=(50,), rounds=1, groups=5)
+FULL: Final = Plan(nodes=(5000,), rounds=5)  # the issue's scale: 5,000 nodes, 5 rounds
 
 
 # ---- the pods ------------------------------------------------------------------------
@@ -273,6 +293,11 @@ class Batch:
     steps: list[Callable[[dict[str, str]], Work]] = field(default_factory=list)
     claims: list[str] = field(default_factory=list)  # bound claims the batch needs made
     groups: dict[str, list[str]] = field(default_factory=dict)  # placeholder pod -> its pods
+    runs: dict[str, list[str]] = field(default_factory=dict)  # run -> its pods, in order
+    # Before the watch opens, outside the measured window (the runs' owners, as Tekton has
+    # them before their pods).
+    prepare: Callable[[Client], Awaitable[None]] | None = None
+    selector: str | None = ""  # the watch's; "" is the batch label, None the namespace
 
 
 def plain_batch(name: str, plan: Plan, kind: str = "plain") -> Batch:
@@ -284,7 +309,11 @@ def plain_batch(name: str, plan: Plan, kind: str = "plain") -> Batch:
     for pod in pods:
         pod["metadata"]["name"] += f"-{name}"
     work = Work(pods, [], [pod["metadata"]["name"] for pod in pods])
-    return Batch(name, kind, PLAIN_NS, len(pods), [lambda _: work])
+    runs: dict[str, list[str]] = {}
+    for pod in pods:
+        run = pod["metadata"]["labels"]["tekton.dev/pipelineRun"]
+        runs.setdefault(run, []).append(pod["metadata"]["name"])
+    return Batch(name, kind, PLAIN_NS, len(pods), [lambda _: work], runs=runs)
 
 
 def plain_claims(plan: Plan) -> list[str]:
@@ -410,6 +439,33 @@ def coscheduled_batch(name: str, plan: Plan, encoding: Encoding) -> Batch:
             batch.steps.append(
                 lambda bound: Work([pinned(pod, bound[holder]) for holder, pod in later], [], names)
             )
+    return batch
+
+
+def deployed_batch(name: str, plan: Plan) -> Batch:
+    """The runs' pods as Tekton creates them, in the enabled namespace: the registered
+    webhook mutates them (all gated in a burst: no placeholder is bound yet), the reconciler
+    makes each run's placeholder and lifts its pods' gates with the pin."""
+    namespace = deployed.NAMESPACE
+    batch = Batch(name, DEPLOYED, namespace, 0, selector=None)
+    by_run: dict[str, list[Obj]] = {}
+    for group in range(plan.groups):
+        run = f"pr-{name}-{group:02d}"
+        pods = run_pods(namespace, run, plan.per_group, name)
+        by_run[run] = pods
+        names = [pod["metadata"]["name"] for pod in pods]
+        batch.runs[run] = names
+        batch.groups[f"{run_placeholder(namespace, run)}-0"] = names
+        batch.claims.append(f"{run}-ws")
+        batch.counted += len(pods)
+    pods = [pod for run in by_run.values() for pod in run]
+
+    async def prepare(client: Client) -> None:
+        await deployed.own(client.create, namespace, by_run, BATCH_LABEL, name)
+
+    batch.prepare = prepare
+    work = Work(pods, [], [pod["metadata"]["name"] for pod in pods])
+    batch.steps.append(lambda _: work)
     return batch
 
 
@@ -614,7 +670,7 @@ class Client:
             # most of the pool idle): such a one is replaced, and a request it loses is sent
             # once more on a new one.
             while True:
-                if conn.closed:
+                if conn.closed or conn.transport is None or conn.transport.is_closing():
                     conn = await self._connect()
                 try:
                     status, answer = await conn.send(head.encode() + content)
@@ -623,6 +679,7 @@ class Client:
                     if retried:
                         raise
                     retried = True
+                    conn.closed = True  # a new one for the second try
         finally:
             pool.put_nowait(conn)
         if retried and method == "POST" and status == 409:
@@ -699,6 +756,15 @@ async def make_cluster(client: Client, nodes: int, plan: Plan, log: Callable[[st
     await make_claims(client, PLAIN_NS, plain_claims(plan), "plain")
 
 
+async def make_claims_for(client: Client, namespace: str) -> None:
+    """The ServiceAccounts the Tekton fixtures run as, in a namespace made elsewhere."""
+    for account in SERVICE_ACCOUNTS:
+        await client.create(
+            f"/api/v1/namespaces/{namespace}/serviceaccounts",
+            {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": account}},
+        )
+
+
 async def make_claims(client: Client, namespace: str, claims: Sequence[str], tag: str) -> None:
     items: list[tuple[str, Obj]] = []
     for index, claim in enumerate(claims):
@@ -728,6 +794,15 @@ class BatchResult:
     # Distinct nodes the batch's placeholders are bound to: every run on a node of its own
     # when it equals ``groups`` (what keeping placeholders apart is for).
     holder_nodes: int | None = None
+    # Per run: seconds from the scheduler's continue to its first pod bound.
+    first_bound: list[float] = field(default_factory=list)
+    # As deployed: the webhook's and the reconciler's CPU over the batch (creation to bound),
+    # each gated pod's wait from its placeholder bound to its gate lifted, and what the
+    # reconciler logged (releases, stale releases, placeholders restored).
+    webhook_cpu_s: float = 0.0
+    reconciler_cpu_s: float = 0.0
+    lift: list[float] = field(default_factory=list)
+    logged: dict[str, int] = field(default_factory=dict)
 
     def to_json(self) -> Obj:
         return {
@@ -738,20 +813,50 @@ class BatchResult:
             "colocated": self.colocated,
             "groups": self.groups,
             "holder_nodes": self.holder_nodes,
+            "first_bound_s": [round(t, 3) for t in self.first_bound],
+            "webhook_cpu_s": round(self.webhook_cpu_s, 3),
+            "reconciler_cpu_s": round(self.reconciler_cpu_s, 3),
+            "lift_s": [round(t, 3) for t in self.lift],
+            "logged": self.logged,
         }
 
 
-async def watch_bound(
-    client: Client,
-    batch: Batch,
-    resource_version: str,
-    bound: dict[str, str],
-    changed: asyncio.Event,
-) -> None:
+@dataclass(slots=True)
+class Seen:
+    """What the batch's watch saw: each pod's node, when it was bound, when our gate left
+    it (monotonic seconds)."""
+
+    bound: dict[str, str] = field(default_factory=dict)
+    bound_at: dict[str, float] = field(default_factory=dict)
+    ungated_at: dict[str, float] = field(default_factory=dict)
+    gated: set[str] = field(default_factory=set)
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def record(self, obj: Obj) -> None:
+        name = obj["metadata"]["name"]
+        spec = obj.get("spec") or {}
+        now = time.monotonic()
+        if node_pin.gate_index(spec) is not None:
+            self.gated.add(name)
+        elif name in self.gated and name not in self.ungated_at:
+            self.ungated_at[name] = now
+        node_name = spec.get("nodeName")
+        if node_name:
+            self.bound[name] = node_name
+            self.bound_at.setdefault(name, now)
+            self.changed.set()
+
+
+def _selector(batch: Batch) -> dict[str, str]:
+    if batch.selector is None:
+        return {}
+    return {"labelSelector": batch.selector or f"{BATCH_LABEL}={batch.name}"}
+
+
+async def watch_bound(client: Client, batch: Batch, resource_version: str, seen: Seen) -> None:
     """Record each pod of the batch as it is bound (name -> node). A watch the apiserver
     ends (a slow reader on a loaded machine is dropped) is opened again from the last event
     seen, or from a fresh list when that version is gone."""
-    selector = f"{BATCH_LABEL}={batch.name}"
     version: str | None = resource_version
     # A client of its own: cancelling a stream can leave a shared pool's connection stuck.
     async with httpx.AsyncClient(
@@ -763,14 +868,14 @@ async def watch_bound(
         while True:
             if version is None:
                 listed = await client.request(
-                    "GET", pods_path(batch.namespace), params={"labelSelector": selector}
+                    "GET", pods_path(batch.namespace), params=_selector(batch)
                 )
                 for obj in listed.get("items") or []:
-                    _record_bound(obj, bound, changed)
+                    seen.record(obj)
                 version = str(listed["metadata"]["resourceVersion"])
             params = {
                 "watch": "true",
-                "labelSelector": selector,
+                **_selector(batch),
                 "resourceVersion": version,
                 "allowWatchBookmarks": "false",
             }
@@ -788,51 +893,70 @@ async def watch_bound(
                         break
                     version = obj["metadata"]["resourceVersion"]
                     if event.get("type") in ("ADDED", "MODIFIED"):
-                        _record_bound(obj, bound, changed)
+                        seen.record(obj)
             await asyncio.sleep(0.2)
 
 
-def _record_bound(obj: Obj, bound: dict[str, str], changed: asyncio.Event) -> None:
-    node_name = (obj.get("spec") or {}).get("nodeName")
-    if node_name:
-        bound[obj["metadata"]["name"]] = node_name
-        changed.set()
-
-
-async def run_batch(client: Client, scheduler: Proc, batch: Batch, plan: Plan) -> BatchResult:
+async def run_batch(
+    client: Client,
+    scheduler: Proc,
+    batch: Batch,
+    plan: Plan,
+    product: deployed.Deployed | None = None,
+) -> BatchResult:
     if batch.claims:
         await make_claims(client, batch.namespace, batch.claims, batch.name)
+    if batch.prepare is not None:
+        await batch.prepare(client)
     listed = await client.request(
-        "GET",
-        pods_path(batch.namespace),
-        params={"labelSelector": f"{BATCH_LABEL}={batch.name}", "limit": "1"},
+        "GET", pods_path(batch.namespace), params={**_selector(batch), "limit": "1"}
     )
-    bound: dict[str, str] = {}
-    changed = asyncio.Event()
+    seen = Seen()
     watcher = asyncio.create_task(
-        watch_bound(client, batch, str(listed["metadata"]["resourceVersion"]), bound, changed)
+        watch_bound(client, batch, str(listed["metadata"]["resourceVersion"]), seen)
     )
     await asyncio.sleep(0.1)  # the watch is open
-    cpu = wall = 0.0
+    if product is not None:
+        product.log_counts()  # from here on
+    others = (product.webhook_pid, product.reconciler_pid) if product is not None else ()
+    result = BatchResult(batch.kind, batch.counted, 0.0, 0.0, groups=len(batch.groups))
     try:
         for step in batch.steps:
-            work = step(bound)
-            spent, took = await _run_step(
-                client, scheduler, batch, work, (bound, changed, watcher), plan
+            work = step(seen.bound)
+            spent, took, continued, extra = await _run_step(
+                client, scheduler, batch, work, (seen, watcher), plan, others
             )
-            cpu += spent
-            wall += took
+            result.cpu_s += spent
+            result.wall_s += took
+            if extra:
+                result.webhook_cpu_s += extra[0]
+                result.reconciler_cpu_s += extra[1]
+            result.first_bound += [
+                min(seen.bound_at[p] for p in pods if p in seen.bound_at) - continued
+                for pods in batch.runs.values()
+                if any(p in seen.bound_at for p in pods)
+            ]
     finally:
         watcher.cancel()
         await asyncio.wait([watcher], timeout=5)
-    result = BatchResult(batch.kind, batch.counted, cpu, wall, groups=len(batch.groups))
+    if product is not None:
+        result.logged = product.log_counts()
     if batch.groups:
         result.colocated = sum(
             1
             for holder, members in batch.groups.items()
-            if all(bound.get(member) == bound.get(holder) for member in members)
+            if all(seen.bound.get(member) == seen.bound.get(holder) for member in members)
         )
-        result.holder_nodes = len({bound[holder] for holder in batch.groups if holder in bound})
+        result.holder_nodes = len(
+            {seen.bound[holder] for holder in batch.groups if holder in seen.bound}
+        )
+        result.lift = [
+            seen.ungated_at[pod] - seen.bound_at[holder]
+            for holder, members in batch.groups.items()
+            if holder in seen.bound_at
+            for pod in members
+            if pod in seen.ungated_at
+        ]
     return result
 
 
@@ -841,14 +965,18 @@ async def _run_step(
     scheduler: Proc,
     batch: Batch,
     work: Work,
-    watch: tuple[dict[str, str], asyncio.Event, asyncio.Task[None]],
+    watch: tuple[Seen, asyncio.Task[None]],
     plan: Plan,
-) -> tuple[float, float]:
-    """(scheduler CPU seconds, wall seconds) from continuing the stopped scheduler to
-    every expected pod bound."""
-    bound, changed, watcher = watch
+    others: Sequence[int] = (),
+) -> tuple[float, float, float, list[float]]:
+    """(scheduler CPU seconds, wall seconds, when the scheduler was continued, the CPU
+    seconds of ``others``) from continuing the stopped scheduler to every expected pod bound.
+    ``others`` (the webhook, the reconciler) are counted from the first create on: they work
+    while the pods are made."""
+    seen, watcher = watch
     os.kill(scheduler.pid, signal.SIGSTOP)
     try:
+        others_before = [cpu_seconds(pid) for pid in others]
         await client.create_all([(pods_path(batch.namespace), pod) for pod in work.create])
         await client.patch_all(
             [(f"{pods_path(batch.namespace)}/{name}", ops) for name, ops in work.patch]
@@ -858,16 +986,16 @@ async def _run_step(
     finally:
         os.kill(scheduler.pid, signal.SIGCONT)
     deadline = started + plan.bind_timeout_s
-    while not all(name in bound for name in work.expect):
+    while not all(name in seen.bound for name in work.expect):
         if watcher.done():  # the watch failed: say why
             watcher.result()
             raise RuntimeError(f"batch {batch.name}: the watch ended")
-        changed.clear()
+        seen.changed.clear()
         with contextlib.suppress(TimeoutError):  # a second at most: the watch may fail
-            await asyncio.wait_for(changed.wait(), 1.0)
+            await asyncio.wait_for(seen.changed.wait(), 1.0)
         if time.monotonic() > deadline:
-            missing = [name for name in work.expect if name not in bound]
-            holders = {bound.get(holder, "-") for holder in batch.groups}
+            missing = [name for name in work.expect if name not in seen.bound]
+            holders = {seen.bound.get(holder, "-") for holder in batch.groups}
             raise RuntimeError(
                 f"batch {batch.name}: {len(missing)} of {len(work.expect)} pods not bound after "
                 f"{plan.bind_timeout_s:.0f}s (e.g. {missing[:3]}); the placeholders are on "
@@ -875,10 +1003,14 @@ async def _run_step(
             )
     wall = time.monotonic() - started
     await asyncio.sleep(SETTLE_S)
-    return cpu_seconds(scheduler.pid) - before, wall
+    extra = [cpu_seconds(pid) - was for pid, was in zip(others, others_before, strict=True)]
+    return cpu_seconds(scheduler.pid) - before, wall, started, extra
 
 
 async def delete_batch(client: Client, batch: Batch) -> None:
+    if batch.kind == DEPLOYED:
+        await deployed.clean(client.request, batch.namespace, f"{BATCH_LABEL}={batch.name}")
+        return
     await client.request(
         "DELETE",
         pods_path(batch.namespace),
@@ -897,20 +1029,31 @@ async def measure_nodes(nodes: int, plan: Plan, log: Callable[[str], None]) -> O
         plane = ControlPlane(binaries, Path(tmp))
         try:
             api = plane.start_apiserver()
-            api.close()
             assert plane.pki is not None
             client = Client(plane.server, plane.pki.ca_crt, plane.pki.admin_token, plan.concurrency)
             try:
                 started = time.monotonic()
+                product = None
+                if DEPLOYED in plan.encodings:
+                    # In a thread: the installer's client is a blocking one.
+                    product = await asyncio.to_thread(
+                        deployed.deploy, plane, binaries, Path(tmp), log
+                    )
+                else:
+                    api.close()
                 await make_cluster(client, nodes, plan, log)
+                if product is not None:
+                    await make_claims_for(client, deployed.NAMESPACE)
                 scheduler = plane.start_scheduler(SCHEDULER_ARGS)
                 setup_s = time.monotonic() - started
                 log(f"cluster of {nodes} nodes ready in {setup_s:.0f}s")
-                return await _rounds(client, scheduler, nodes, plan, setup_s, log)
+                return await _rounds(client, scheduler, nodes, plan, setup_s, log, product)
             finally:
                 await client.close()
         finally:
             plane.stop()
+            if plan.keep_logs is not None:
+                shutil.copytree(Path(tmp) / "logs", plan.keep_logs / str(nodes), dirs_exist_ok=True)
 
 
 async def _rounds(
@@ -920,12 +1063,19 @@ async def _rounds(
     plan: Plan,
     setup_s: float,
     log: Callable[[str], None],
+    product: deployed.Deployed | None = None,
 ) -> Obj:
     encodings = [ENCODINGS[name] for name in plan.encodings]
+
+    def co_batch(name: str, encoding: Encoding) -> Batch:
+        if encoding.pods == DEPLOYED:
+            return deployed_batch(name, plan)
+        return coscheduled_batch(name, plan, encoding)
+
     # Warm-up, not counted: the scheduler's first batches of each kind.
-    warm = [plain_batch("warm-plain", plan), coscheduled_batch("warm-co", plan, encodings[0])]
+    warm = [plain_batch("warm-plain", plan), co_batch("warm-co", encodings[0])]
     for batch in warm:
-        await run_batch(client, scheduler, batch, plan)
+        await run_batch(client, scheduler, batch, plan, product)
         await delete_batch(client, batch)
     load_before = loadavg()
     rows: list[BatchResult] = []
@@ -936,8 +1086,12 @@ async def _rounds(
             rows.append(await run_batch(client, scheduler, alone, plan))
             await delete_batch(client, alone)
             await asyncio.sleep(1)
-            co = coscheduled_batch(f"co-{encoding.name}-{index}", plan, encoding)
-            rows.append(await run_batch(client, scheduler, co, plan))
+            co = co_batch(f"co-{encoding.name}-{index}", encoding)
+            rows.append(
+                await run_batch(
+                    client, scheduler, co, plan, product if encoding.pods == DEPLOYED else None
+                )
+            )
             beside = plain_batch(f"beside-{encoding.name}-{index}", plan, f"beside:{encoding.name}")
             rows.append(await run_batch(client, scheduler, beside, plan))
             await delete_batch(client, beside)
@@ -957,11 +1111,56 @@ def _totals(rows: Sequence[BatchResult]) -> Obj:
     pods = sum(r.pods for r in rows)
     cpu = sum(r.cpu_s for r in rows)
     wall = sum(r.wall_s for r in rows)
+    if not pods:
+        return {"pods": 0, "cpu_ms_per_pod": 0.0, "pods_per_s": 0.0}
+    first = [t for r in rows for t in r.first_bound]
+    lift = [t for r in rows for t in r.lift]
+    logged: dict[str, int] = {}
+    for r in rows:
+        for key, count in r.logged.items():
+            logged[key] = logged.get(key, 0) + count
+    webhook = sum(r.webhook_cpu_s for r in rows)
+    reconciler = sum(r.reconciler_cpu_s for r in rows)
     return {
         "pods": pods,
         "cpu_ms_per_pod": round(cpu / pods * 1000, 3),
         "pods_per_s": round(pods / wall, 1),
+        "first_bound_p50_s": _pct(first, 50),
+        "first_bound_p99_s": _pct(first, 99),
+        "webhook_ms_per_pod": round(webhook / pods * 1000, 3),
+        "reconciler_ms_per_pod": round(reconciler / pods * 1000, 3),
+        "control_plane_ms_per_pod": round((cpu + webhook + reconciler) / pods * 1000, 3),
+        "lift_p50_s": _pct(lift, 50),
+        "lift_p99_s": _pct(lift, 99),
+        "logged": logged,
     }
+
+
+def _pct(values: Sequence[float], q: int) -> float | None:
+    """The q-th percentile (nearest rank), or None for no values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = max(0, min(len(ordered) - 1, -(-q * len(ordered) // 100) - 1))
+    return round(ordered[rank], 3)
+
+
+def _round_ratios(rows: Sequence[BatchResult], name: str, attr: str) -> list[float]:
+    """Per round, the encoding's figure over the plain batch's before it (interleaved: the
+    rows run plain, encoding, beside)."""
+    ratios: list[float] = []
+    plain: BatchResult | None = None
+    for row in rows:
+        if row.kind == "plain":
+            plain = row
+        elif row.kind == name and plain is not None:
+            if attr == "cpu":
+                mine, base = row.cpu_s / row.pods, plain.cpu_s / plain.pods
+            else:  # throughput
+                mine, base = row.pods / row.wall_s, plain.pods / plain.wall_s
+            if base:
+                ratios.append(round(mine / base, 3))
+    return ratios
 
 
 def summarize(
@@ -993,6 +1192,11 @@ def summarize(
                 "distinct_nodes": f"{sum(r.holder_nodes or 0 for r in mine)}/"
                 f"{sum(r.groups for r in mine)}",
                 "fewest_nodes": min((r.holder_nodes or 0 for r in mine), default=0),
+                "cpu_ratios": _round_ratios(rows, name, "cpu"),
+                "throughput_ratios": _round_ratios(rows, name, "throughput"),
+                "control_plane_ratio": _ratio(
+                    co.get("control_plane_ms_per_pod", 0.0), plain["cpu_ms_per_pod"]
+                ),
             }
         )
     return {
@@ -1045,6 +1249,7 @@ def render(results: Sequence[Obj]) -> str:
                 f"{_x(row['throughput_ratio'])} | {_x(row['spillover_ratio'])} | "
                 f"{row['colocated']} | {row['distinct_nodes']} (fewest {row['fewest_nodes']}) |"
             )
+    lines += render_deployed(results)
     lines.append("")
     for result in results:
         if result.get("available"):
@@ -1066,6 +1271,68 @@ def render(results: Sequence[Obj]) -> str:
     return "\n".join(lines)
 
 
+def _s(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2f} s"
+
+
+def _median(values: Sequence[float]) -> str:
+    if not values:
+        return "n/a"
+    ordered = sorted(values)
+    return f"{ordered[len(ordered) // 2]:.2f}x ({ordered[0]:.2f}-{ordered[-1]:.2f})"
+
+
+def render_deployed(results: Sequence[Obj]) -> list[str]:
+    """The issue's columns for the deployed processes: scheduler CPU and pods/s as ratios
+    to plain pods (median of the rounds' ratios, their range), a run's first pod bound
+    (p50 / p99, plain's in brackets), the whole control plane's CPU per pod, and the
+    reconciler's own figures."""
+    rows = [
+        (result, row)
+        for result in results
+        if result.get("available")
+        for row in result["encodings"]
+        if row["name"] == DEPLOYED
+    ]
+    if not rows:
+        return []
+    lines = [
+        "",
+        "As deployed (`coschedule serve` registered, `coschedule reconcile` leading; a burst: "
+        "every run's pods created at once with the scheduler stopped, so all gated):",
+        "",
+        "| nodes | scheduler CPU x plain | pods/s x plain | a run's first pod bound p50 / p99 "
+        "(plain) | control-plane CPU per pod x plain (scheduler + webhook + reconciler) "
+        "| spillover |",
+        "|---:|---:|---:|---|---|---:|",
+    ]
+    for result, row in rows:
+        plain = result["plain"]
+        lines.append(
+            f"| {result['nodes']:,} | {_median(row['cpu_ratios'])} | "
+            f"{_median(row['throughput_ratios'])} | {_s(row['first_bound_p50_s'])} / "
+            f"{_s(row['first_bound_p99_s'])} ({_s(plain['first_bound_p50_s'])} / "
+            f"{_s(plain['first_bound_p99_s'])}) | {_x(row['control_plane_ratio'])} "
+            f"({row['cpu_ms_per_pod']:.2f} + {row['webhook_ms_per_pod']:.2f} + "
+            f"{row['reconciler_ms_per_pod']:.2f} ms; plain {plain['cpu_ms_per_pod']:.2f} ms) | "
+            f"{_x(row['spillover_ratio'])} |"
+        )
+    lines.append("")
+    for result, row in rows:
+        logged = row["logged"]
+        released = logged.get("released", 0)
+        stale = logged.get("release_stale", 0)
+        lines.append(
+            f"{result['nodes']:,} nodes, reconciler: placeholder bound -> gate lifted p50 "
+            f"{_s(row['lift_p50_s'])}, p99 {_s(row['lift_p99_s'])}; {released} releases, "
+            f"{stale} refused as stale ({stale / max(1, released + stale):.1%}); "
+            f"{logged.get('labels_restored', 0)} placeholders 'restored'; "
+            f"{logged.get('api_errors', 0)} API errors retried; "
+            f"{logged.get('created', 0)} placeholders created"
+        )
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.scheduler", description=__doc__)
     parser.add_argument("--nodes", type=int, action="append", help="cluster sizes (repeatable)")
@@ -1073,20 +1340,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--groups", type=int, default=None, help="runs per batch (default 30)")
     parser.add_argument("--quick", action="store_true", help=f"{QUICK.nodes[0]} nodes, 1 round")
     parser.add_argument(
+        "--full",
+        action="store_true",
+        help=f"the issue's scale: {FULL.nodes[0]:,} nodes, {FULL.rounds} rounds",
+    )
+    parser.add_argument(
         "--encoding",
         action="append",
         choices=sorted(ENCODINGS),
         help="encodings to measure (repeatable; default: affinity, what coschedule makes)",
     )
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--keep-logs", type=Path, default=None, help="copy the logs here")
     args = parser.parse_args(argv)
-    plan = QUICK if args.quick else Plan()
+    plan = QUICK if args.quick else FULL if args.full else Plan()
     if args.nodes:
         plan = replace(plan, nodes=tuple(args.nodes))
     if args.rounds is not None:
         plan = replace(plan, rounds=args.rounds)
     if args.groups is not None:
         plan = replace(plan, groups=args.groups)
+    if args.keep_logs is not None:
+        plan = replace(plan, keep_logs=args.keep_logs)
     if args.encoding:
         plan = replace(plan, encodings=tuple(args.encoding))
     results = measure(plan)

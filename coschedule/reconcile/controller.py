@@ -259,12 +259,20 @@ class Controller:
     def _on_pod(self, event: str, obj: Obj, old: Obj | None) -> None:
         if event == "DELETED":
             self._bad_logged.pop(object_key(obj), None)
-        self._enqueue(event_keys.marked_pod_keys(event, obj, old))
+            self.executor.forget_pod(object_key(obj))
+        for key in event_keys.marked_pod_keys(event, obj, old):
+            # A run whose placeholder is still to make goes first (its pods wait on it).
+            self.queue.add(key, urgent=self.statefulsets.get(key) is None)
 
     def _on_placeholder_pod(self, event: str, obj: Obj, old: Obj | None) -> None:
         if event == "DELETED":
             self.executor.forget_pod(object_key(obj))
-        self._enqueue(event_keys.placeholder_pod_keys(event, obj, old))
+        # Just bound: its run's gated pods are released first.
+        bound = bool((obj.get("spec") or {}).get("nodeName")) and not (
+            (old or {}).get("spec") or {}
+        ).get("nodeName")
+        for key in event_keys.placeholder_pod_keys(event, obj, old):
+            self.queue.add(key, urgent=bound)
 
     def _on_node(self, event: str, obj: Obj, old: Obj | None) -> None:
         self.topology.node(event, obj)

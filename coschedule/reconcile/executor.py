@@ -9,6 +9,7 @@ pod is deleted once per resourceVersion, whichever action deletes it (one memory
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable, Iterable
 from typing import Any, Never, NoReturn
@@ -47,6 +48,10 @@ JSON_PATCH = "application/json-patch+json"
 # preconditions, a resourceVersion), 422 (a JSON patch's ``test``), 404 (gone). The change
 # that made it stale comes through the watch and the group is looked at again.
 STALE = frozenset({404, 409, 422})
+# Release patches in flight at once, over all workers: a run's gated pods are independent
+# writes, and one after another they cost a round trip each (a burst of runs waited
+# seconds); bounded below the client's connection pool (100), which other calls share.
+RELEASES_IN_FLIGHT = 32
 
 
 class NotLeader(Exception):
@@ -92,9 +97,15 @@ class Executor:
         # Placeholder key -> the pods and runs told they are pinned to Tekton's own Affinity
         # Assistant too: told once each, not on every look; forgotten with the group.
         self.conflicts: dict[str, set[str]] = {}
+        # Gated pod -> the resourceVersion its release patch was planned from: a look before
+        # the watch shows the patch plans the same release from the same version; sent
+        # again, its ``test`` on the gate fails (422) and the key is looked at once more.
+        self.released: dict[str, str] = {}
+        self._releasing: asyncio.Semaphore | None = None  # made on the running loop
 
     def forget_pod(self, pod_key: str) -> None:
         self.deleted.pop(pod_key, None)
+        self.released.pop(pod_key, None)
 
     def forget_group(self, key: str) -> None:
         self.conflicts.pop(key, None)
@@ -120,9 +131,40 @@ class Executor:
         if key in self.pinned and not any(isinstance(a, HoldPinnedPlaceholder) for a in actions):
             del self.pinned[key]  # the node took it back, or the run is gone
             self.metrics.pinned_placeholders.set(len(self.pinned))
-        for action in actions:
+        index = 0
+        while index < len(actions):
+            action = actions[index]
             self._check_leader()
+            if isinstance(action, ReleasePod):
+                # The pass's releases (consecutive: ``node_pins`` plans them together) go
+                # out at once; each stands alone, as one after another.
+                end = index
+                while end < len(actions) and isinstance(actions[end], ReleasePod):
+                    end += 1
+                await self._release_pods(key, actions[index:end])
+                index = end
+                continue
             uid = await self._one(key, action, uid)
+            index += 1
+
+    async def _release_pods(self, key: str, releases: list[Action]) -> None:
+        """Every release at once (``RELEASES_IN_FLIGHT`` at most, with the other workers');
+        the first error of any is raised once all have ended (the others took effect or
+        were stale)."""
+        if self._releasing is None:
+            self._releasing = asyncio.Semaphore(RELEASES_IN_FLIGHT)
+        gate = self._releasing
+
+        async def one(action: Action) -> None:
+            assert isinstance(action, ReleasePod)
+            async with gate:
+                self._check_leader()
+                await self._release_pod(key, action)
+
+        outcomes = await asyncio.gather(*(one(a) for a in releases), return_exceptions=True)
+        for outcome in outcomes:
+            if isinstance(outcome, BaseException):
+                raise outcome
 
     async def _one(self, key: str, action: Action, uid: str) -> str:
         """Carry out one action; the StatefulSet's uid (a create gives the new one). Every
@@ -130,9 +172,10 @@ class Executor:
         and an object of any other type is an error at run time, never skipped."""
         match action:
             case CreateStatefulSet():
-                created_uid = await self._create(key, action)
+                created_uid, made = await self._create(key, action)
                 if created_uid is not None:  # None: an existing one was relabelled
                     uid = created_uid
+                if made:  # not when an earlier look made it: its Event is recorded
                     await self._event(action.event, uid)
             case PatchStatefulSet():
                 await self.client.patch(
@@ -240,7 +283,11 @@ class Executor:
         return True
 
     async def _release_pod(self, key: str, action: ReleasePod) -> None:
-        """Pin the pod to the placeholder's node and lift our gate, in one JSON patch."""
+        """Pin the pod to the placeholder's node and lift our gate, in one JSON patch; not
+        again from a version already released."""
+        pod_key = f"{action.namespace}/{action.name}"
+        if action.resource_version and self.released.get(pod_key) == action.resource_version:
+            return
         path = object_path("v1", "pods", action.namespace, action.name)
         try:
             await self.client.patch(path, list(action.ops), content_type=JSON_PATCH)
@@ -252,6 +299,7 @@ class Executor:
                 extra=self._extra(key, "release-pod", pod=action.name, code=exc.status),
             )
             return
+        self.released[pod_key] = action.resource_version
         log.info(
             "released pod onto its placeholder's node",
             extra=self._extra(key, "release-pod", pod=action.name, node=action.node),
@@ -386,8 +434,9 @@ class Executor:
         )
         return True
 
-    async def _create(self, key: str, action: CreateStatefulSet) -> str | None:
-        """Create; the new uid, or None when an existing one of ours was relabelled."""
+    async def _create(self, key: str, action: CreateStatefulSet) -> tuple[str | None, bool]:
+        """Create; (its uid, made now). (None, False) when an existing one of ours was
+        relabelled; (its uid, False) when it was there, ours and intact (a cache behind)."""
         path = object_path("apps/v1", "statefulsets", action.namespace)
         try:
             created = await self.client.create(path, action.body)
@@ -397,7 +446,19 @@ class Executor:
             # There, but not in our cache: a hand edit dropped our managed-by label (so our
             # watch no longer selects it), or the cache lags. Relabel it if it is ours.
             existing = await self.client.get(f"{path}/{action.name}") or {}
-            labels = (existing.get("metadata") or {}).get("labels") or {}
+            meta = existing.get("metadata") or {}
+            labels = meta.get("labels") or {}
+            wanted = action.body["metadata"]["labels"]
+            if labels.get(LABEL_INSTANCE) == action.name and all(
+                labels.get(k) == v for k, v in wanted.items()
+            ):
+                # Ours, labels intact: our cache has not seen it yet (made by an earlier
+                # look whose watch event is still on its way), nothing was lost.
+                log.debug(
+                    "placeholder exists; the cache is behind",
+                    extra=self._extra(key, "create-statefulset", reason="cache behind"),
+                )
+                return str(meta.get("uid") or ""), False
             if labels.get(LABEL_INSTANCE) == action.name:
                 await self.client.patch(
                     f"{path}/{action.name}",
@@ -407,7 +468,7 @@ class Executor:
                     "placeholder lost its labels; restored",
                     extra=self._extra(key, "patch-statefulset", reason="labels restored"),
                 )
-                return None
+                return None, False
             log.error(
                 "a StatefulSet with the placeholder's name exists and is not ours",
                 extra=self._extra(key, "create-statefulset", reason="name taken"),
@@ -417,7 +478,7 @@ class Executor:
             "created placeholder",
             extra=self._extra(key, "create-statefulset", reason="run has pods, no placeholder"),
         )
-        return str((created.get("metadata") or {}).get("uid") or "")
+        return str((created.get("metadata") or {}).get("uid") or ""), True
 
     async def _event(self, action: RecordEvent, uid: str) -> None:
         """Record the Event, and log it; an Event the API refuses is a warning only."""

@@ -135,9 +135,12 @@ async def serve_reconciler(
     )
 
     elector: LeaderElector | None = None
+    # The Lease on a client of its own: a burst of the workers' calls (releases) must not
+    # keep a renewal waiting for a pooled connection past its deadline (leadership lost).
+    lease_client = KubeClient(creds, user_agent="coschedule-reconciler")
     if args.leader_elect:
         elector = LeaderElector(
-            client,
+            lease_client,
             ElectionConfig(namespace=args.namespace or creds.namespace),
             on_started=manager.start_leading,
             on_stopped=manager.stop_leading,
@@ -181,4 +184,5 @@ async def serve_reconciler(
         await asyncio.gather(*tasks, return_exceptions=True)
         await manager.stop()
         await client.aclose()
+        await lease_client.aclose()
         health_socket.close()

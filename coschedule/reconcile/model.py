@@ -306,6 +306,9 @@ class ReleasePod:
     statefulset: str
     node: str
     ops: tuple[dict[str, Any], ...]  # JSONPatch operations (``wire.jsonpatch.Op``)
+    # The pod's version the patch was planned from: the executor does not patch the same
+    # version twice (its cache may not show the first patch yet).
+    resource_version: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -87,7 +87,14 @@ def plan_pins(observed: Observed, earlier: Sequence[Action] = ()) -> Plan:
                 ops = node_pin.release_ops(pod.gated, node)
                 if ops:
                     actions.append(
-                        ReleasePod(pod.namespace, pod.name, observed.name, node, tuple(ops))
+                        ReleasePod(
+                            pod.namespace,
+                            pod.name,
+                            observed.name,
+                            node,
+                            tuple(ops),
+                            pod.resource_version,
+                        )
                     )
             continue
         pinned = pod.pinned_node

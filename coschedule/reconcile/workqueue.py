@@ -2,7 +2,9 @@
 
 client-go's semantics: a key is queued at most once; a key being processed that is added
 again is processed once more after the current pass (never twice at the same time);
-``retry`` re-adds after an exponential per-key delay that ``forget`` resets.
+``retry`` re-adds after an exponential per-key delay that ``forget`` resets. An urgent add
+puts the key at the front (a run's placeholder to make, a run's pods to release: what a
+burst of runs waits on) instead of behind every other key.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ class WorkQueue:
         self._queued: set[str] = set()
         self._processing: set[str] = set()
         self._dirty: set[str] = set()  # added while processing: run again afterwards
+        self._urgent_dirty: set[str] = set()  # of those, added urgently
         self._failures: dict[str, int] = {}
         self._timers: dict[str, asyncio.TimerHandle] = {}
         self._ready = asyncio.Event()
@@ -39,14 +42,22 @@ class WorkQueue:
         """Keys waiting or being processed (timers not counted)."""
         return bool(self._queue or self._processing)
 
-    def add(self, key: str) -> None:
+    def add(self, key: str, *, urgent: bool = False) -> None:
         if key in self._processing:
             self._dirty.add(key)
+            if urgent:
+                self._urgent_dirty.add(key)
             return
         if key in self._queued:
+            if urgent and self._queue[0] != key:
+                self._queue.remove(key)
+                self._queue.appendleft(key)
             return
         self._queued.add(key)
-        self._queue.append(key)
+        if urgent:
+            self._queue.appendleft(key)
+        else:
+            self._queue.append(key)
         self._ready.set()
 
     def add_after(self, key: str, delay: float) -> None:
@@ -95,7 +106,9 @@ class WorkQueue:
         self._processing.discard(key)
         if key in self._dirty:
             self._dirty.discard(key)
-            self.add(key)
+            urgent = key in self._urgent_dirty
+            self._urgent_dirty.discard(key)
+            self.add(key, urgent=urgent)
 
     def cancel_timers(self) -> None:
         for timer in self._timers.values():

@@ -268,28 +268,37 @@ class ControlPlane:
     def start_controllers(self) -> None:
         """kube-controller-manager and kube-scheduler, where present; returns once both are
         healthy (started together: they take a few seconds each)."""
-        assert self.pki is not None
         pending: list[tuple[str, Proc]] = []
         if self.has_controller_manager:
-            port = free_port()
-            proc = self._proc(
-                "kube-controller-manager",
-                [
-                    str(self.binaries / "kube-controller-manager"),
-                    *self._component_args(port, "kcm-certs"),
-                    f"--service-account-private-key-file={self.pki.sa_key}",
-                    f"--root-ca-file={self.pki.ca_crt}",
-                    "--use-service-account-credentials=true",
-                    f"--controllers={self.kcm_controllers}",
-                    *self.kcm_args,
-                    "--v=1",
-                ],
-            )
-            pending.append((f"https://127.0.0.1:{port}/healthz", proc))
+            pending.append(self._launch_controller_manager())
         if self.has_scheduler:
             pending.append(self._launch_scheduler(()))
         for url, proc in pending:
             wait_healthy(url, proc, timeout=90)
+
+    def start_controller_manager(self) -> Proc:
+        """kube-controller-manager alone (``kcm_controllers``); returns once it is healthy."""
+        url, proc = self._launch_controller_manager()
+        wait_healthy(url, proc, timeout=90)
+        return proc
+
+    def _launch_controller_manager(self) -> tuple[str, Proc]:
+        assert self.pki is not None
+        port = free_port()
+        proc = self._proc(
+            "kube-controller-manager",
+            [
+                str(self.binaries / "kube-controller-manager"),
+                *self._component_args(port, "kcm-certs"),
+                f"--service-account-private-key-file={self.pki.sa_key}",
+                f"--root-ca-file={self.pki.ca_crt}",
+                "--use-service-account-credentials=true",
+                f"--controllers={self.kcm_controllers}",
+                *self.kcm_args,
+                "--v=1",
+            ],
+        )
+        return f"https://127.0.0.1:{port}/healthz", proc
 
     def start_scheduler(self, extra_args: Sequence[str] = ()) -> Proc:
         """kube-scheduler alone (with ``extra_args``, e.g. client rate limits); returns once

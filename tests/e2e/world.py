@@ -582,6 +582,18 @@ def describe_namespace(api: Api, namespace: str) -> str:
 # Tekton-shaped runs -------------------------------------------------------------------
 
 
+def owner_reference(obj: Obj) -> Obj:
+    """The controller ownerReference to a stored object, as Tekton's controller sets it."""
+    return {
+        "apiVersion": obj["apiVersion"],
+        "kind": obj["kind"],
+        "name": obj["metadata"]["name"],
+        "uid": obj["metadata"]["uid"],
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
 @dataclass
 class TektonRun:
     """A PipelineRun, its TaskRuns and their pods, created through the API as Tekton's
@@ -646,14 +658,7 @@ class TektonRun:
 
     @staticmethod
     def _owner(obj: Obj) -> Obj:
-        return {
-            "apiVersion": obj["apiVersion"],
-            "kind": obj["kind"],
-            "name": obj["metadata"]["name"],
-            "uid": obj["metadata"]["uid"],
-            "controller": True,
-            "blockOwnerDeletion": True,
-        }
+        return owner_reference(obj)
 
     def pod_manifest(
         self,
