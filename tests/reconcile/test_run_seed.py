@@ -183,7 +183,7 @@ def test_a_started_run_in_a_per_run_mode_is_seeded(
     assert found is not None
     assert found.pod.marks.placeholder == run_placeholder("ci", "pr-7f3k2")
     assert found.pod.marks.mode.per_run
-    assert found.root.kind == "PipelineRun" and found.root.uid == "uid-pr"
+    assert (found.root.kind, found.root.uid) == ("PipelineRun", "uid-pr")
     assert found.expires == T0 + settings.idle_grace_seconds
     assert placeholder_key(slim_run(run), settings) == f"ci/{found.pod.marks.placeholder}"
 
