@@ -311,7 +311,7 @@ class Controller:
         return [key] if key is not None else []
 
     def _on_run(self, event: str, obj: Obj, old: Obj | None) -> None:
-        if old is not None and old == obj:
+        if event == "MODIFIED" and old is not None and run_seed.same_for_seed(old, obj):
             return  # a change of nothing a seed reads (most runs' status updates)
         keys = {run_seed.placeholder_key(o, self.settings()) for o in (obj, old) if o is not None}
         self._enqueue(sorted(k for k in keys if k is not None))

@@ -120,6 +120,17 @@ def slim_run(obj: Obj) -> Obj:
     return {"metadata": slim_meta, "spec": slim_spec, "status": {"done": done}}
 
 
+def same_for_seed(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    """Whether two slim versions of a run differ in nothing a seed reads (its version aside:
+    most of a run's updates are its status, which the slim form leaves out)."""
+    meta_a, meta_b = dict(_dict(a.get("metadata"))), dict(_dict(b.get("metadata")))
+    meta_a.pop("resourceVersion", None)
+    meta_b.pop("resourceVersion", None)
+    return (
+        meta_a == meta_b and a.get("spec") == b.get("spec") and a.get("status") == b.get("status")
+    )
+
+
 def candidate(run: Mapping[str, Any]) -> bool:
     """Whether a (slim) run could hold a seed now: started, not done, not being deleted."""
     meta = _dict(run.get("metadata"))
