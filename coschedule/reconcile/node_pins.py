@@ -47,10 +47,10 @@ REASON_STRANDED = "PodRecreated"
 
 def stranded_first(earlier: Plan, pins: Plan) -> Plan:
     """``earlier`` then ``pins``, but the stranded pods deleted first, then the releases.
-    A placeholder pod that leaves its node frees room there: a pod pinned to that node and stuck for want of room
-    would be bound into it before its own delete came, and the run split across two nodes.
-    Deleted first (conditionally: the executor ends the pass if one was bound meanwhile), it
-    cannot be. Pure."""
+    A placeholder pod that leaves its node frees room there: a pod pinned to that node and
+    stuck for want of room would be bound into it before its own delete came, and the run
+    split across two nodes. Deleted first (conditionally: the executor ends the pass if one
+    was bound meanwhile), it cannot be. Pure."""
     both = earlier.then(pins)
     stranded = tuple(a for a in both.actions if isinstance(a, DeleteStrandedPod))
     # A release onto the bound placeholder's node comes before the StatefulSet's drift
