@@ -757,7 +757,7 @@ EXPECTED_PERMISSIONS: dict[str, set[Permission]] = {
     | _grant("coschedule.dev", "concurrencycontrols", "list watch"),
     "ClusterRole coschedule-reconciler": _grant("core", "pods", "get list watch patch delete")
     | _grant("core", "nodes", "get list watch")
-    | _grant("core", "namespaces", "get")
+    | _grant("core", "namespaces", "get list watch")
     | _grant("apps", "statefulsets", "get list watch create update patch delete")
     | _grant("core", "persistentvolumeclaims", "get list watch delete patch")
     | _grant("core", "persistentvolumes", "get")

@@ -20,8 +20,10 @@ from coschedule.k8s.taints import eviction_reason
 from coschedule.k8s.timefmt import parse_time
 from coschedule.k8s.volumes import VolumeTopology
 from coschedule.kube.client import KubeClient
+from coschedule.kube.discovery import RETRY_SECONDS, wait_served
 from coschedule.kube.events import record_event
 from coschedule.kube.informer import IndexFunc, Informer, Obj, caches_readiness, object_key
+from coschedule.kube.namespace_cache import NamespaceCache
 from coschedule.marks import (
     ANNOTATION_CLAIMS,
     ANNOTATION_MODE,
@@ -37,7 +39,7 @@ from coschedule.marks import (
     placeholder_claim,
 )
 from coschedule.mutate import node_pin
-from coschedule.reconcile import event_keys, node_pins, shapes, stuck, stuck_facts
+from coschedule.reconcile import event_keys, node_pins, run_seed, shapes, stuck, stuck_facts
 from coschedule.reconcile import plan as planning
 from coschedule.reconcile.assistant_conflict import plan_assistant_conflict
 from coschedule.reconcile.event_keys import BY_NODE, BY_PLACEHOLDER
@@ -107,6 +109,7 @@ class Controller:
         clock: Callable[[], float] = time.time,
         retry_base: float | None = None,
         owner_recheck: float = planning.OWNER_RECHECK_SECONDS,
+        discovery_retry: float = RETRY_SECONDS,
     ) -> None:
         self.client = client
         self.settings = settings
@@ -140,6 +143,26 @@ class Controller:
             shapes.slim_statefulset,
         )
         self.informers = [self.pods, self.placeholder_pods, self.nodes, self.statefulsets]
+        # PipelineRuns and namespaces, for a run's placeholder made at its creation
+        # (``run_seed``). Not in the readiness: until they sync (or while Tekton is not
+        # installed) placeholders are made from the first pod, as before.
+        self.discovery_retry = discovery_retry
+        self.runs = self._informer(
+            f"/apis/{run_seed.API_VERSION}/{run_seed.PLURAL}",
+            run_seed.PLURAL,
+            None,
+            run_seed.slim_run,
+            {BY_PLACEHOLDER: self._run_placeholder},
+        )
+        self.runs.add_handler(self._on_run)
+        self.namespaces = NamespaceCache(
+            Informer(
+                client,
+                "/api/v1/namespaces",
+                name="namespaces",
+                on_relist=lambda: self.metrics.relists.labels("namespaces").inc(),
+            )
+        )
         for informer in self.informers:
             self.metrics.cache_stale.labels(informer.name).set_function(informer.silent_for)
         self.topology = TopologyLabels(
@@ -196,7 +219,15 @@ class Controller:
         return caches_readiness(self.informers, self.client)
 
     def informer_runs(self) -> list[Coroutine[Any, Any, None]]:
-        return [informer.run() for informer in self.informers]
+        seeding = [self._run_runs(), self.namespaces.informer.run()]
+        return [*(informer.run() for informer in self.informers), *seeding]
+
+    async def _run_runs(self) -> None:
+        """Watch PipelineRuns once Tekton serves them."""
+        await wait_served(
+            self.client, run_seed.API_VERSION, run_seed.PLURAL, retry=self.discovery_retry
+        )
+        await self.runs.run()
 
     async def wait_synced(self) -> None:
         await asyncio.gather(*(i.synced.wait() for i in self.informers))
@@ -233,6 +264,7 @@ class Controller:
             self.pods.index_values(BY_PLACEHOLDER)
             | self.placeholder_pods.index_values(BY_PLACEHOLDER)
             | set(self.statefulsets.keys())
+            | self.runs.index_values(BY_PLACEHOLDER)
         )
 
     def settings_changed(self) -> None:
@@ -278,6 +310,35 @@ class Controller:
         self.topology.node(event, obj)
         on_node = self.placeholder_pods.by_index(BY_NODE, object_key(obj))
         self._enqueue(event_keys.node_keys(event, obj, old, on_node))
+
+    def _run_placeholder(self, obj: Obj) -> list[str]:
+        """The index of runs that could hold a seed: their placeholder's key."""
+        if not run_seed.candidate(obj):
+            return []
+        key = run_seed.placeholder_key(obj, self.settings())
+        return [key] if key is not None else []
+
+    def _on_run(self, event: str, obj: Obj, old: Obj | None) -> None:
+        if event == "MODIFIED" and old is not None and run_seed.same_for_seed(old, obj):
+            return  # a change of nothing a seed reads (most runs' status updates)
+        keys = {run_seed.placeholder_key(o, self.settings()) for o in (obj, old) if o is not None}
+        self._enqueue(sorted(k for k in keys if k is not None))
+
+    def _seed(
+        self, key: str, pods: list[MarkedPod], now: float
+    ) -> tuple[run_seed.Seed | None, float | None]:
+        """(the run's seed or None, the run's creation while it is cached and not done)."""
+        runs = self.runs.by_index(BY_PLACEHOLDER, key)
+        if len(runs) != 1:  # none, or two runs one placeholder (a shared group label)
+            return None, None
+        run = runs[0]
+        created = run_seed.run_created(run)
+        if pods:
+            return None, created
+        namespace = str((run.get("metadata") or {}).get("namespace") or "")
+        info = self.namespaces.get(namespace)
+        labels = info.labels if info is not None else None
+        return run_seed.seed(run, labels, self.settings(), now), created
 
     def _on_statefulset(self, event: str, obj: Obj, old: Obj | None) -> None:
         # The informer's label selector keeps only ours in the store.
@@ -339,11 +400,15 @@ class Controller:
             for p in ppods
             if p.node_name and (obj := self.nodes.get(p.node_name)) is not None
         }
-        live = any(p.live for p in pods)
-        if not pods and sts is None and not ppods:
+        seed, run_created = self._seed(key, pods, now)
+        live = seed is not None or any(p.live for p in pods)
+        if not pods and sts is None and not ppods and seed is None:
             self._forget(key)
             return Plan()
-        owner = await self._owner(key, namespace, pods, sts, live, now)
+        if seed is not None:  # no pod yet: the run itself is the owner, and runs
+            owner: OwnerState | None = OwnerState(seed.root, OwnerStatus.RUNNING, now)
+        else:
+            owner = await self._owner(key, namespace, pods, sts, live, now)
         if live:
             self._idle_since.pop(key, None)
             idle = None
@@ -367,6 +432,9 @@ class Controller:
             claims_gone=gone,
             all_nodes_silent=any(kubelet_silent(n) for n in nodes.values())
             and all(kubelet_silent(parse_node(obj)) for obj in self.nodes.values()),
+            seed=seed.pod if seed is not None else None,
+            seed_until=seed.expires if seed is not None else 0.0,
+            run_created=run_created,
         )
         result = planning.plan(observed, settings, now, owner_recheck=self.owner_recheck)
         facts = StuckFacts(

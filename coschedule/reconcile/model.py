@@ -149,6 +149,13 @@ class Observed:
     # disruption, the control plane's problem, not the nodes'. Read only while a
     # placeholder pod is on a silent node.
     all_nodes_silent: bool = False
+    # A PipelineRun's first pod as the run says it (``run_seed``), while the run holds a
+    # placeholder before any pod of it exists; None: no seed.
+    seed: MarkedPod | None = None
+    seed_until: float = 0.0  # when the seed stops holding the placeholder
+    # The run's creation, while the run is cached and not done: a run that made no pod
+    # within the idle grace of it gives back the placeholder made from its seed.
+    run_created: float | None = None
 
     @property
     def key(self) -> str:

@@ -46,15 +46,20 @@ REASON_STRANDED = "PodRecreated"
 
 
 def stranded_first(earlier: Plan, pins: Plan) -> Plan:
-    """``earlier`` then ``pins``, but the stranded pods deleted first. A placeholder pod that
-    leaves its node frees room there: a pod pinned to that node and stuck for want of room
-    would be bound into it before its own delete came, and the run split across two nodes.
-    Deleted first (conditionally: the executor ends the pass if one was bound meanwhile), it
-    cannot be. Pure."""
+    """``earlier`` then ``pins``, but the stranded pods deleted first, then the releases.
+    A placeholder pod that leaves its node frees room there: a pod pinned to that node and
+    stuck for want of room would be bound into it before its own delete came, and the run
+    split across two nodes. Deleted first (conditionally: the executor ends the pass if one
+    was bound meanwhile), it cannot be. Pure."""
     both = earlier.then(pins)
     stranded = tuple(a for a in both.actions if isinstance(a, DeleteStrandedPod))
-    others = tuple(a for a in both.actions if not isinstance(a, DeleteStrandedPod))
-    return replace(both, actions=(*stranded, *others))
+    # A release onto the bound placeholder's node comes before the StatefulSet's drift
+    # patch: that patch is conditional on the version seen, and a 409 (the StatefulSet
+    # controller writing its status meanwhile) ends the pass; the run's first pod, often
+    # the one being released, must not wait for the retry's backoff.
+    releases = tuple(a for a in both.actions if isinstance(a, ReleasePod))
+    others = tuple(a for a in both.actions if not isinstance(a, DeleteStrandedPod | ReleasePod))
+    return replace(both, actions=(*stranded, *releases, *others))
 
 
 def plan_pins(observed: Observed, earlier: Sequence[Action] = ()) -> Plan:

@@ -94,48 +94,21 @@ def plan(
 def _converge(observed: Observed, settings: Settings, now: float, owner_recheck: float) -> Plan:
     """Create, patch or tear down the StatefulSet (its pods' moves are ``evictions``')."""
     sts = observed.statefulset
-    live = any(pod.live for pod in observed.pods)
+    # A seed stands in for the run's pods until the first one exists (``run_seed``).
+    seeded = observed.seed is not None and not observed.pods
+    live = seeded or any(pod.live for pod in observed.pods)
     owner = observed.owner
     lookup_failed = owner is not None and owner.status is OwnerStatus.LOOKUP_FAILED
-    group = group_spec(observed.namespace, observed.name, observed.pods)
+    pods = (observed.seed,) if seeded and observed.seed is not None else observed.pods
+    group = group_spec(observed.namespace, observed.name, pods)
     actions: list[Action] = []
-
+    if seeded:
+        # Looked at again when the seed expires: a run with no pod by then gives it back.
+        wait = max(0.05, observed.seed_until - now)
+        later = Plan(requeue=Requeue(wait, "placeholder made before the run's first pod"))
+        return _converge_live(observed, settings, group, owner, lookup_failed, seeded).then(later)
     if live:
-        assert group is not None  # live pods make a group
-        if sts is None:
-            root = _owner_for(group, owner)
-            body = build_statefulset(group, settings, root, observed.claim_templates)
-            event = RecordEvent(
-                observed.namespace,
-                observed.name,
-                "PlaceholderCreated",
-                f"placeholder for {_describe(group)} created"
-                + (f", owned by {root.kind} {root.name}" if root else "")
-                + _left_out(group),
-                "Warning" if group.excluded else "Normal",
-            )
-            actions.append(CreateStatefulSet(observed.namespace, observed.name, body, event))
-            if lookup_failed:
-                # Pods wait for their placeholder: create it now without an owner; the
-                # owner is patched in once the lookup works (the StatefulSet then drifts).
-                assert owner is not None
-                return Plan(
-                    tuple(actions),
-                    Requeue(OWNER_RETRY_SECONDS, "owner lookup failed"),
-                    warning="owner lookup failed; creating the placeholder without an owner "
-                    f"for now: {owner.detail}",
-                )
-            return Plan(tuple(actions))
-        if sts.deleting:
-            return Plan(
-                tuple(actions),
-                Requeue(DELETING_RECHECK_SECONDS, "the StatefulSet is being deleted; recreate it"),
-            )
-        patch = drift(sts, group, settings, owner, observed.claim_templates)
-        if patch is not None:
-            actions.append(patch)
-        return Plan(tuple(actions))
-
+        return _converge_live(observed, settings, group, owner, lookup_failed, seeded)
     if sts is None:
         released = released_claims(observed)
         if released:
@@ -156,6 +129,54 @@ def _converge(observed: Observed, settings: Settings, now: float, owner_recheck:
     )
     actions.append(DeleteStatefulSet(observed.namespace, sts.name, why))
     actions.extend(DeleteClaim(observed.namespace, claim) for claim in observed.claims_to_delete)
+    return Plan(tuple(actions))
+
+
+def _converge_live(
+    observed: Observed,
+    settings: Settings,
+    group: GroupSpec | None,
+    owner: OwnerState | None,
+    lookup_failed: bool,
+    seeded: bool,
+) -> Plan:
+    """A group with a live pod (or a seed): create its StatefulSet, or put back what drifted."""
+    sts = observed.statefulset
+    actions: list[Action] = []
+    assert group is not None  # live pods make a group
+    if sts is None:
+        root = _owner_for(group, owner)
+        body = build_statefulset(group, settings, root, observed.claim_templates)
+        event = RecordEvent(
+            observed.namespace,
+            observed.name,
+            "PlaceholderCreated",
+            f"placeholder for {_describe(group)} created"
+            + (f", owned by {root.kind} {root.name}" if root else "")
+            + (", before the run's first pod" if seeded else "")
+            + _left_out(group),
+            "Warning" if group.excluded else "Normal",
+        )
+        actions.append(CreateStatefulSet(observed.namespace, observed.name, body, event))
+        if lookup_failed:
+            # Pods wait for their placeholder: create it now without an owner; the
+            # owner is patched in once the lookup works (the StatefulSet then drifts).
+            assert owner is not None
+            return Plan(
+                tuple(actions),
+                Requeue(OWNER_RETRY_SECONDS, "owner lookup failed"),
+                warning="owner lookup failed; creating the placeholder without an owner "
+                f"for now: {owner.detail}",
+            )
+        return Plan(tuple(actions))
+    if sts.deleting:
+        return Plan(
+            tuple(actions),
+            Requeue(DELETING_RECHECK_SECONDS, "the StatefulSet is being deleted; recreate it"),
+        )
+    patch = drift(sts, group, settings, owner, observed.claim_templates)
+    if patch is not None:
+        actions.append(patch)
     return Plan(tuple(actions))
 
 
@@ -390,6 +411,12 @@ def _run_done(
     owner = observed.owner
     root = owner.root if owner is not None else None
     run = per_run(observed.pods, sts)
+    if run and not observed.pods and observed.run_created is not None and not sts.templates:
+        # Made from the run's seed and no pod came: the idle grace from the run's creation,
+        # even while it runs (its first pod, if ever, gets a placeholder as any first pod).
+        grace = float(settings.idle_grace_seconds)
+        if now - observed.run_created >= grace:
+            return True, f"the run made no pod within the idle grace ({int(grace)} s)", 0.0
     if run and owner is not None and root is not None:
         if owner.status is OwnerStatus.DONE:
             return True, owner.detail or f"{root.kind} {root.name} is done", 0.0

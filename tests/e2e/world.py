@@ -607,8 +607,17 @@ class TektonRun:
     task_runs: dict[str, Obj] = field(default_factory=dict)
     pods: dict[str, Obj] = field(default_factory=dict)  # task -> stored pod
     manifests: dict[str, Obj] = field(default_factory=dict)  # task -> what its pod was made from
+    # Started: the reconciler makes the run's placeholder as soon as it sees the run, from
+    # what ``spec`` says of its pods (``run_seed``). Not started (the default): the run
+    # is stored pending, so its placeholder is made from its first pod, as these scenarios
+    # (whose pods carry constraints their run does not declare) test.
+    started: bool = False
+    spec: Obj = field(default_factory=dict)
 
     def create(self) -> TektonRun:
+        spec: Obj = {"pipelineRef": {"name": "build-and-test"}, **self.spec}
+        if not self.started:
+            spec["status"] = "PipelineRunPending"
         self.pipeline_run = self.api.create(
             {
                 "apiVersion": "tekton.dev/v1",
@@ -618,7 +627,7 @@ class TektonRun:
                     "namespace": self.namespace,
                     "labels": {"tekton.dev/pipeline": "build-and-test", **self.labels},
                 },
-                "spec": {"pipelineRef": {"name": "build-and-test"}},
+                "spec": spec,
             }
         )
         self.api.patch(

@@ -25,12 +25,14 @@ from coschedule.reconcile.model import (
     DeleteStrayPod,
     MarkStuck,
     Observed,
+    PatchStatefulSet,
     PlaceholderPod,
     RecordEvent,
     ReleasePod,
     RelocatePlaceholder,
 )
 from coschedule.reconcile.node_pins import REASON_STRANDED, plan_pins, stranded_first
+from coschedule.reconcile.plan import plan
 from coschedule.reconcile.stuck_runs import facts_wanted, plan_stuck
 from coschedule.wire.jsonpatch import apply
 from tests.fixtures import load_pod
@@ -398,3 +400,25 @@ def test_a_pinned_pod_whose_own_rules_exclude_its_runs_node_is_explained_not_ign
     [mark] = [a for a in result.actions if isinstance(a, MarkStuck)]
     assert mark.reason == "node-affinity"
     assert "the pod's nodeSelector / node affinity excludes node worker-1" in mark.text
+
+
+def test_a_release_comes_before_the_placeholders_drift_patch() -> None:
+    # The placeholder was made before the first pod (from its run: no claim); the first
+    # pod, gated, mounts the run's workspace claim: the template drifts. Its patch is
+    # conditional and may meet a 409 that ends the pass: the release goes first.
+    first = gated()
+    observed = group(first, on="worker-2")
+    assert observed.statefulset is not None
+    drifted = replace(
+        observed.statefulset,
+        annotations={**observed.statefulset.annotations, "coschedule.dev/template-hash": "old"},
+    )
+    observed = replace(observed, statefulset=drifted)
+    result = plan(observed, Settings(mode=Mode.PIPELINERUNS), NOW)
+    assert any(isinstance(a, PatchStatefulSet) for a in result.actions)
+    both = stranded_first(result, plan_pins(observed, result.actions))
+    kinds = [type(a) for a in both.actions]
+    assert kinds.index(ReleasePod) < kinds.index(PatchStatefulSet)
+    assert sorted(map(repr, both.actions)) == sorted(
+        map(repr, (*result.actions, *plan_pins(observed, result.actions).actions))
+    )

@@ -1,0 +1,265 @@
+"""A PipelineRun's placeholder made when the run is created, before its first pod: planned
+``seed(run, namespace_labels, settings, now) -> Seed | None``. Pure.
+
+Made from the first pod, a run's placeholder is created, scheduled and started while that
+pod waits behind the placeholder's gate. Made from the run, it is bound before Tekton
+creates the first TaskRun's pod, so the webhook pins that pod at admission. The seed is the
+pod Tekton will make, as far as the run says (its labels, which Tekton copies onto every
+pod, and its ``taskRunTemplate.podTemplate``'s node constraints), decided by the webhook's
+own ``decide``: the same placeholder name, mode, topology key, isolation scope and
+constraints the first pod gets.
+
+No seed (the placeholder waits for the first pod, as before) when:
+- the run is held (``spec.status`` set: pending, by its author or by concurrency control,
+  or cancelled), done, or being deleted;
+- a ``taskRunSpecs`` entry has its own podTemplate: the first pod's constraints depend on
+  which task comes first;
+- ``rewrite-claims`` is on: the placeholder's volumeClaimTemplates are fixed when it is
+  created, and only the first pod's admission knows them;
+- the webhook would not give the run a per-run placeholder (namespace not enabled, mode
+  ``workspaces`` or ``disabled``, a refusal);
+- the run is older than ``idle-grace-seconds``: a run that made no pod within the idle grace
+  holds no placeholder (``plan`` tears a seeded one down then), so a run that never makes a
+  pod, or is deleted at once, costs at most one idle placeholder pod for that long.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+from coschedule.config.settings import Settings
+from coschedule.k8s.timefmt import parse_time
+from coschedule.marks import BadMark, run_placeholder
+from coschedule.mutate.decision import AdmissionContext, NamespaceInfo, decide, run_identity
+from coschedule.reconcile.model import MarkedPod, Obj, OwnerRef
+from coschedule.reconcile.shapes import parse_marked, slim_marked_pod
+from coschedule.wire import jsonpatch
+from coschedule.wire import pod_fields as podview
+
+API_VERSION = "tekton.dev/v1"
+KIND = "PipelineRun"
+PLURAL = "pipelineruns"
+LABEL_PIPELINE_RUN = "tekton.dev/pipelineRun"
+# What of a podTemplate limits where a pod may go (and which scheduler places it).
+_PLACEMENT_FIELDS = ("nodeSelector", "tolerations", "affinity", "schedulerName")
+_SPREAD = "topologySpreadConstraints"
+_DONE = ("True", "False")  # the Succeeded condition of a finished run
+# What kube-apiserver's DefaultTolerationSeconds plugin adds to a pod that tolerates neither
+# taint (before webhooks see it): the seed gets them too, so that the first pod's
+# tolerations, and the placeholder's template, are the seed's.
+_DEFAULT_TOLERATED = ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")
+_DEFAULT_TOLERATION_SECONDS = 300
+
+
+@dataclass(frozen=True, slots=True)
+class Seed:
+    """The run's first pod as far as its placeholder reads it, and the run (its owner)."""
+
+    pod: MarkedPod
+    root: OwnerRef
+    expires: float  # when the seed stops holding a placeholder without any pod of the run
+
+
+def _dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
+def _placement(template: Mapping[str, Any]) -> Obj:
+    """A podTemplate's fields that decide where its pods may go."""
+    kept: Obj = {k: template[k] for k in _PLACEMENT_FIELDS if template.get(k)}
+    if "affinity" in kept:
+        node_affinity = _dict(kept["affinity"]).get("nodeAffinity")
+        if node_affinity:
+            kept["affinity"] = {"nodeAffinity": node_affinity}
+        else:
+            kept.pop("affinity")
+    spread = [s for s in _list(template.get(_SPREAD)) if isinstance(s, dict)]
+    if spread:
+        kept[_SPREAD] = spread
+    return kept
+
+
+def slim_run(obj: Obj) -> Obj:
+    """Informer transform: what a seed reads of a PipelineRun (every PipelineRun of the
+    cluster is cached, so nothing else is kept)."""
+    meta = _dict(obj.get("metadata"))
+    spec = _dict(obj.get("spec"))
+    template = _dict(_dict(spec.get("taskRunTemplate")).get("podTemplate"))
+    per_task = any(
+        _placement(_dict(_dict(entry).get("podTemplate")))
+        for entry in _list(spec.get("taskRunSpecs"))
+    )
+    claims = sorted(
+        {
+            str(claim)
+            for ws in _list(spec.get("workspaces"))
+            if (claim := _dict(_dict(ws).get("persistentVolumeClaim")).get("claimName"))
+        }
+    )
+    done = any(
+        isinstance(c, dict) and c.get("type") == "Succeeded" and c.get("status") in _DONE
+        for c in _list(_dict(obj.get("status")).get("conditions"))
+    )
+    slim_meta: Obj = {
+        k: meta.get(k) for k in ("name", "namespace", "uid", "resourceVersion", "creationTimestamp")
+    }
+    slim_meta["labels"] = _dict(meta.get("labels"))
+    if meta.get("deletionTimestamp"):
+        slim_meta["deletionTimestamp"] = meta["deletionTimestamp"]
+    slim_spec: Obj = {"status": spec.get("status") or "", "podTemplate": _placement(template)}
+    if per_task:
+        slim_spec["perTaskPlacement"] = True
+    if claims:
+        slim_spec["claims"] = claims
+    return {"metadata": slim_meta, "spec": slim_spec, "status": {"done": done}}
+
+
+def same_for_seed(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    """Whether two slim versions of a run differ in nothing a seed reads (its version aside:
+    most of a run's updates are its status, which the slim form leaves out)."""
+    meta_a, meta_b = dict(_dict(a.get("metadata"))), dict(_dict(b.get("metadata")))
+    meta_a.pop("resourceVersion", None)
+    meta_b.pop("resourceVersion", None)
+    return (
+        meta_a == meta_b and a.get("spec") == b.get("spec") and a.get("status") == b.get("status")
+    )
+
+
+def candidate(run: Mapping[str, Any]) -> bool:
+    """Whether a (slim) run could hold a seed now: started, not done, not being deleted."""
+    meta = _dict(run.get("metadata"))
+    spec = _dict(run.get("spec"))
+    return not (
+        meta.get("deletionTimestamp")
+        or spec.get("status")
+        or spec.get("perTaskPlacement")
+        or _dict(run.get("status")).get("done")
+    )
+
+
+def pod_labels(run: Mapping[str, Any]) -> dict[str, str]:
+    """The labels Tekton puts on the run's pods that the webhook reads: the run's own
+    (copied onto every TaskRun and pod) and the run's name."""
+    meta = _dict(run.get("metadata"))
+    labels = {str(k): str(v) for k, v in _dict(meta.get("labels")).items()}
+    labels[LABEL_PIPELINE_RUN] = str(meta.get("name") or "")
+    return labels
+
+
+def placeholder_key(run: Mapping[str, Any], settings: Settings) -> str | None:
+    """``namespace/placeholder`` of the run's per-run placeholder (its run identity as the
+    webhook reads it from the pods' labels); None when its pods would not be in a run."""
+    namespace = str(_dict(run.get("metadata")).get("namespace") or "")
+    identity = run_identity(pod_labels(run), settings.group_labels)
+    if identity is None:
+        return None
+    return f"{namespace}/{run_placeholder(namespace, identity[1])}"
+
+
+def seed_pod(run: Mapping[str, Any]) -> Obj:
+    """The pod Tekton will make for the run's first TaskRun, as far as the run says."""
+    meta = _dict(run.get("metadata"))
+    spec = _dict(run.get("spec"))
+    name = str(meta.get("name") or "")
+    pod_spec: Obj = {
+        "containers": [{"name": "step", "image": "seed"}],
+        **{k: v for k, v in _dict(spec.get("podTemplate")).items()},
+    }
+    pod_spec.setdefault("schedulerName", "default-scheduler")  # the API server's default
+    pod_spec["tolerations"] = _with_default_tolerations(_list(pod_spec.get("tolerations")))
+    claims = [str(c) for c in _list(spec.get("claims"))]
+    if claims:
+        pod_spec["volumes"] = [
+            {"name": f"ws-{i}", "persistentVolumeClaim": {"claimName": c}}
+            for i, c in enumerate(claims)
+        ]
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": f"{name}-seed",
+            "namespace": meta.get("namespace"),
+            "creationTimestamp": meta.get("creationTimestamp"),
+            "labels": pod_labels(run),
+            "annotations": {},
+            # A TaskRun's pod (its engine recreates a deleted, never-started one).
+            "ownerReferences": [
+                {
+                    "apiVersion": API_VERSION,
+                    "kind": "TaskRun",
+                    "name": f"{name}-seed",
+                    "uid": str(meta.get("uid") or ""),
+                    "controller": True,
+                }
+            ],
+        },
+        "spec": pod_spec,
+    }
+
+
+def _with_default_tolerations(tolerations: list[Any]) -> list[Any]:
+    """``tolerations`` with the defaults the API server adds, as it adds them: one per
+    taint key no NoExecute (or effect-less) toleration covers already."""
+    result = list(tolerations)
+    for key in _DEFAULT_TOLERATED:
+        covered = any(
+            isinstance(t, dict)
+            and t.get("effect") in (None, "", "NoExecute")
+            and (t.get("key") == key or (not t.get("key") and t.get("operator") == "Exists"))
+            for t in tolerations
+        )
+        if not covered:
+            result.append(
+                {
+                    "key": key,
+                    "operator": "Exists",
+                    "effect": "NoExecute",
+                    "tolerationSeconds": _DEFAULT_TOLERATION_SECONDS,
+                }
+            )
+    return result
+
+
+def seed(
+    run: Mapping[str, Any],
+    namespace_labels: Mapping[str, str] | None,
+    settings: Settings,
+    now: float,
+) -> Seed | None:
+    """The run's seed (see the module's doc), or None."""
+    meta = _dict(run.get("metadata"))
+    created = parse_time(meta.get("creationTimestamp"))
+    if namespace_labels is None or created is None or not candidate(run):
+        return None
+    if settings.rewrite_claims:
+        return None
+    expires = created + float(settings.idle_grace_seconds)
+    if now >= expires:
+        return None
+    pod = seed_pod(run)
+    namespace = str(meta.get("namespace") or "")
+    info = NamespaceInfo(dict(namespace_labels))
+    ctx = AdmissionContext(settings, namespace, info, explain=False)
+    try:
+        decision = decide(pod, ctx)
+        if not decision.allowed or decision.mode is None or not decision.mode.per_run:
+            return None
+        marked = parse_marked(slim_marked_pod(jsonpatch.apply(pod, decision.ops)))
+    except (podview.MalformedPod, jsonpatch.PatchTestFailed):
+        return None
+    if isinstance(marked, BadMark):
+        return None
+    root = OwnerRef(API_VERSION, KIND, str(meta.get("name") or ""), str(meta.get("uid") or ""))
+    # Not a pod of the cluster: never gated, pinned or recreated by anyone.
+    pod_view = replace(marked, uid="", gated=None, recreated=False, owner=root, live=True)
+    return Seed(pod_view, root, expires)
+
+
+def run_created(run: Mapping[str, Any]) -> float | None:
+    return parse_time(_dict(run.get("metadata")).get("creationTimestamp"))
