@@ -116,11 +116,7 @@ class Invariants(Ticker):
             # Started and not told to stop (a run being cancelled is stopping: Cancel
             # starts its successor while the engine ends it).
             running = [
-                r["metadata"]["name"]
-                for r in runs
-                if not r["spec"].get("status")
-                and not done(r)
-                and (succeeded(r) or {}).get("reason") == "Running"
+                r["metadata"]["name"] for r in runs if not r["spec"].get("status") and _running(r)
             ]
             self.most_running = max(self.most_running, len(running))
             if len(running) > self.max_running:
@@ -132,7 +128,7 @@ class Invariants(Ticker):
                 self.stopped.add(key)
             elif key in self.stopped:
                 self.fail(f"{key}: cancelled, then {status or 'started'} again")
-            if not status and (succeeded(r) or {}).get("reason") == "Running":
+            if not status and _running(r):
                 self.started.add(key)
             elif status == PENDING and key in self.started:
                 self.fail(f"{key}: started, then pending again")
@@ -166,6 +162,11 @@ class Invariants(Ticker):
         for run, nodes in nodes_of_run.items():
             if len(nodes) > 1:
                 self.fail(f"{ns}: run {run}'s pods on {sorted(nodes)}")
+
+
+def _running(run: Obj) -> bool:
+    """Tekton says it runs (started, not done)."""
+    return not done(run) and (succeeded(run) or {}).get("reason") == "Running"
 
 
 @contextlib.contextmanager
@@ -300,11 +301,13 @@ QUEUE_RUNS = int(os.environ.get("COSCHEDULE_FAULTS_QUEUE_RUNS", "12"))
 class Contended:
     """How a ``maxRunning: 2`` group of ``QUEUE_RUNS`` one-task runs is driven through a
     leader kill: ``before`` of them created before the kill (the rest while no replica
-    leads), each run's task ``seconds`` long."""
+    leads), each run's task ``seconds`` long; the leader is killed once two runs are done and
+    ``running`` run."""
 
     strategy: str
     before: int
     seconds: int
+    running: int = 0
 
 
 CONTENDED = [
@@ -314,7 +317,7 @@ CONTENDED = [
     Contended("Replace", QUEUE_RUNS // 2, 4),
     # Long runs: the two the old leader kept still run when newer ones arrive leaderless, and
     # the new leader cancels them.
-    Contended("Cancel", QUEUE_RUNS // 2, 30),
+    Contended("Cancel", QUEUE_RUNS // 2, 30, running=2),
 ]
 
 
@@ -371,9 +374,15 @@ def test_leader_killed_with_a_contended_group(real: RealCluster, case: Contended
         with checked(api, [ns], max_running=2) as invariants:
             for name in names[: case.before]:
                 api.create(one_task(name, case.seconds))
+
+            def ready_to_kill() -> bool:
+                runs = api.list("PipelineRun", ns)
+                running = [r for r in runs if not r["spec"].get("status") and _running(r)]
+                return sum(done(r) for r in runs) >= 2 and len(running) >= case.running
+
             wait_for(
-                "two runs done",
-                lambda: sum(done(r) for r in api.list("PipelineRun", ns)) >= 2,
+                f"two runs done and {case.running} running",
+                ready_to_kill,
                 timeout=240,
                 describe=lambda: describe(api, ns),
             )
