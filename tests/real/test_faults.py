@@ -579,9 +579,12 @@ def test_webhook_killed_while_runs_are_admitted(
         product.webhook.kill()
         down = time.monotonic()
         time.sleep(WEBHOOK_DOWN)
+        # Arrivals end as it comes back: registered by URL here, it is called before it is
+        # ready (and refuses runs until it has read the ConcurrencyControls), where a
+        # cluster's Service sends it nothing until its readiness probe passes.
+        arrivals.stop()
         _webhook_up(real)
         back = time.monotonic()
-        arrivals.stop()
         outage = back - down
         wait_for(
             "every gate lifted and every held run decided",
