@@ -25,7 +25,7 @@ help:
 	@echo "make e2e        the end-to-end suite against a real control plane"
 	@echo "make e2e-real   real PipelineRuns on real kubelets and Tekton (../shared/realstack, root)"
 	@echo "make realstack-deps  the real tier's system packages (realstack deps; root)"
-	@echo "make e2e-faults  faults injected into live runs on that stack (API server, etcd, node, leader)"
+	@echo "make e2e-faults  faults injected into live runs on that stack (API server, etcd, reconciler leader, webhook)"
 	@echo "make e2e-artifact  the image, installed on real nodes (../shared/realstack and ../shared/image, root)"
 	@echo "make image      the container image $(IMAGE), saved to $(IMAGE_TAR) (docker, or podman)"
 	@echo "make image-deps the image tools' system packages (imagekit deps; root)"

@@ -512,6 +512,12 @@ class Controller:
     ) -> OwnerState | None:
         per_run = pods[0].marks.mode.per_run if pods else False
         from_sts = planning.known_root(sts)
+        if not pods and sts is not None and key in self.owners.states:
+            # Its pods gone, a run's StatefulSet without an owner reference (made for a run
+            # already done whose last pod still lived: a new leader placing the pod of a run
+            # it had just cancelled) is still the run's: the root cached when it was made
+            # says the run is done, so it goes now, not after the idle grace.
+            per_run = planning.per_run(pods, sts)
         if not per_run and from_sts is None:
             return None
         try:

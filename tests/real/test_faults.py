@@ -8,13 +8,14 @@ end, and each fault ending with every run terminal and nothing of ours left behi
   the run Succeeds;
 - etcd paused (SIGSTOP) for 15 s mid-run: no process exits, nothing acted on stale state,
   the run Succeeds;
-- the reconciler leader killed (SIGKILL) while a ``Queue maxRunning: 2`` group holds runs:
-  a second replica takes over; never more than 2 running, none started twice, all
-  Succeeded in order of creation;
+- the reconciler leader killed (SIGKILL) while a ``maxRunning: 2`` group holds runs, for
+  ``Queue``, ``Replace`` and ``Cancel``: a second replica takes over; never more than 2
+  running, none started twice, a cancelled run cancelled once and never started again, the
+  newest Succeeded (every run, in order of creation, for ``Queue``);
+- the webhook killed (SIGKILL) while runs arrive, away 45 s: the shipped admission policies
+  gate pods and hold runs, the reconciler decides on them; nothing refused, no run fails,
+  every run on one node, every gate lifted and held run decided soon after it is back;
 - a node dies under a running task: tests/real/test_node_down.py (make e2e-real).
-
-The webhook killed while runs are admitted is left to the outage design (failurePolicy
-Ignore with a MutatingAdmissionPolicy); tests/real/test_restart.py restarts it cleanly.
 """
 
 from __future__ import annotations
@@ -31,10 +32,18 @@ from typing import ClassVar
 import httpx
 import pytest
 
-from coschedule.marks import GATE_PLACEHOLDER
+from coschedule.engines import TEKTON_STOPPING
+from coschedule.marks import (
+    ANNOTATION_HELD_BY,
+    GATE_PLACEHOLDER,
+    GATED_BY_POLICY,
+    HELD_BY_POLICY,
+    LABEL_GATED_BY,
+)
 from tests.e2e.cluster import Proc, wait_healthy
 from tests.e2e.install import SYSTEM_NAMESPACE
 from tests.e2e.kube import Api, ApiError, Obj, wait_for
+from tests.e2e.test_outage import POLICY, RUNS_POLICY, gate_policy
 from tests.e2e.world import (
     Ticker,
     make_namespace,
@@ -51,9 +60,11 @@ from tests.real.runs import (
     succeeded,
     task,
     task_pods,
+    verdict,
     wait_runs,
 )
 from tests.real.stack import RealCluster
+from tests.real.test_outage import _dry_run_pod, _restart
 
 pytestmark = pytest.mark.faults
 
@@ -64,10 +75,11 @@ GATED_BOUND = 90.0  # no pod held by our scheduling gate longer than this
 @dataclass
 class Invariants(Ticker):
     """Checked every half second in the scenario's namespaces; what breaks is kept (the API
-    server being away only skips a look): at most ``max_running`` runs started and not done
-    per namespace (when given); at most one StatefulSet per run and one live placeholder pod
-    per StatefulSet; every run's bound pods on one node; no pod behind our scheduling gate
-    longer than ``GATED_BOUND``."""
+    server being away only skips a look): at most ``max_running`` runs started, not told to
+    stop and not done per namespace (when given); a run once cancelled never started or
+    pending again, a run once started never pending again; at most one StatefulSet per run
+    and one live placeholder pod per StatefulSet; every run's bound pods on one node; no pod
+    behind our scheduling gate longer than ``GATED_BOUND``."""
 
     thread_name: ClassVar[str] = "invariants"
     api: Api
@@ -77,6 +89,16 @@ class Invariants(Ticker):
     broken: list[str] = field(default_factory=list)
     most_running: int = 0
     gated_since: dict[str, float] = field(default_factory=dict)
+    gated_last: dict[str, float] = field(default_factory=dict)
+    stopped: set[str] = field(default_factory=set)
+    started: set[str] = field(default_factory=set)
+
+    @property
+    def longest_gated(self) -> float:
+        """The longest any pod was seen behind our gate (first to last look)."""
+        return max(
+            (self.gated_last[k] - since for k, since in self.gated_since.items()), default=0.0
+        )
 
     def fail(self, what: str) -> None:
         if what not in self.broken:
@@ -91,16 +113,25 @@ class Invariants(Ticker):
         pods = self.api.list("Pod", ns)
         sets = self.api.list("StatefulSet", ns)
         if self.max_running is not None:
+            # Started and not told to stop (a run being cancelled is stopping: Cancel
+            # starts its successor while the engine ends it).
             running = [
-                r["metadata"]["name"]
-                for r in runs
-                if r["spec"].get("status") != PENDING
-                and not done(r)
-                and (succeeded(r) or {}).get("reason") == "Running"
+                r["metadata"]["name"] for r in runs if not r["spec"].get("status") and _running(r)
             ]
             self.most_running = max(self.most_running, len(running))
             if len(running) > self.max_running:
                 self.fail(f"{ns}: {len(running)} running at once: {sorted(running)}")
+        for r in runs:
+            key = f"{ns}/{r['metadata']['name']}"
+            status = r["spec"].get("status")
+            if status in TEKTON_STOPPING:
+                self.stopped.add(key)
+            elif key in self.stopped:
+                self.fail(f"{key}: cancelled, then {status or 'started'} again")
+            if not status and _running(r):
+                self.started.add(key)
+            elif status == PENDING and key in self.started:
+                self.fail(f"{key}: started, then pending again")
         names = [s["metadata"]["name"] for s in sets]
         if len(names) != len(set(names)):
             self.fail(f"{ns}: duplicate StatefulSets {names}")
@@ -122,6 +153,7 @@ class Invariants(Ticker):
             gates = [g.get("name") for g in spec.get("schedulingGates") or []]
             if GATE_PLACEHOLDER in gates:
                 since = self.gated_since.setdefault(key, now)
+                self.gated_last[key] = now
                 if now - since > GATED_BOUND:
                     self.fail(f"{ns}: pod {meta['name']} gated for over {GATED_BOUND:.0f} s")
         for instance, count in live_placeholders.items():
@@ -130,6 +162,11 @@ class Invariants(Ticker):
         for run, nodes in nodes_of_run.items():
             if len(nodes) > 1:
                 self.fail(f"{ns}: run {run}'s pods on {sorted(nodes)}")
+
+
+def _running(run: Obj) -> bool:
+    """Tekton says it runs (started, not done)."""
+    return not done(run) and (succeeded(run) or {}).get("reason") == "Running"
 
 
 @contextlib.contextmanager
@@ -260,15 +297,52 @@ def test_etcd_paused_mid_run(real: RealCluster, namespace: Callable[..., str]) -
 QUEUE_RUNS = int(os.environ.get("COSCHEDULE_FAULTS_QUEUE_RUNS", "12"))
 
 
-def test_leader_killed_with_a_full_queue(real: RealCluster) -> None:
-    """Two replicas; the leader SIGKILLed while a ``Queue maxRunning: 2`` group holds runs:
-    the other takes the Lease over when it expires, and the queue goes on as if nothing
-    happened."""
+@dataclass(frozen=True)
+class Contended:
+    """How a ``maxRunning: 2`` group of ``QUEUE_RUNS`` one-task runs is driven through a
+    leader kill: ``before`` of them created before the kill (the rest while no replica
+    leads), each run's task ``seconds`` long; the leader is killed once two runs are done and
+    ``running`` run."""
+
+    strategy: str
+    before: int
+    seconds: int
+    running: int = 0
+
+
+CONTENDED = [
+    # The queue full when the leader goes: 10 still waiting.
+    Contended("Queue", QUEUE_RUNS, 4),
+    # Half while the leader lives, half while none does: the new leader supersedes them.
+    Contended("Replace", QUEUE_RUNS // 2, 4),
+    # Long runs: the two the old leader kept still run when newer ones arrive leaderless, and
+    # the new leader cancels them.
+    Contended("Cancel", QUEUE_RUNS // 2, 30, running=2),
+]
+
+
+def _cancel_events(api: Api, ns: str) -> dict[str, int]:
+    """The reconciler's ``Cancelled`` Events by run."""
+    counts: dict[str, int] = {}
+    for event in api.list("Event", ns):
+        ours = (event.get("source") or {}).get("component") == "coschedule-reconciler"
+        if ours and event.get("reason") == "Cancelled":
+            name = event["involvedObject"]["name"]
+            counts[name] = counts.get(name, 0) + int(event.get("count") or 1)
+    return counts
+
+
+@pytest.mark.parametrize("case", CONTENDED, ids=lambda c: c.strategy)
+def test_leader_killed_with_a_contended_group(real: RealCluster, case: Contended) -> None:
+    """Two replicas; the leader SIGKILLed while a ``maxRunning: 2`` group holds runs: the
+    other takes the Lease over when it expires, and the group goes on as if nothing
+    happened: never more than 2 running, no run started twice, a cancelled run cancelled once
+    and never started again, the newest Succeeded."""
     real.require("own-stack")
     assert real.product is not None
     product = real.product
     api = real.api
-    ns = unique("real-queue-ha")
+    ns = unique(f"real-{case.strategy.lower()}-ha")
     # Mode pipelineruns: each run's placeholder goes when the run is done (in workspaces
     # mode a claim's placeholder waits out the idle grace: its claim outlives the run).
     make_namespace(api, ns, "pipelineruns")
@@ -277,7 +351,12 @@ def test_leader_killed_with_a_full_queue(real: RealCluster) -> None:
         "apiVersion": "coschedule.dev/v1alpha1",
         "kind": "ConcurrencyControl",
         "metadata": {"name": "two", "namespace": ns},
-        "spec": {"selector": {}, "kinds": ["PipelineRun"], "strategy": "Queue", "maxRunning": 2},
+        "spec": {
+            "selector": {},
+            "kinds": ["PipelineRun"],
+            "strategy": case.strategy,
+            "maxRunning": 2,
+        },
     }
     api.create(control)
 
@@ -293,11 +372,17 @@ def test_leader_killed_with_a_full_queue(real: RealCluster) -> None:
         assert product.start_reconciler(spare) is not None
         names = [f"q{i:02d}" for i in range(QUEUE_RUNS)]
         with checked(api, [ns], max_running=2) as invariants:
-            for name in names:
-                api.create(one_task(name, 4))
+            for name in names[: case.before]:
+                api.create(one_task(name, case.seconds))
+
+            def ready_to_kill() -> bool:
+                runs = api.list("PipelineRun", ns)
+                running = [r for r in runs if not r["spec"].get("status") and _running(r)]
+                return sum(done(r) for r in runs) >= 2 and len(running) >= case.running
+
             wait_for(
-                "two runs done",
-                lambda: sum(done(r) for r in api.list("PipelineRun", ns)) >= 2,
+                f"two runs done and {case.running} running",
+                ready_to_kill,
                 timeout=240,
                 describe=lambda: describe(api, ns),
             )
@@ -305,6 +390,14 @@ def test_leader_killed_with_a_full_queue(real: RealCluster) -> None:
             assert leader is not None
             product.reconcilers[leader].kill()
             killed = time.monotonic()
+            # What the dead leader cancelled (its Event may have died with it).
+            cancelled_before = {
+                r["metadata"]["name"]
+                for r in api.list("PipelineRun", ns)
+                if r["spec"].get("status") in TEKTON_STOPPING
+            }
+            for name in names[case.before :]:
+                api.create(one_task(name, case.seconds))
             other = next(n for n in product.reconcilers if n != leader)
             wait_for(
                 f"{other} to take the Lease over",
@@ -314,20 +407,46 @@ def test_leader_killed_with_a_full_queue(real: RealCluster) -> None:
             )
             takeover = time.monotonic() - killed
             runs = wait_runs(api, ns, names, timeout=600)
-        real.notes.append(f"leader killed: {other} led {takeover:.1f} s later")
+        real.notes.append(f"leader killed ({case.strategy}): {other} led {takeover:.1f} s later")
         assert not invariants.broken, invariants.broken
         assert invariants.most_running == 2, invariants.most_running
-        assert_succeeded(runs, api, ns, *names)
+        taskruns = {name: 0 for name in names}
+        for t in api.list("TaskRun", ns):
+            run = (t["metadata"].get("labels") or {}).get("tekton.dev/pipelineRun", "")
+            if run in taskruns:
+                taskruns[run] += 1
+        ran = {n for n in names if taskruns[n]}
+        assert all(taskruns[n] <= 1 for n in names), f"started more than once: {taskruns}"
+        cancelled = {n for n in names if runs[n]["spec"].get("status") in TEKTON_STOPPING}
+        events = _cancel_events(api, ns)
+        # Cancelled once: one Event each (the dead leader may have died between its patch
+        # and its Event), none for a run not cancelled.
+        assert all(events.get(n, 0) <= 1 for n in names), f"cancelled twice: {events}"
+        assert set(events) <= cancelled, (events, cancelled)
+        assert cancelled - cancelled_before <= set(events), (events, cancelled)
         for name in names:
-            taskruns = [
-                t
-                for t in api.list("TaskRun", ns)
-                if (t["metadata"].get("labels") or {}).get("tekton.dev/pipelineRun") == name
-            ]
-            assert len(taskruns) == 1, f"{name} started {len(taskruns)} times"
-        # In order of creation (two start at once: neighbours may swap within a second).
-        starts = sorted(names, key=lambda n: runs[n]["status"]["startTime"])
-        assert all(abs(starts.index(n) - i) <= 1 for i, n in enumerate(names)), starts
+            want = ("False", "Cancelled") if name in cancelled else ("True", "Succeeded")
+            assert verdict(runs[name]) == want, (name, succeeded(runs[name]), describe(api, ns))
+        # The newest ends Succeeded (Cancel keeps the 2 newest).
+        newest = names[-2:] if case.strategy == "Cancel" else names[-1:]
+        assert not cancelled & set(newest), (newest, cancelled)
+        if case.strategy == "Queue":
+            assert not cancelled, cancelled
+            # In order of creation (two start at once: neighbours may swap within a second).
+            starts = sorted(names, key=lambda n: runs[n]["status"]["startTime"])
+            assert all(abs(starts.index(n) - i) <= 1 for i, n in enumerate(names)), starts
+        elif case.strategy == "Replace":
+            # A running run is never cancelled: what Replace cancels never ran.
+            assert not cancelled & ran, f"cancelled after starting: {sorted(cancelled & ran)}"
+            assert cancelled, "nothing superseded"
+        else:
+            # Cancel: the dead leader's two survivors were still running when the newer
+            # runs came; the new leader cancelled them.
+            assert cancelled & ran - cancelled_before, (cancelled, ran, cancelled_before)
+        real.notes.append(
+            f"leader killed ({case.strategy}): {len(names) - len(cancelled)} Succeeded, "
+            f"{len(cancelled)} cancelled ({len(cancelled & ran)} while running)"
+        )
         assert_clean(real, ns)
     finally:
         # The stack as it was: reconciler-a leads, alone.
@@ -339,6 +458,182 @@ def test_leader_killed_with_a_full_queue(real: RealCluster) -> None:
         if not os.environ.get("REAL_KEEP"):
             with contextlib.suppress(ApiError):
                 api.delete("Namespace", ns)
+
+
+WEBHOOK_DOWN = 45.0  # seconds without a webhook: several runs' pods are created in it
+RECOVERY_BOUND = 60.0  # every gate lifted, every held run decided, this long after it is back
+
+
+@dataclass(kw_only=True)
+class Arrivals(Ticker):
+    """A PipelineRun created every ``interval`` seconds, in each namespace in turn; what the
+    API server refuses is kept."""
+
+    thread_name: ClassVar[str] = "arrivals"
+    api: Api
+    namespaces: list[str]
+    make: Callable[[str, str], Obj]
+    interval: float = 4.0
+    created: list[tuple[str, str]] = field(default_factory=list)
+    refused: list[str] = field(default_factory=list)
+
+    def step(self) -> None:
+        count = len(self.created) + len(self.refused)
+        ns, name = self.namespaces[count % len(self.namespaces)], f"w{count:02d}"
+        try:
+            self.api.create(self.make(ns, name))
+        except ApiError as exc:
+            self.refused.append(f"{ns}/{name}: {exc}")
+        else:
+            self.created.append((ns, name))
+
+
+def _undecided(api: Api, namespaces: list[str]) -> list[str]:
+    """Pods behind our gate and runs the admission policy held that nobody decided on yet."""
+    out = []
+    for ns in namespaces:
+        out += [
+            f"{ns}/pod {p['metadata']['name']} gated"
+            for p in api.list("Pod", ns)
+            if any(
+                g.get("name") == GATE_PLACEHOLDER for g in p["spec"].get("schedulingGates") or []
+            )
+        ]
+        out += [
+            f"{ns}/run {r['metadata']['name']} held by the policy"
+            for r in api.list("PipelineRun", ns)
+            if (r["metadata"].get("annotations") or {}).get(ANNOTATION_HELD_BY) == HELD_BY_POLICY
+        ]
+    return out
+
+
+def _webhook_up(real: RealCluster) -> None:
+    """The webhook serving again (after a failure left it dead), for the later scenarios."""
+    product, plane = real.product, real.plane
+    webhook = product.webhook if product is not None else None
+    if product is not None and plane is not None and webhook and not webhook.alive():
+        product.webhook = plane.procs["coschedule-serve"] = _restart(webhook)
+
+
+def test_webhook_killed_while_runs_are_admitted(
+    real: RealCluster, namespace: Callable[..., str]
+) -> None:
+    """The webhook SIGKILLed while PipelineRuns arrive every few seconds (in a namespace
+    without a control and in one with a ``Queue maxRunning: 2``), away for
+    ``WEBHOOK_DOWN`` s, then started again; the shipped admission policies (bound to the two
+    namespaces) gate pods and hold runs meanwhile, the reconciler decides on them: nothing is
+    refused, no run fails, every run's pods on one node, the queue's limit holds, and every
+    gate is lifted and every held run decided within ``RECOVERY_BOUND`` s of the webhook's
+    return."""
+    real.require("own-stack")
+    product = real.product
+    assert product is not None
+    assert product.webhook is not None
+    api = real.api
+    plain = namespace("pipelineruns", prefix="webhook-kill")
+    queued = namespace("pipelineruns", prefix="webhook-kill-queue")
+    spaces = [plain, queued]
+
+    def two_tasks(ns: str, name: str) -> Obj:
+        tasks = [
+            task("one", "echo one > $(workspaces.ws.path)/f\nsleep 3\n", ["ws"]),
+            task("two", "grep -qx one $(workspaces.ws.path)/f\n", ["ws"], run_after=["one"]),
+        ]
+        return pipeline_run(
+            ns, name, tasks, {"ws": {"volumeClaimTemplate": claim_template(real.local_class)}}
+        )
+
+    api.create(
+        {
+            "apiVersion": "coschedule.dev/v1alpha1",
+            "kind": "ConcurrencyControl",
+            "metadata": {"name": "two", "namespace": queued},
+            "spec": {"selector": {}, "strategy": "Queue", "maxRunning": 2},
+        }
+    )
+    wait_webhook_sees_control(api, queued, "two", two_tasks(queued, "probe"))
+    arrivals = Arrivals(api=api, namespaces=spaces, make=two_tasks)
+    with contextlib.ExitStack() as stack:
+        for ns in spaces:
+            stack.enter_context(gate_policy(api, ns, POLICY))
+            stack.enter_context(gate_policy(api, ns, RUNS_POLICY))
+        # Active once a dry-run TaskRun pod comes back with the policy's label (the webhook
+        # keeps it on a pod it pins by node name).
+        wait_for(
+            "the admission policies to be active",
+            lambda: all(
+                (api.create(_dry_run_pod(ns), dry_run=True)["metadata"].get("labels") or {}).get(
+                    LABEL_GATED_BY
+                )
+                == GATED_BY_POLICY
+                for ns in spaces
+            ),
+            timeout=60,
+        )
+        invariants = stack.enter_context(checked(api, spaces))
+        invariants_queue = stack.enter_context(checked(api, [queued], max_running=2))
+        arrivals.start()
+        stack.callback(arrivals.stop)
+        stack.callback(_webhook_up, real)
+        time.sleep(2.5 * arrivals.interval)
+        product.webhook.kill()
+        down = time.monotonic()
+        time.sleep(WEBHOOK_DOWN)
+        # Arrivals end as it comes back: registered by URL here, it is called before it is
+        # ready (and refuses runs until it has read the ConcurrencyControls), where a
+        # cluster's Service sends it nothing until its readiness probe passes.
+        arrivals.stop()
+        _webhook_up(real)
+        back = time.monotonic()
+        outage = back - down
+        wait_for(
+            "every gate lifted and every held run decided",
+            lambda: not _undecided(api, spaces),
+            timeout=RECOVERY_BOUND,
+            describe=lambda: "\n".join(_undecided(api, spaces)),
+        )
+        recovery = time.monotonic() - back
+        # Admitted by the webhook again: a run in each namespace, decided at admission.
+        after = {ns: api.create(two_tasks(ns, "after")) for ns in spaces}
+        runs = {ns: {n for s, n in arrivals.created if s == ns} | {"after"} for ns in spaces}
+        verdicts = {ns: wait_runs(api, ns, sorted(runs[ns]), timeout=600) for ns in spaces}
+    marked_by_reconciler = [
+        e["involvedObject"]["name"]
+        for ns in spaces
+        for e in api.list("Event", ns)
+        if e.get("reason") == "MarkedWithoutWebhook"
+    ]
+    decided_by_reconciler = [
+        e["involvedObject"]["name"]
+        for e in api.list("Event", queued)
+        if e.get("reason") == "AdmittedWithoutWebhook"
+    ]
+    real.notes.append(
+        f"webhook killed for {outage:.0f} s: {len(arrivals.created)} runs created "
+        f"({len(arrivals.refused)} refused), {len(marked_by_reconciler)} pods marked and "
+        f"{len(decided_by_reconciler)} runs decided by the reconciler; nothing gated or held "
+        f"{recovery:.1f} s after it was back; longest gate {invariants.longest_gated:.1f} s"
+    )
+    assert arrivals.refused == [], arrivals.refused
+    assert not arrivals.errors, arrivals.errors
+    for ns in spaces:
+        assert_succeeded(verdicts[ns], api, ns, *sorted(runs[ns]))
+        for run in runs[ns]:
+            nodes = {p["spec"]["nodeName"] for p in task_pods(api, ns, run).values()}
+            assert len(nodes) == 1, f"{run} ran on {nodes}\n{describe(api, ns)}"
+    # Pods were made while no webhook answered, and runs held by the policy: the reconciler
+    # took its place.
+    assert marked_by_reconciler, "no pod created in the outage"
+    assert decided_by_reconciler, "no run created in the outage"
+    # Back: the webhook decides at admission (no policy mark left on the new run, and its
+    # pods are not marked by the reconciler).
+    for ns, stored in after.items():
+        assert (stored["metadata"].get("annotations") or {}).get(ANNOTATION_HELD_BY) is None, ns
+    assert not any(name.startswith("after-") for name in marked_by_reconciler)
+    assert not invariants.broken, invariants.broken
+    assert not invariants_queue.broken, invariants_queue.broken
+    for ns in spaces:
+        assert_clean(real, ns)
 
 
 # Last: a control plane restarted under it can leave kube-scheduler (run here without leader

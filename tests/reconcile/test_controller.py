@@ -369,6 +369,30 @@ async def test_teardown_when_the_pipelinerun_completes_but_not_before(
     assert options["propagationPolicy"] == "Background"
 
 
+async def test_a_placeholder_made_for_a_run_already_done_goes_with_its_last_pod(
+    api: MiniApi, make: Callable[..., Any]
+) -> None:
+    """Found by the fault tier (the leader killed under a Cancel control): the new leader
+    cancels a run whose pod the old one had not placed yet and, a moment later, places that
+    pod. The run is done: its StatefulSet gets no owner, and must go when the engine deletes
+    the pod, not after the idle grace (300 s here)."""
+    api.edit(
+        "pipelineruns",
+        "ci",
+        "pr-7f3k2",
+        {"status": {"conditions": [{"type": "Succeeded", "status": "False"}]}},
+    )
+    await make()
+    pod = marked_pod("tekton-taskrun")
+    name = placeholder_of(pod)
+    api.put("pods", pod)
+    await eventually(lambda: api.get("statefulsets", "ci", name) is not None)
+    assert "ownerReferences" not in (api.get("statefulsets", "ci", name) or {})["metadata"]
+
+    api.remove("pods", "ci", pod["metadata"]["name"])
+    await eventually(lambda: api.get("statefulsets", "ci", name) is None, within=2)
+
+
 async def test_malformed_marks_are_logged_and_skipped_and_the_loop_goes_on(
     api: MiniApi, make: Callable[..., Any], caplog: pytest.LogCaptureFixture
 ) -> None:
