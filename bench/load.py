@@ -4,7 +4,7 @@ root): sustained load with faults on the real stack, and its figures.
 Starts the real-stack tier's stack (tests/real/stack.py: ../shared/realstack, real kubelets,
 Tekton v1.11.1), then tests/real/load.py's load: ``N`` PipelineRuns created at a steady rate
 over ``M`` minutes into four namespaces (without coschedule; ``pipelineruns``; a ``Queue
-maxRunning: 1`` ConcurrencyControl in ``pipelineruns``; a ``Queue maxRunning: 2`` one in
+maxRunning: 2`` ConcurrencyControl in ``pipelineruns``; a ``Queue maxRunning: 2`` one in
 ``workspaces``), three tasks each sharing a volumeClaimTemplate workspace; the reconciler
 leader SIGKILLed at a third of the creation period (a second replica takes over) and
 kube-apiserver SIGKILLed and started again 14 s later at two thirds. The fault tier's
@@ -57,7 +57,7 @@ def figures(outcome: Outcome, plan: Plan) -> dict[str, Any]:
         "latency": {
             "without coschedule (off)": latency(outcome, ("off",)),
             "with coschedule (on: pipelineruns)": latency(outcome, ("on",)),
-            "Queue maxRunning 1 (pipelineruns)": latency(outcome, ("queue",)),
+            "Queue maxRunning 2 (pipelineruns)": latency(outcome, ("queue",)),
             "Queue maxRunning 2 (workspaces)": latency(outcome, ("wsqueue",)),
         },
         "cpu_seconds": outcome.cpu,

@@ -231,7 +231,7 @@ def restart_apiserver(
     wait_healthy(
         f"{plane.server}/readyz",
         apiserver,
-        timeout=90,
+        timeout=240,  # a loaded 2-core machine took over 90 s
         ca_file=plane.pki.ca_crt,
         headers={"Authorization": f"Bearer {plane.pki.admin_token}"},
     )

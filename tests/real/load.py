@@ -5,9 +5,9 @@ all along, and what a benchmark reports measured on the way. Used by tests/real/
 
 The lanes: ``off`` (coschedule not enabled: the webhook is not called; the latency
 baseline), ``on`` (mode ``pipelineruns``, no ConcurrencyControl: the same runs with
-coschedule), ``queue`` (``pipelineruns``, a ``Queue maxRunning: 1`` ConcurrencyControl) and
-``wsqueue`` (``workspaces``, a ``Queue maxRunning: 2`` one); the controlled lanes get twice
-as many runs (``ORDER``). Each run has three tasks in sequence sharing one
+coschedule), ``queue`` (``pipelineruns``, a ``Queue maxRunning: 2`` ConcurrencyControl) and
+``wsqueue`` (``workspaces``, a ``Queue maxRunning: 2`` one); each gets three runs in a row
+(``ORDER``). Each run has three tasks in sequence sharing one
 volumeClaimTemplate workspace of the node-local class (write, append, check). A finished run
 is deleted (as a pruner would) once recorded and once it is checked to have started each
 task once, so the namespaces stay the size of what runs.
@@ -46,7 +46,7 @@ from tests.real.faults import (
     restart_apiserver,
 )
 from tests.real.runs import claim_template, describe, done, pipeline_run, task, verdict
-from tests.real.stack import RealCluster
+from tests.real.stack import CONFIG, RealCluster
 
 TASKS = ("one", "two", "three")
 SPARE = "reconciler-b"
@@ -64,12 +64,13 @@ class Lane:
 LANES = (
     Lane("off", None),
     Lane("on", "pipelineruns"),
-    Lane("queue", "pipelineruns", 1),
+    Lane("queue", "pipelineruns", 2),
     Lane("wsqueue", "workspaces", 2),
 )
-# The order runs are created in, over and over: the two controlled lanes get twice the runs,
-# so that their controls hold runs back at a steady rate the others keep up with.
-ORDER = ("off", "queue", "wsqueue", "on", "queue", "wsqueue")
+# The order runs are created in, over and over: three runs in a row into each controlled lane,
+# so that its control holds the third back (the first is still running) at a rate it keeps up
+# with.
+ORDER = ("off", "on", "queue", "queue", "queue", "off", "on", "wsqueue", "wsqueue", "wsqueue")
 
 
 def load_run(ns: str, name: str, storage_class: str, sleep: int) -> Obj:
@@ -307,7 +308,7 @@ def _namespaces(real: RealCluster) -> dict[str, str]:
     for lane in LANES:
         ns = unique(f"load-{lane.key}")
         make_namespace(api, ns, lane.mode, enabled=lane.mode is not None)
-        if lane.mode is not None:
+        if lane.mode not in (None, CONFIG["coschedule"]):  # until seen, the cluster's applies
             wait_webhook_sees(api, ns, lane.mode)
         if lane.max_running is not None:
             control = {

@@ -1,6 +1,6 @@
 """A small sustained load with faults (``make e2e-faults``): PipelineRuns created at a steady
 rate into four namespaces (without coschedule, ``pipelineruns``, and two ConcurrencyControls:
-``Queue maxRunning: 1`` in ``pipelineruns``, ``Queue maxRunning: 2`` in ``workspaces``), the
+``Queue maxRunning: 2`` in ``pipelineruns``, ``Queue maxRunning: 2`` in ``workspaces``), the
 reconciler leader SIGKILLed a third of the way and kube-apiserver SIGKILLed and started again
 14 s later two thirds of the way (tests/real/faults.py). Checked all along (tests/real/load.py,
 the fault tier's invariants): never more running than a control allows, one placeholder per
