@@ -22,11 +22,11 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, ClassVar
 
 import httpx
 
+from bench.servers import cpu_seconds, rss_bytes
 from tests.e2e.install import SYSTEM_NAMESPACE
 from tests.e2e.kube import Api, ApiError, Obj, wait_for
 from tests.e2e.world import (
@@ -184,7 +184,7 @@ class Usage(Ticker):
         for pid, role in self.pids().items():
             try:
                 cpu, rss = cpu_seconds(pid), rss_bytes(pid)
-            except OSError:
+            except (OSError, RuntimeError):
                 continue  # exited (killed by a fault): its last figures stand
             self.role[pid] = role
             self.cpu_first.setdefault(pid, cpu)
@@ -201,19 +201,6 @@ class Usage(Ticker):
         return sum(
             self.cpu_last[pid] - self.cpu_first[pid] for pid, r in self.role.items() if r == role
         )
-
-
-def cpu_seconds(pid: int) -> float:
-    """utime + stime of /proc/<pid>/stat (the fields after the command's closing paren)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / 100.0
-
-
-def rss_bytes(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    return 0
 
 
 def install_flow_schema(api: Api) -> None:
