@@ -317,7 +317,8 @@ def _namespaces(real: RealCluster) -> dict[str, str]:
 
 
 def _create(api: Api, obj: Obj, deadline: float) -> None:
-    """Create, retrying while the API server is away (a fault)."""
+    """Create, retrying while the API server is away (a fault; on a loaded 2-core machine it
+    took minutes to serve again)."""
     while True:
         try:
             api.create(obj)
@@ -405,7 +406,7 @@ def run_load(real: RealCluster, plan: Plan, log: Callable[[str], None] = print) 
             time.sleep(max(0.0, due - time.monotonic()))
             key = ORDER[i % len(ORDER)]
             ns, name = namespaces[key], f"r{i:04d}"
-            _create(api, load_run(ns, name, real.local_class, plan.sleep), due + 120)
+            _create(api, load_run(ns, name, real.local_class, plan.sleep), due + 600)
             with watch.lock:
                 watch.records[f"{ns}/{name}"] = Record(
                     key, time.monotonic(), create_wait=time.monotonic() - due
