@@ -415,13 +415,16 @@ def run_load(real: RealCluster, plan: Plan, log: Callable[[str], None] = print) 
                 log(f"created {i + 1}/{plan.runs}; {_progress(watch)}")
         created = time.monotonic()
         injector.join(timeout=300)
-        wait_for(
-            "every run's verdict",
-            lambda: all(r.finished is not None for r in watch.records.values()),
-            timeout=plan.drain_timeout,
-            interval=2,
-            describe=lambda: _progress(watch, full=True),
-        )
+        try:
+            wait_for(
+                "every run's verdict",
+                lambda: all(r.finished is not None for r in watch.records.values()),
+                timeout=plan.drain_timeout,
+                interval=2,
+                describe=lambda: _progress(watch, full=True),
+            )
+        except AssertionError:  # reported with the figures, which are still worth printing
+            watch.fail(f"not every run had a verdict {plan.drain_timeout:.0f} s after the last")
         drained = time.monotonic()
         # Pruned with the rest: wait for the last verdicts' deletes, then for what is left.
         left: dict[str, list[str]] = {}
