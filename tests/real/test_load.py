@@ -32,10 +32,22 @@ def test_sustained_load_with_faults(real: RealCluster) -> None:
         assert outcome.takeover is not None, "the leader was not killed"
         assert outcome.api_restart is not None, "the API server was not restarted"
         assert outcome.looks >= MINUTES * 20, f"only {outcome.looks} looks"
+        # Every coschedule run Succeeded. The namespace without coschedule is the baseline:
+        # a run of its that the faults fail (Tekton's verdict, with no coschedule involved) is
+        # noted, not held against coschedule (seen once, under both faults at load ~25).
         failed = {
-            k: r.verdict for k, r in outcome.records.items() if r.verdict != ("True", "Succeeded")
+            k: r.verdict
+            for k, r in outcome.records.items()
+            if r.verdict != ("True", "Succeeded") and r.lane != "off"
         }
         assert not failed, failed
+        baseline_failed = sorted(
+            k
+            for k, r in outcome.records.items()
+            if r.lane == "off" and r.verdict != ("True", "Succeeded")
+        )
+        if baseline_failed:
+            real.notes.append(f"load: without coschedule, not Succeeded: {baseline_failed}")
         assert len(outcome.records) == RUNS
         # The controls held runs back (else their limits were never tested).
         assert outcome.held > 0, outcome.most_running_in
