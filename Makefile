@@ -14,7 +14,7 @@ HOST ?= 127.0.0.1
 PORT ?= 8443
 HEALTH_PORT ?= 8080
 
-.PHONY: help venv run test lint typecheck unit e2e e2e-real realstack-deps bench certs dist release-manifest clean lock image image-deps image-clean e2e-faults e2e-artifact FORCE
+.PHONY: help venv run test lint typecheck unit e2e e2e-real realstack-deps bench bench-load certs dist release-manifest clean lock image image-deps image-clean e2e-faults e2e-artifact FORCE
 
 help:
 	@echo "make run        serve the webhook on https://$(HOST):$(PORT) (probes on http://$(HOST):$(HEALTH_PORT)); runtime dependencies only"
@@ -34,6 +34,7 @@ help:
 	@echo "make dist       the wheel in dist/ (what PyPI gets)"
 	@echo "make release-manifest  dist/coschedule.yaml: the CRD and the self-signed install, one file"
 	@echo "make bench      the benchmarks (not part of make test)"
+	@echo "make bench-load sustained load with faults on the real stack, its figures (root; ../shared/realstack)"
 	@echo "make certs      a CA and a serving certificate for localhost in certs/"
 	@echo "make venv       the .venv with the dev tools"
 	@echo "make clean      remove the .venv and the tools' caches"
@@ -131,6 +132,15 @@ e2e-artifact: $(STAMP) realstack-deps image-deps
 
 bench: $(STAMP)
 	$(BIN)/python -m bench
+
+# Sustained load with faults on the real stack (bench/load.py, as root): its figures go in
+# docs/benchmarks.md. BENCH_LOAD_ARGS="--runs N --minutes M" sizes it.
+BENCH_LOAD_ARGS ?=
+bench-load: $(STAMP) realstack-deps
+	@assets="$$KUBEBUILDER_ASSETS"; \
+	if [ -z "$$assets" ] && [ -x "$(SHARED_K8S)" ]; then assets=$$($(SHARED_K8S) | tail -n 1); fi; \
+	KUBEBUILDER_ASSETS="$$assets" $(BIN)/python -m bench.load --json bench/results/load.json \
+		$(BENCH_LOAD_ARGS)
 
 # The image installs exactly these: every runtime package, transitive ones included, pinned
 # by version and hash, for Python 3.11 on any platform (--universal); the build backend too

@@ -22,14 +22,12 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import signal
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-import httpx
 import pytest
 
 from coschedule.engines import TEKTON_STOPPING
@@ -40,8 +38,7 @@ from coschedule.marks import (
     HELD_BY_POLICY,
     LABEL_GATED_BY,
 )
-from tests.e2e.cluster import Proc, wait_healthy
-from tests.e2e.install import SYSTEM_NAMESPACE
+from tests.e2e.cluster import wait_healthy
 from tests.e2e.kube import Api, ApiError, Obj, wait_for
 from tests.e2e.test_outage import POLICY, RUNS_POLICY, gate_policy
 from tests.e2e.world import (
@@ -50,6 +47,14 @@ from tests.e2e.world import (
     unique,
     wait_webhook_sees,
     wait_webhook_sees_control,
+)
+from tests.real.faults import (
+    assert_clean,
+    checked,
+    health_port,
+    is_running,
+    metric_series,
+    readyz,
 )
 from tests.real.runs import (
     assert_succeeded,
@@ -67,178 +72,6 @@ from tests.real.stack import RealCluster
 from tests.real.test_outage import _dry_run_pod, _restart
 
 pytestmark = pytest.mark.faults
-
-PENDING = "PipelineRunPending"
-GATED_BOUND = 90.0  # no pod held by our scheduling gate longer than this
-
-
-@dataclass
-class Invariants(Ticker):
-    """Checked every half second in the scenario's namespaces; what breaks is kept (the API
-    server being away only skips a look): at most ``max_running`` runs started, not told to
-    stop and not done per namespace (when given); a run once cancelled never started or
-    pending again, a run once started never pending again; at most one StatefulSet per run
-    and one live placeholder pod per StatefulSet; every run's bound pods on one node; no pod
-    behind our scheduling gate longer than ``GATED_BOUND``."""
-
-    thread_name: ClassVar[str] = "invariants"
-    api: Api
-    namespaces: list[str]
-    max_running: int | None = None
-    interval: float = field(default=0.5, kw_only=True)
-    broken: list[str] = field(default_factory=list)
-    most_running: int = 0
-    gated_since: dict[str, float] = field(default_factory=dict)
-    gated_last: dict[str, float] = field(default_factory=dict)
-    stopped: set[str] = field(default_factory=set)
-    started: set[str] = field(default_factory=set)
-
-    @property
-    def longest_gated(self) -> float:
-        """The longest any pod was seen behind our gate (first to last look)."""
-        return max(
-            (self.gated_last[k] - since for k, since in self.gated_since.items()), default=0.0
-        )
-
-    def fail(self, what: str) -> None:
-        if what not in self.broken:
-            self.broken.append(what)
-
-    def step(self) -> None:
-        for ns in self.namespaces:
-            self._check(ns)
-
-    def _check(self, ns: str) -> None:
-        runs = self.api.list("PipelineRun", ns)
-        pods = self.api.list("Pod", ns)
-        sets = self.api.list("StatefulSet", ns)
-        if self.max_running is not None:
-            # Started and not told to stop (a run being cancelled is stopping: Cancel
-            # starts its successor while the engine ends it).
-            running = [
-                r["metadata"]["name"] for r in runs if not r["spec"].get("status") and _running(r)
-            ]
-            self.most_running = max(self.most_running, len(running))
-            if len(running) > self.max_running:
-                self.fail(f"{ns}: {len(running)} running at once: {sorted(running)}")
-        for r in runs:
-            key = f"{ns}/{r['metadata']['name']}"
-            status = r["spec"].get("status")
-            if status in TEKTON_STOPPING:
-                self.stopped.add(key)
-            elif key in self.stopped:
-                self.fail(f"{key}: cancelled, then {status or 'started'} again")
-            if not status and _running(r):
-                self.started.add(key)
-            elif status == PENDING and key in self.started:
-                self.fail(f"{key}: started, then pending again")
-        names = [s["metadata"]["name"] for s in sets]
-        if len(names) != len(set(names)):
-            self.fail(f"{ns}: duplicate StatefulSets {names}")
-        live_placeholders: dict[str, int] = {}
-        nodes_of_run: dict[str, set[str]] = {}
-        now = time.monotonic()
-        for pod in pods:
-            meta, spec = pod["metadata"], pod.get("spec") or {}
-            labels = meta.get("labels") or {}
-            instance = labels.get("app.kubernetes.io/instance", "")
-            if labels.get("app.kubernetes.io/managed-by") == "coschedule" and instance:
-                if not meta.get("deletionTimestamp"):
-                    live_placeholders[instance] = live_placeholders.get(instance, 0) + 1
-                continue
-            run = labels.get("tekton.dev/pipelineRun")
-            if run and spec.get("nodeName"):
-                nodes_of_run.setdefault(run, set()).add(spec["nodeName"])
-            key = f"{ns}/{meta['name']}/{meta.get('uid')}"
-            gates = [g.get("name") for g in spec.get("schedulingGates") or []]
-            if GATE_PLACEHOLDER in gates:
-                since = self.gated_since.setdefault(key, now)
-                self.gated_last[key] = now
-                if now - since > GATED_BOUND:
-                    self.fail(f"{ns}: pod {meta['name']} gated for over {GATED_BOUND:.0f} s")
-        for instance, count in live_placeholders.items():
-            if count > 1:
-                self.fail(f"{ns}: {count} live placeholder pods of {instance}")
-        for run, nodes in nodes_of_run.items():
-            if len(nodes) > 1:
-                self.fail(f"{ns}: run {run}'s pods on {sorted(nodes)}")
-
-
-def _running(run: Obj) -> bool:
-    """Tekton says it runs (started, not done)."""
-    return not done(run) and (succeeded(run) or {}).get("reason") == "Running"
-
-
-@contextlib.contextmanager
-def checked(
-    api: Api, namespaces: list[str], max_running: int | None = None
-) -> Iterator[Invariants]:
-    invariants = Invariants(api, namespaces, max_running)
-    invariants.start()
-    try:
-        yield invariants
-    finally:
-        invariants.stop()
-
-
-def assert_clean(real: RealCluster, ns: str) -> None:
-    """Every run terminal, and nothing of ours left: no StatefulSet, no claim its templates
-    made, no gated pod, no held run; the reconciler Lease has a holder."""
-    api = real.api
-
-    def leftovers() -> list[str]:
-        left = [f"StatefulSet {s['metadata']['name']}" for s in api.list("StatefulSet", ns)]
-        left += [
-            f"claim {c['metadata']['name']}"
-            for c in api.list("PersistentVolumeClaim", ns)
-            if c["metadata"]["name"].startswith("affinity-assistant-")
-            or any(
-                ref.get("kind") == "StatefulSet"
-                for ref in c["metadata"].get("ownerReferences") or []
-            )
-        ]
-        left += [
-            f"gated pod {p['metadata']['name']}"
-            for p in api.list("Pod", ns)
-            if any(
-                g.get("name") == GATE_PLACEHOLDER for g in p["spec"].get("schedulingGates") or []
-            )
-        ]
-        for run in api.list("PipelineRun", ns):
-            if run["spec"].get("status") == PENDING:
-                left.append(f"held run {run['metadata']['name']}")
-            if not done(run):
-                left.append(f"run {run['metadata']['name']} not terminal")
-        return left
-
-    wait_for(
-        "nothing of ours left behind",
-        lambda: not leftovers(),
-        timeout=120,
-        describe=lambda: f"{leftovers()}\n{describe(api, ns)}",
-    )
-    holders = [
-        (lease.get("spec") or {}).get("holderIdentity")
-        for lease in api.list("Lease", SYSTEM_NAMESPACE)
-    ]
-    assert holders, "no reconciler Lease"
-    assert all(holders), f"a Lease without an owner: {holders}"
-
-
-def metric_series(port: int, name: str) -> dict[str, float]:
-    """Each series of the metric by its label set (the text between the braces)."""
-    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
-    pattern = "^" + re.escape(name) + r"(?:\{([^}]*)\})? (\S+)$"
-    return {m.group(1) or "": float(m.group(2)) for m in re.finditer(pattern, text, re.MULTILINE)}
-
-
-def readyz(port: int) -> tuple[int, str]:
-    response = httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=5)
-    return response.status_code, response.text
-
-
-def _health_port(proc: Proc) -> int:
-    return int(proc.argv[proc.argv.index("--health-port") + 1])
 
 
 def _in_task(api: Api, ns: str, run: str, name: str) -> bool:
@@ -377,7 +210,7 @@ def test_leader_killed_with_a_contended_group(real: RealCluster, case: Contended
 
             def ready_to_kill() -> bool:
                 runs = api.list("PipelineRun", ns)
-                running = [r for r in runs if not r["spec"].get("status") and _running(r)]
+                running = [r for r in runs if not r["spec"].get("status") and is_running(r)]
                 return sum(done(r) for r in runs) >= 2 and len(running) >= case.running
 
             wait_for(
@@ -652,7 +485,7 @@ def test_apiserver_killed_in_the_second_task(
     run = "api-restart"
     [leader] = list(product.reconcilers)
     reconciler_port = product.reconciler_ports[leader]
-    webhook_port = _health_port(webhook)
+    webhook_port = health_port(webhook)
     relists_before = metric_series(reconciler_port, "coschedule_watch_relists_total")
     with checked(api, [ns]) as invariants:
         api.create(three_tasks(ns, run, real.local_class))

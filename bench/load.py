@@ -1,0 +1,175 @@
+"""``python -m bench.load [--runs N] [--minutes M] [--json FILE]`` (``make bench-load``, as
+root): sustained load with faults on the real stack, and its figures.
+
+Starts the real-stack tier's stack (tests/real/stack.py: ../shared/realstack, real kubelets,
+Tekton v1.11.1), then tests/real/load.py's load: ``N`` PipelineRuns created at a steady rate
+over ``M`` minutes into four namespaces (without coschedule; ``pipelineruns``; a ``Queue
+maxRunning: 2`` ConcurrencyControl in ``pipelineruns``; a ``Queue maxRunning: 2`` one in
+``workspaces``), three tasks each sharing a volumeClaimTemplate workspace; the reconciler
+leader SIGKILLed at a third of the creation period (a second replica takes over) and
+kube-apiserver SIGKILLed and started again 14 s later at two thirds. The fault tier's
+invariants are checked every second throughout.
+
+Prints: runs per minute sustained (runs created ÷ creation period, and verdicts ÷ first create
+to last verdict); PipelineRun creation → first pod Running and → Succeeded, p50/p99, for the
+lane without coschedule and the lane with it (same load, interleaved), and for the controlled
+lanes (queue wait included); CPU seconds and peak RSS of ``coschedule serve`` and
+``coschedule reconcile`` (every replica, from /proc); API requests coschedule made per run
+(the API server's ``apiserver_flowcontrol_dispatched_requests_total`` for a FlowSchema that
+matches only coschedule's ServiceAccounts, less its idle rate); recovery after each fault;
+what broke. Exit status 1 when an invariant broke, a run did not succeed or something was left.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import shutil
+import sys
+import tempfile
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from bench.servers import loadavg, machine
+from bench.suite import source
+from tests.real import stack
+from tests.real.load import LANES, Outcome, Plan, latency, run_load
+
+
+def figures(outcome: Outcome, plan: Plan) -> dict[str, Any]:
+    records = list(outcome.records.values())
+    succeeded = [r for r in records if r.verdict == ("True", "Succeeded")]
+    first_create = min(r.created for r in records)
+    last_verdict = max(r.finished or 0 for r in records)
+    coscheduled = [r for r in records if r.lane != "off"]
+    idle = outcome.idle_requests_per_s * (last_verdict - first_create)
+    return {
+        "runs": len(records),
+        "succeeded": len(succeeded),
+        "not_succeeded": {
+            k: r.verdict for k, r in outcome.records.items() if r.verdict != ("True", "Succeeded")
+        },
+        "created_per_minute": len(records) / (outcome.create_seconds / 60),
+        "done_per_minute": len(records) / ((last_verdict - first_create) / 60),
+        "drain_seconds": outcome.drain_seconds,
+        "latency": {
+            "without coschedule (off)": latency(outcome, ("off",)),
+            "with coschedule (on: pipelineruns)": latency(outcome, ("on",)),
+            "Queue maxRunning 2 (pipelineruns)": latency(outcome, ("queue",)),
+            "Queue maxRunning 2 (workspaces)": latency(outcome, ("wsqueue",)),
+        },
+        "cpu_seconds": outcome.cpu,
+        "rss_max_mib": {k: v / 2**20 for k, v in outcome.rss_max.items()},
+        "requests": outcome.requests,
+        "idle_requests_per_s": outcome.idle_requests_per_s,
+        "requests_per_run": (outcome.requests - idle) / max(1, len(coscheduled)),
+        "requests_per_run_raw": outcome.requests / max(1, len(coscheduled)),
+        "held_runs": outcome.held,
+        "most_running": outcome.most_running_in,
+        "leader_takeover_seconds": outcome.takeover.seconds if outcome.takeover else None,
+        "leader_kill_to_next_queued_start": outcome.takeover_next_start,
+        "api_restart": asdict(outcome.api_restart) if outcome.api_restart else None,
+        "api_back_to_next_verdict": outcome.api_first_verdict,
+        "broken": outcome.broken,
+        "left": {k: v for k, v in outcome.left.items() if v},
+        "lease_holders": outcome.lease_holders,
+        "looks": outcome.looks,
+        "watch_errors": outcome.watch_errors[-5:],
+        "plan": asdict(plan),
+    }
+
+
+def render(f: dict[str, Any], load: list[float], code: dict[str, Any]) -> str:
+    lines = [
+        f"{f['runs']} runs ({f['succeeded']} Succeeded), commit {code['commit']}"
+        f"{' + changes' if code['modified_files'] else ''}, 1-min load "
+        f"{min(load):.1f}-{max(load):.1f}",
+        f"runs per minute: created {f['created_per_minute']:.1f}, verdicts "
+        f"{f['done_per_minute']:.1f} (first create to last verdict; drained "
+        f"{f['drain_seconds']:.0f} s after the last create)",
+    ]
+    for lane, figs in f["latency"].items():
+        for key, label in (("first_running", "first pod Running"), ("succeeded", "Succeeded")):
+            if key in figs:
+                s = figs[key]
+                lines.append(
+                    f"  {lane:36} creation -> {label:18} p50 {s['p50']:6.1f} s  "
+                    f"p99 {s['p99']:6.1f} s  max {s['max']:6.1f} s  (n={s['n']:.0f})"
+                )
+    cpu, rss = f["cpu_seconds"], f["rss_max_mib"]
+    lines += [
+        f"CPU seconds: webhook {cpu.get('webhook', 0):.1f}, "
+        f"reconciler {cpu.get('reconciler', 0):.1f}; "
+        f"peak RSS MiB: webhook {rss.get('webhook', 0):.0f}, "
+        f"reconciler {rss.get('reconciler', 0):.0f}",
+        f"API requests by coschedule: {f['requests']:.0f} ({f['idle_requests_per_s']:.2f}/s "
+        f"idle): {f['requests_per_run']:.1f} per coscheduled run above idle "
+        f"({f['requests_per_run_raw']:.1f} all told)",
+        f"held by a control: {f['held_runs']} runs; most running {f['most_running']}",
+        f"leader killed: another led {f['leader_takeover_seconds']} s later; the next queued run "
+        f"started {f['leader_kill_to_next_queued_start']} s after the kill",
+        f"API server restart: {f['api_restart']}; the next verdict "
+        f"{f['api_back_to_next_verdict']} s after it was back",
+        f"broken: {f['broken'] or 'nothing'}; left: {f['left'] or 'nothing'}; "
+        f"Lease: {f['lease_holders']}",
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.load", description=__doc__)
+    parser.add_argument("--runs", type=int, default=150, help="runs in all (default 150)")
+    parser.add_argument("--minutes", type=float, default=10.0, help="creation period")
+    parser.add_argument("--sleep", type=int, default=3, help="the second task's sleep, s")
+    parser.add_argument("--no-faults", action="store_true")
+    parser.add_argument("--json", type=Path, help="also write the figures here")
+    args = parser.parse_args(argv)
+    why = stack.unavailable()
+    if why:
+        print(f"not measured: {why}")
+        return 2
+    plan = Plan(runs=args.runs, minutes=args.minutes, sleep=args.sleep)
+    if args.no_faults:
+        plan.kill_leader_at = plan.restart_apiserver_at = None
+    load = [loadavg()]
+    code = source()
+    started_at = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+    workdir = Path(tempfile.mkdtemp(prefix="coschedule-bench-load-"))
+    notes: list[str] = []
+    cluster = stack.start(workdir, notes)
+
+    def log(text: str) -> None:
+        load.append(loadavg())
+        print(f"{dt.datetime.now(dt.UTC):%H:%M:%S} {text} (load {load[-1]:.1f})", flush=True)
+
+    try:
+        outcome = run_load(cluster, plan, log=log)
+    finally:
+        stack.stop(cluster)
+        shutil.rmtree(workdir, ignore_errors=True)
+    load.append(loadavg())
+    result = figures(outcome, plan)
+    print(render(result, load, code))
+    if args.json:
+        args.json.write_text(
+            json.dumps(
+                {
+                    "date": started_at,
+                    "machine": machine(),
+                    "source": code,
+                    "load": load,
+                    "lanes": [asdict(lane) for lane in LANES],
+                    **result,
+                },
+                indent=1,
+                default=str,
+            )
+        )
+    bad = result["broken"] or result["not_succeeded"] or result["left"]
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
