@@ -297,12 +297,38 @@ def _namespace(api: Api, prefix: str, mode: str | None) -> str:
     return name
 
 
+GO_FILE = "go"  # what a held ``slow`` task waits for in its workspace (_release_slow_task)
+HELD = -1  # seconds: ``slow`` waits for GO_FILE rather than sleeping
+
+
 def _slow_pipeline(seconds: int) -> tuple[list[Obj], list[Obj]]:
-    """``slow`` sleeps, then write_read_pipeline's tasks: pods are created across whatever
-    the scenario does meanwhile."""
+    """``slow`` sleeps (or, HELD, waits up to 15 minutes until the test writes GO_FILE into
+    its volume), then write_read_pipeline's tasks: pods are created across whatever the
+    scenario does meanwhile."""
     tasks, finally_ = write_read_pipeline()
     tasks[0]["runAfter"] = ["slow"]
-    return [task("slow", f"sleep {seconds}\n", ["src"]), *tasks], finally_
+    script = (
+        # Backquotes: Tekton reads every $(...) as one of its variables.
+        f"for n in `seq 900`; do [ -f $(workspaces.src.path)/{GO_FILE} ] && break; sleep 1; done\n"
+        f"[ -f $(workspaces.src.path)/{GO_FILE} ]\n"
+        if seconds == HELD
+        else f"sleep {seconds}\n"
+    )
+    return [task("slow", script, ["src"]), *tasks], finally_
+
+
+def _release_slow_task(api: Api, namespace: str, run: str) -> None:
+    """Write GO_FILE into the held ``slow`` task's volume, on the host: the suite's
+    provisioner makes hostPath volumes under the stack's folder."""
+    pod = task_pods(api, namespace, run)["slow"]
+    (claim,) = [
+        v["persistentVolumeClaim"]["claimName"]
+        for v in pod["spec"]["volumes"]
+        if "persistentVolumeClaim" in v
+    ]
+    volume = api.must_get("PersistentVolumeClaim", claim, namespace)["spec"]["volumeName"]
+    path = Path(api.must_get("PersistentVolume", volume)["spec"]["hostPath"]["path"])
+    (path / GO_FILE).write_text("go\n")
 
 
 def _two_workspace_run(namespace: str, name: str, seconds: int, storage_class: str) -> Obj:
@@ -588,9 +614,9 @@ def upgrade(art: ArtifactStack, wave: Wave) -> Upgrade:
             finally_=[task("last", "cat $(workspaces.ws.path)/f\n", ["ws"])],
         )
     )
-    # Long enough to span the rollout (81 s on a loaded machine): the test checks that it
-    # was still running when both Deployments were Ready.
-    api.create(_two_workspace_run(ns["upgrade"], "up-run", 180, LOCAL_CLASS))
+    # Held in its first task until the rollout is over (81 to 184 s on a loaded machine):
+    # the test checks that it was still running when both Deployments were Ready.
+    api.create(_two_workspace_run(ns["upgrade"], "up-run", HELD, LOCAL_CLASS))
     node = wait_for(
         "the cordon run's first task to run",
         lambda: _running(api, ns["cordon"], "moved", "first"),
@@ -635,6 +661,7 @@ def upgrade(art: ArtifactStack, wave: Wave) -> Upgrade:
         seconds = time.monotonic() - started
         run = api.must_get("PipelineRun", "up-run", ns["upgrade"])
         in_flight = not done(run)
+        _release_slow_task(api, ns["upgrade"], "up-run")
         runs = {
             key: wait_runs(api, name, [], timeout=300, until=_all_done) for key, name in ns.items()
         }
