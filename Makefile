@@ -110,8 +110,7 @@ realstack-deps:
 
 # The artifact tier (tests/real/test_artifact.py): the image `make image` builds, installed
 # as users install it on nodes of its own (needs $(IMAGEKIT) too; `imagekit deps` installs
-# its system packages). Not yet part of e2e-real: its rolling-upgrade scenario is not green
-# (tests/real/README.md).
+# its system packages). A target of its own (a control plane of its own), required by .ci/run.
 REAL_PYTEST = KUBEBUILDER_ASSETS="$$assets" COSCHEDULE_REAL_REQUIRED=1 \
 	COSCHEDULE_ARTIFACT_REQUIRED=$$([ -x "$(IMAGEKIT)" ] && echo 1) $(BIN)/pytest -p no:randomly
 e2e-real: $(STAMP) realstack-deps
@@ -125,9 +124,15 @@ e2e-faults: $(STAMP) realstack-deps
 	if [ -z "$$assets" ] && [ -x "$(SHARED_K8S)" ]; then assets=$$($(SHARED_K8S) | tail -n 1); fi; \
 	$(REAL_PYTEST) tests/real -m "real and faults"
 
+# ARTIFACT_REUSE=1 (.ci/run, right after `make image`): the tier installs the image that
+# `make image` left in IMAGE_TAR rather than building it again; without it the tier runs
+# `make image` itself. The upgrade's image is always a rebuild with another VERSION (warm).
+ARTIFACT_REUSE ?=
 e2e-artifact: $(STAMP) realstack-deps image-deps
 	@assets="$$KUBEBUILDER_ASSETS"; \
 	if [ -z "$$assets" ] && [ -x "$(SHARED_K8S)" ]; then assets=$$($(SHARED_K8S) | tail -n 1); fi; \
+	IMAGE_WORK=$(IMAGE_WORK) COSCHEDULE_IMAGEKIT=$(IMAGEKIT) \
+	$(if $(ARTIFACT_REUSE),COSCHEDULE_ARTIFACT_IMAGE=$(IMAGE) COSCHEDULE_ARTIFACT_ARCHIVE=$(IMAGE_TAR)) \
 	$(REAL_PYTEST) tests/real/test_artifact.py -m real
 
 bench: $(STAMP)
@@ -171,7 +176,11 @@ IMAGE_WORK ?= /tmp/coschedule-image
 IMAGE_TOOL ?= $(shell if docker info >/dev/null 2>&1; then echo docker; \
 	elif [ -x $(IMAGEKIT) ] && [ "$$(id -u)" = 0 ]; then echo imagekit; \
 	elif podman info >/dev/null 2>&1; then echo podman; else echo none; fi)
-BUILD_ARGS = $(if $(PYTHON_IMAGE),--build-arg PYTHON_IMAGE=$(PYTHON_IMAGE)) --build-arg VERSION=$(VERSION)
+# The version label is given with --label as well as the Dockerfile's ARG: podman 4.3
+# (buildah 1.28) takes a cached LABEL step whatever the ARG's value, so a rebuild with
+# another VERSION would keep the old label and be the very same image.
+VERSION_LABEL = --label org.opencontainers.image.version=$(VERSION)
+BUILD_ARGS = $(if $(PYTHON_IMAGE),--build-arg PYTHON_IMAGE=$(PYTHON_IMAGE)) --build-arg VERSION=$(VERSION) $(VERSION_LABEL)
 
 image-deps:
 	@if [ -x "$(IMAGEKIT)" ] && [ "$$(id -u)" = 0 ]; then $(IMAGEKIT) deps; \
@@ -190,7 +199,7 @@ image:
 		base="$(PYTHON_IMAGE)"; \
 		if [ -z "$$base" ]; then out=$$($(IMAGEKIT) base $(IMAGE_WORK)); base=$${out##*[[:space:]]}; fi; \
 		$(IMAGEKIT) podman $(IMAGE_WORK) build $$($(IMAGEKIT) build-env $(IMAGE_WORK)) \
-			--pull=never --build-arg PYTHON_IMAGE=$$base --build-arg VERSION=$(VERSION) \
+			--pull=never --build-arg PYTHON_IMAGE=$$base --build-arg VERSION=$(VERSION) $(VERSION_LABEL) \
 			-t $(IMAGE) .; \
 		mkdir -p $(dir $(IMAGE_TAR)); rm -f $(IMAGE_TAR); \
 		$(IMAGEKIT) podman $(IMAGE_WORK) save --format docker-archive -o $(IMAGE_TAR) $(IMAGE) ;; \

@@ -9,19 +9,22 @@ same webhook names, and here kube-apiserver must call the webhook through its Se
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import importlib
 import ipaddress
+import json
 import os
 import re
 import socket
 import subprocess
 import sys
+import tarfile
 import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import yaml
 
@@ -63,11 +66,60 @@ def unavailable() -> str | None:
     return None if kit.is_file() else f"no imagekit at {kit} (../shared/image)"
 
 
+# Set by `make e2e-artifact ARTIFACT_REUSE=1` (.ci/run, right after `make image`): the image
+# and archive `make image` made, installed as they are instead of built again.
+REUSE_IMAGE_ENV = "COSCHEDULE_ARTIFACT_IMAGE"
+REUSE_ARCHIVE_ENV = "COSCHEDULE_ARTIFACT_ARCHIVE"
+VERSION_LABEL = "org.opencontainers.image.version"
+
+
 @dataclass
 class Build:
     image: str
     archive: Path
     seconds: float
+    image_id: str = ""  # sha256:<config digest>: the imageID a node's containerd reports
+    version: str = ""  # the image's version label
+
+    def __post_init__(self) -> None:
+        self.image_id, self.version = archive_identity(self.archive)
+
+    @property
+    def name(self) -> str:
+        return self.image.rsplit(":", 1)[0]
+
+    @property
+    def tag(self) -> str:
+        return self.image.rsplit(":", 1)[1]
+
+
+def archive_identity(archive: Path) -> tuple[str, str]:
+    """A docker-archive's image ID (the digest of its config, as containerd names the image it
+    imports) and its version label, read from the archive itself."""
+    with tarfile.open(archive) as tar:
+        manifest = json.load(_member(tar, "manifest.json"))
+        assert len(manifest) == 1, f"{archive}: {len(manifest)} images"
+        config_bytes = _member(tar, manifest[0]["Config"]).read()
+    labels = json.loads(config_bytes).get("config", {}).get("Labels") or {}
+    return f"sha256:{hashlib.sha256(config_bytes).hexdigest()}", labels.get(VERSION_LABEL, "")
+
+
+def _member(tar: tarfile.TarFile, name: str) -> IO[bytes]:
+    member = tar.extractfile(name)
+    assert member is not None, f"no {name} in the archive"
+    return member
+
+
+def reused_build() -> Build | None:
+    """The image `make image` made just before (`make e2e-artifact ARTIFACT_REUSE=1`)."""
+    image, archive = os.environ.get(REUSE_IMAGE_ENV), os.environ.get(REUSE_ARCHIVE_ENV)
+    if not image:
+        return None
+    assert archive, f"{REUSE_IMAGE_ENV} without {REUSE_ARCHIVE_ENV}"
+    path = Path(archive) if Path(archive).is_absolute() else ROOT / archive
+    assert path.is_file(), f"no archive {path}: run `make image` first"
+    assert ":" in image.rsplit("/", 1)[-1], f"{image}: the tier needs a tag"
+    return Build(image, path, 0.0)
 
 
 def make_image(tag: str, version: str, out: Path) -> Build:
@@ -94,7 +146,9 @@ def make_image(tag: str, version: str, out: Path) -> Build:
         check=False,
     )
     assert done.returncode == 0, f"make image failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
-    return Build(image, archive, time.monotonic() - started)
+    build = Build(image, archive, time.monotonic() - started)
+    assert build.version == version, f"{image} is labelled {build.version!r}, not {version!r}"
+    return build
 
 
 def run_imagekit(*args: object) -> str:
@@ -176,10 +230,11 @@ class ArtifactStack:
             assert done.returncode == 0, f"kubectl {' '.join(args)}:\n{done.stderr[-3000:]}"
         return done.stdout + done.stderr
 
-    def fill(self, text: str, tag: str) -> str:
+    def fill(self, text: str, build: Build) -> str:
         """The overlay's @...@ words: the image and where the pods reach the API server."""
         words = {
-            "@IMAGE_TAG@": tag,
+            "@IMAGE_NAME@": build.name,
+            "@IMAGE_TAG@": build.tag,
             "@API_NODE@": API_NODE,
             "@API_ADDRESS@": self.api_address,
             "@API_PORT@": str(self.api_port),
@@ -190,10 +245,10 @@ class ArtifactStack:
         assert not left, f"the overlay has words the test does not fill: {left}"
         return text
 
-    def render_overlay(self, tag: str) -> str:
-        return self.fill(self.kubectl("kustomize", str(OVERLAY)), tag)
+    def render_overlay(self, build: Build) -> str:
+        return self.fill(self.kubectl("kustomize", str(OVERLAY)), build)
 
-    def render_chart(self, rendered_chart: str, tag: str) -> str:
+    def render_chart(self, rendered_chart: str, build: Build) -> str:
         """The chart's output with the overlay's workload patches (its images and config come
         from values-realstack.yaml): `helm template | kustomize`, as GitOps tools apply it."""
         overlay = yaml.safe_load((OVERLAY / "kustomization.yaml").read_text())
@@ -207,7 +262,7 @@ class ArtifactStack:
             "patches": patches,
         }
         (folder / "kustomization.yaml").write_text(yaml.safe_dump(kustomization))
-        return self.fill(self.kubectl("kustomize", str(folder)), tag)
+        return self.fill(self.kubectl("kustomize", str(folder)), build)
 
     def deployment_ready(self, name: str, image: str | None = None) -> bool:
         dep = self.api.get("Deployment", name, NAMESPACE)

@@ -24,12 +24,15 @@ import tomllib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 import yaml
 
+from tests.conftest import PATIENCE_SECONDS, wait_until
 from tests.e2e.kube import Api, ApiError, Obj, wait_for
 from tests.e2e.world import (
+    Ticker,
     make_namespace,
     unique,
     wait_webhook_sees,
@@ -39,7 +42,6 @@ from tests.real import artifact, conftest
 from tests.real.artifact import (
     API_NODE,
     DEPLOYMENTS,
-    IMAGE_REPO,
     NAMESPACE,
     OVERLAY,
     SERVICE_DNS,
@@ -87,9 +89,17 @@ def art() -> Iterator[ArtifactStack]:
     started = time.monotonic()
     version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
     workdir = Path(tempfile.mkdtemp(prefix="coschedule-art-"))
-    v1 = artifact.make_image(V1, version, workdir)
+    reused = artifact.reused_build()
+    if reused is not None:
+        # What `make image` made from this checkout just before: its version, nothing else.
+        assert reused.version == version, f"{reused.image} is labelled {reused.version!r}"
+        v1 = reused
+        _note(f"the image make image built: {v1.image} ({v1.archive}), not built again")
+    else:
+        v1 = artifact.make_image(V1, version, workdir)
+        _note(f"make image {v1.seconds:.0f} s")
     v2 = artifact.make_image(V2, f"{version}-upgrade", workdir)
-    _note(f"make image {v1.seconds:.0f} s, rebuilt with another version {v2.seconds:.0f} s")
+    _note(f"rebuilt with another version (the upgrade's image) {v2.seconds:.0f} s")
     try:
         stack = artifact.start(workdir)
     except BaseException:
@@ -107,7 +117,8 @@ def art() -> Iterator[ArtifactStack]:
             print(stack.logs())
         artifact.stop(stack)
         for build in (v1, v2):
-            build.archive.unlink(missing_ok=True)
+            if build is not reused:  # make image's own archive stays
+                build.archive.unlink(missing_ok=True)
         if not os.environ.get("REAL_KEEP"):
             shutil.rmtree(workdir, ignore_errors=True)
         _note(f"tier wall time {time.monotonic() - started:.0f} s")
@@ -128,10 +139,10 @@ class Release:
 @pytest.fixture(scope="module")
 def release(art: ArtifactStack) -> Release:
     """`kubectl apply` of the release overlay: until both Deployments are Ready."""
-    manifest = art.render_overlay(V1)
+    manifest = art.render_overlay(art.builds[V1])
     started = time.monotonic()
     applied = _apply(art, manifest, "release.yaml")
-    art.wait_ready(f"{IMAGE_REPO}:{V1}")
+    art.wait_ready(art.builds[V1].image)
     seconds = art.figures["apply_to_ready"] = time.monotonic() - started
     _note(f"release overlay: kubectl apply to both Deployments Ready {seconds:.0f} s")
     return Release(applied, manifest)
@@ -171,7 +182,7 @@ def _ready(pod: Obj) -> bool:
 
 def test_release_installs_from_the_image_as_shipped(art: ArtifactStack, release: Release) -> None:
     api = art.api
-    image = f"{IMAGE_REPO}:{V1}"
+    image = art.builds[V1].image
     # The certs Job ran from the image and made the Secret and the caBundle.
     job = _job(api, "coschedule-certs")
     assert job is not None
@@ -286,12 +297,38 @@ def _namespace(api: Api, prefix: str, mode: str | None) -> str:
     return name
 
 
+GO_FILE = "go"  # what a held ``slow`` task waits for in its workspace (_release_slow_task)
+HELD = -1  # seconds: ``slow`` waits for GO_FILE rather than sleeping
+
+
 def _slow_pipeline(seconds: int) -> tuple[list[Obj], list[Obj]]:
-    """``slow`` sleeps, then write_read_pipeline's tasks: pods are created across whatever
-    the scenario does meanwhile."""
+    """``slow`` sleeps (or, HELD, waits up to 15 minutes until the test writes GO_FILE into
+    its volume), then write_read_pipeline's tasks: pods are created across whatever the
+    scenario does meanwhile."""
     tasks, finally_ = write_read_pipeline()
     tasks[0]["runAfter"] = ["slow"]
-    return [task("slow", f"sleep {seconds}\n", ["src"]), *tasks], finally_
+    script = (
+        # Backquotes: Tekton reads every $(...) as one of its variables.
+        f"for n in `seq 900`; do [ -f $(workspaces.src.path)/{GO_FILE} ] && break; sleep 1; done\n"
+        f"[ -f $(workspaces.src.path)/{GO_FILE} ]\n"
+        if seconds == HELD
+        else f"sleep {seconds}\n"
+    )
+    return [task("slow", script, ["src"]), *tasks], finally_
+
+
+def _release_slow_task(api: Api, namespace: str, run: str) -> None:
+    """Write GO_FILE into the held ``slow`` task's volume, on the host: the suite's
+    provisioner makes hostPath volumes under the stack's folder."""
+    pod = task_pods(api, namespace, run)["slow"]
+    (claim,) = [
+        v["persistentVolumeClaim"]["claimName"]
+        for v in pod["spec"]["volumes"]
+        if "persistentVolumeClaim" in v
+    ]
+    volume = api.must_get("PersistentVolumeClaim", claim, namespace)["spec"]["volumeName"]
+    path = Path(api.must_get("PersistentVolume", volume)["spec"]["hostPath"]["path"])
+    (path / GO_FILE).write_text("go\n")
 
 
 def _two_workspace_run(namespace: str, name: str, seconds: int, storage_class: str) -> Obj:
@@ -531,13 +568,29 @@ def test_probes_certificate_mount_and_config_reload(art: ArtifactStack, wave: Wa
 
 
 @dataclass
+class StatefulSetUids(Ticker):
+    """Every uid each StatefulSet of a namespace had, sampled from start to stop: a
+    placeholder made again shows two."""
+
+    thread_name: ClassVar[str] = "statefulsets"
+    api: Api = field(kw_only=True)
+    namespace: str = field(kw_only=True)
+    uids: dict[str, set[str]] = field(default_factory=dict)
+
+    def step(self) -> None:
+        for name, uid in _statefulsets(self.api, self.namespace).items():
+            self.uids.setdefault(name, set()).add(uid)
+
+
+@dataclass
 class Upgrade:
     namespaces: dict[str, str]
     runs: dict[str, dict[str, Obj]]
     cordoned: str
     admissions: AdmissionLoop
-    placeholders_before: dict[str, str]
-    placeholders_after: dict[str, str]
+    refused_with_the_job: str  # the server's dry run of the new apply, the old Job still there
+    placeholders: StatefulSetUids
+    in_flight_when_ready: bool  # the upgrade's run had not ended when the rollout had
     seconds: float
 
 
@@ -561,9 +614,9 @@ def upgrade(art: ArtifactStack, wave: Wave) -> Upgrade:
             finally_=[task("last", "cat $(workspaces.ws.path)/f\n", ["ws"])],
         )
     )
-    # Long enough to span the rollout (81 s on a loaded machine), so that its placeholder
-    # is still there to compare when both Deployments are Ready.
-    api.create(_two_workspace_run(ns["upgrade"], "up-run", 150, LOCAL_CLASS))
+    # Held in its first task until the rollout is over (81 to 184 s on a loaded machine):
+    # the test checks that it was still running when both Deployments were Ready.
+    api.create(_two_workspace_run(ns["upgrade"], "up-run", HELD, LOCAL_CLASS))
     node = wait_for(
         "the cordon run's first task to run",
         lambda: _running(api, ns["cordon"], "moved", "first"),
@@ -576,7 +629,7 @@ def upgrade(art: ArtifactStack, wave: Wave) -> Upgrade:
         timeout=180,
         describe=lambda: describe(api, ns["upgrade"]),
     )
-    before = _statefulsets(api, ns["upgrade"])
+    placeholders = StatefulSetUids(api=api, namespace=ns["upgrade"], interval=0.5).start()
     cordon(api, node)
     try:
         # Uncordoned once the later task is placed: coschedule's own pods (on the relay's
@@ -596,20 +649,27 @@ def upgrade(art: ArtifactStack, wave: Wave) -> Upgrade:
     admissions = AdmissionLoop(api, ns["upgrade"]).start()
     try:
         started = time.monotonic()
-        # A Job's pod template is immutable: the finished certs Job goes first (as the
-        # self-signed overlay says for a renewal), or apply refuses the new image for it.
-        api.delete("Job", "coschedule-certs", NAMESPACE, propagation="Background")
-        _apply(art, art.render_overlay(V2), "release-v2.yaml")
-        art.wait_ready(f"{IMAGE_REPO}:{V2}", timeout=240)
+        manifest = art.workdir / "release-v2.yaml"
+        manifest.write_text(art.render_overlay(art.builds[V2]))
+        # docs/upgrade.md: within the certs Job's TTL (an hour) apply refuses the new image
+        # for it (a Job's pod template cannot change)...
+        refused = art.kubectl("apply", "--dry-run=server", "-f", str(manifest), check=False)
+        # ...so the finished Job goes first, with the command the doc gives.
+        art.kubectl("-n", NAMESPACE, "delete", "job", "coschedule-certs", "--ignore-not-found")
+        art.kubectl("apply", "-f", str(manifest))
+        art.wait_ready(art.builds[V2].image, timeout=2 * PATIENCE_SECONDS)
         seconds = time.monotonic() - started
-        after = _statefulsets(api, ns["upgrade"])  # while the run still runs
+        run = api.must_get("PipelineRun", "up-run", ns["upgrade"])
+        in_flight = not done(run)
+        _release_slow_task(api, ns["upgrade"], "up-run")
         runs = {
             key: wait_runs(api, name, [], timeout=300, until=_all_done) for key, name in ns.items()
         }
     finally:
         admissions.stop()
+        placeholders.stop()
     _note(f"rolling upgrade to the rebuilt image: {seconds:.0f} s to both Deployments Ready")
-    return Upgrade(ns, runs, node, admissions, before, after, seconds)
+    return Upgrade(ns, runs, node, admissions, refused, placeholders, in_flight, seconds)
 
 
 def test_cordon_mid_run_moves_the_later_tasks(art: ArtifactStack, upgrade: Upgrade) -> None:
@@ -624,21 +684,38 @@ def test_cordon_mid_run_moves_the_later_tasks(art: ArtifactStack, upgrade: Upgra
 def test_rolling_upgrade_with_a_run_in_flight(art: ArtifactStack, upgrade: Upgrade) -> None:
     api = art.api
     ns = upgrade.namespaces["upgrade"]
+    old, new = art.builds[V1], art.builds[V2]
+    # The rebuilt image is another image: its own version label, its own ID.
+    assert new.version == f"{old.version}-upgrade", (old.version, new.version)
+    assert new.image_id != old.image_id, f"both builds are {old.image_id}"
     assert_succeeded(upgrade.runs["upgrade"], api, ns, "up-run")
-    assert upgrade.placeholders_before == upgrade.placeholders_after, "a placeholder was recreated"
-    assert placeholder_name(ns, "up-run") in upgrade.placeholders_before
+    assert upgrade.in_flight_when_ready, "the run ended before the rollout did: lengthen it"
+    placeholder = placeholder_name(ns, "up-run")
+    assert placeholder in upgrade.placeholders.uids, upgrade.placeholders.uids
+    assert len(upgrade.placeholders.uids[placeholder]) == 1, "the placeholder was made again"
     assert len(_nodes_of(api, ns, "up-run")) == 1, describe(api, ns)
     assert upgrade.admissions.failures == [], upgrade.admissions.failures[:5]
-    # Every pod now runs the rebuilt image, another image than the first (its version label).
-    image_ids = set()
+    # Every pod now runs the rebuilt image: the kubelet's imageID is the new build's.
     for component in ("webhook", "reconciler"):
         pods = [p for p in art.pods(component) if not p["metadata"].get("deletionTimestamp")]
         assert len(pods) == 2, art.describe()
         for pod in pods:
+            assert pod["spec"]["containers"][0]["image"] == new.image, art.describe()
             status = pod["status"]["containerStatuses"][0]
-            assert status["image"].endswith(f"coschedule:{V2}"), status["image"]
-            image_ids.add(status["imageID"])
-    assert len(image_ids) == 1
+            assert status["imageID"] == new.image_id, (pod["metadata"]["name"], status)
+    # The certs Job, as docs/upgrade.md says: the apply was refused for it while it was
+    # there; deleted, it was made again from the new image (and admission never stopped).
+    refused = upgrade.refused_with_the_job
+    assert '"coschedule-certs" is invalid' in refused, refused
+    assert "field is immutable" in refused, refused
+    job = _job(api, "coschedule-certs")
+    assert job is not None
+    assert job["spec"]["template"]["spec"]["containers"][0]["image"] == new.image
+    wait_until(
+        lambda: ((_job(api, "coschedule-certs") or {}).get("status") or {}).get("succeeded"),
+        "the new certs Job to succeed",
+        describe=art.describe,
+    )
 
 
 # ---- the Helm chart, on the same nodes ----
@@ -663,12 +740,14 @@ def test_helm_chart_installs_and_runs(art: ArtifactStack, upgrade: Upgrade) -> N
         timeout=180,
         interval=1,
     )
-    values = yaml.safe_load(art.fill((OVERLAY / "values-realstack.yaml").read_text(), V2))
-    chart = art.render_chart(render_chart_text(values), V2)
+    values = yaml.safe_load(
+        art.fill((OVERLAY / "values-realstack.yaml").read_text(), art.builds[V2])
+    )
+    chart = art.render_chart(render_chart_text(values), art.builds[V2])
     started = time.monotonic()
     art.kubectl("apply", "-f", str(ROOT / "manifests" / "base" / "namespace.yaml"))
     applied = _apply(art, chart, "chart.yaml")
-    art.wait_ready(f"{IMAGE_REPO}:{V2}")
+    art.wait_ready(art.builds[V2].image)
     seconds = time.monotonic() - started
     _note(f"Helm chart: kubectl apply to both Deployments Ready {seconds:.0f} s")
     assert "would violate PodSecurity" not in applied, applied
