@@ -19,6 +19,7 @@ answer as this checkout's webhook (the check fails the run otherwise).
 from __future__ import annotations
 
 import argparse
+import signal
 import statistics
 import sys
 from dataclasses import dataclass, replace
@@ -174,6 +175,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--baseline", type=Path, default=None)
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
+
+    def stop(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt  # so that the servers are stopped on the way out
+
+    signal.signal(signal.SIGTERM, stop)
     results = run(args)
     text = render(results, args.rate)
     print(text)
