@@ -129,6 +129,8 @@ class Server:
     processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
     log_dir: Path | None = None
     log_level: str = "info"  # the webhook's logging, as `coschedule serve`; "off" disables it
+    # The checkout the process runs (bench.hotpath --baseline: an earlier commit's tree).
+    root: Path = ROOT
 
     @property
     def label(self) -> str:
@@ -143,7 +145,7 @@ class Server:
 
     def start(self, probe_body: bytes) -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith("COSCHEDULE_")}
-        env["PYTHONPATH"] = str(ROOT)
+        env["PYTHONPATH"] = str(self.root)
         for index, cpu in enumerate(self.cpus):
             args = [
                 sys.executable,
@@ -168,7 +170,7 @@ class Server:
                 else subprocess.DEVNULL
             )
             self.processes.append(
-                subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+                subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=self.root)
             )
         self.wait_ready(probe_body)
 

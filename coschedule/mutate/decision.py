@@ -350,7 +350,7 @@ def _decide_coschedule(
 
     ops = decision.ops
     mounted = claims
-    if mode.per_run and view is not None:
+    if view is not None and mode.per_run:  # offline (no view), no enum property read
         mounted = _rewrite_claims(
             ctx.namespace, run, placeholder, volumes, claims, view, settings, ops, decision
         )
@@ -529,7 +529,7 @@ def _claims_step(
             "pod in a few seconds; if the claim does not exist, create it first.",
         )
         return None
-    if mode.per_run and view is not None:
+    if view is not None and mode.per_run:
         conflict = _claims_conflict(pod_spec, ctx, view, run, claims)
         if conflict is not None:
             _deny(decision, volume_conflict.RULE, conflict)
@@ -744,16 +744,20 @@ def _node_placement_ops(
     pins it), a pinned one stays pinned unless the placeholder has moved since."""
     trace = decision.trace
     decision.by_node_name = True
-    _drop_placeholder_terms(pod_spec, placeholder, previous, ops, decision)
+    # Most pods (a TaskRun's pod as Tekton makes it) have no affinity and no gate: each step
+    # below that reads one is skipped by a dict lookup (the same answer: an absent or null
+    # field is what those steps skip), as a call per step is what this path costs under load.
+    if pod_spec.get("affinity") is not None:
+        _drop_placeholder_terms(pod_spec, placeholder, previous, ops, decision)
     view = ctx.placeholders
     node = view.node(ctx.namespace, placeholder) if view is not None else None
-    pinned = node_pin.pinned_node(meta)
-    gated = node_pin.gate_index(pod_spec) is not None
+    gates = pod_spec.get("schedulingGates")
+    gated = gates is not None and node_pin.gate_index(pod_spec) is not None
     if gated and node is not None and previous is None:
         # Gated by the admission policy, not by an earlier admission of ours (which, on
         # reinvocation, stays as it decided), and the placeholder is bound: pin it and lift
         # the gate, as the reconciler would.
-        ops.extend(node_pin.pin_ops(pod_spec, node, pinned))
+        ops.extend(node_pin.pin_ops(pod_spec, node, node_pin.pinned_node(meta)))
         ops.extend(node_pin.ungate_ops(pod_spec))
         if trace:
             decision.reasons.append(
@@ -770,8 +774,12 @@ def _node_placement_ops(
             )
         return None
     if node is None:
-        ops.extend(node_pin.gate_ops(pod_spec))
+        if gates is None and pod_spec:
+            ops.append(jsonpatch.add("/spec/schedulingGates", [node_pin.gate()]))
+        else:
+            ops.extend(node_pin.gate_ops(pod_spec))
         if trace:
+            pinned = node_pin.pinned_node(meta)
             why = "not known" if view is None else "not bound yet"
             decision.reasons.append(
                 f"placement: by node name: the placeholder's node is {why}: held behind the "
@@ -779,6 +787,7 @@ def _node_placement_ops(
                 + (f" (replacing the pin to {pinned!r})" if pinned else "")
             )
         return None
+    pinned = node_pin.pinned_node(meta)
     ops.extend(node_pin.pin_ops(pod_spec, node, pinned))
     if trace:
         if pinned == node:

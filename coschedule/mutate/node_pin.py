@@ -126,15 +126,21 @@ def gate_index(pod_spec: Mapping[str, Any]) -> int | None:
     return None
 
 
+def gate() -> dict[str, str]:
+    """The placeholder's scheduling gate, a fresh object (an operation's value is the
+    caller's)."""
+    return dict(_GATE)
+
+
 def gate_ops(pod_spec: Mapping[str, Any]) -> list[Op]:
     """Hold the pod behind the placeholder's gate (none when it already is)."""
     if not pod_spec:
-        return [jsonpatch.add("/spec", {"schedulingGates": [dict(_GATE)]})]
+        return [jsonpatch.add("/spec", {"schedulingGates": [gate()]})]
     if gate_index(pod_spec) is not None:
         return []
     if pod_spec.get("schedulingGates") is None:
-        return [jsonpatch.add("/spec/schedulingGates", [dict(_GATE)])]
-    return [jsonpatch.add("/spec/schedulingGates/-", dict(_GATE))]
+        return [jsonpatch.add("/spec/schedulingGates", [gate()])]
+    return [jsonpatch.add("/spec/schedulingGates/-", gate())]
 
 
 def ungate_ops(pod_spec: Mapping[str, Any]) -> list[Op]:
