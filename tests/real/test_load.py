@@ -20,8 +20,8 @@ from tests.real.stack import RealCluster
 
 pytestmark = pytest.mark.faults
 
-RUNS = int(os.environ.get("COSCHEDULE_LOAD_RUNS", "20"))
-MINUTES = float(os.environ.get("COSCHEDULE_LOAD_MINUTES", "2.5"))
+RUNS = int(os.environ.get("COSCHEDULE_FAULTS_LOAD_RUNS", "20"))
+MINUTES = float(os.environ.get("COSCHEDULE_FAULTS_LOAD_MINUTES", "2.5"))
 
 
 def test_sustained_load_with_faults(real: RealCluster) -> None:
