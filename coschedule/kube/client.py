@@ -400,10 +400,16 @@ def object_path(
 
 class KubeClient:
     def __init__(
-        self, creds: Credentials, *, timeout: float = 30.0, user_agent: str = "coschedule"
+        self,
+        creds: Credentials,
+        *,
+        timeout: float = 30.0,
+        user_agent: str = "coschedule",
+        reachability: ApiReachability | None = None,
     ) -> None:
         self.creds = creds
-        self.reachability = ApiReachability(creds.server)
+        # Shared by a process's clients of one API server: one "waiting for" line, not one each.
+        self.reachability = reachability or ApiReachability(creds.server)
         self._http = httpx.AsyncClient(
             base_url=creds.server,
             verify=_ssl_context(creds),

@@ -137,7 +137,9 @@ async def serve_reconciler(
     elector: LeaderElector | None = None
     # The Lease on a client of its own: a burst of the workers' calls (releases) must not
     # keep a renewal waiting for a pooled connection past its deadline (leadership lost).
-    lease_client = KubeClient(creds, user_agent="coschedule-reconciler")
+    lease_client = KubeClient(
+        creds, user_agent="coschedule-reconciler", reachability=client.reachability
+    )
     if args.leader_elect:
         elector = LeaderElector(
             lease_client,
