@@ -50,6 +50,10 @@ class BadControl(ValueError):
     """The control is invalid; the message names the field."""
 
 
+# The CRD's bound (its schema's maximum): the parser refuses what the API server would.
+MAX_RUNNING = 1000
+
+
 @dataclass(frozen=True, slots=True)
 class Control:
     namespace: str
@@ -123,8 +127,14 @@ def parse_control(obj: Mapping[str, Any], namespace: str | None = None) -> Contr
             f"spec.strategy: {raw_strategy!r} is not one of {_choices(Strategy)}"
         ) from None
     max_running = spec.get("maxRunning", 1)
-    if not isinstance(max_running, int) or isinstance(max_running, bool) or max_running < 1:
-        raise BadControl(f"spec.maxRunning must be an integer of at least 1, not {max_running!r}")
+    if (
+        not isinstance(max_running, int)
+        or isinstance(max_running, bool)
+        or not 1 <= max_running <= MAX_RUNNING
+    ):
+        raise BadControl(
+            f"spec.maxRunning must be an integer from 1 to {MAX_RUNNING}, not {max_running!r}"
+        )
     raw_order = spec.get("order")
     order = Order.OLDEST_FIRST
     if raw_order is not None:
