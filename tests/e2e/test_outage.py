@@ -87,12 +87,16 @@ def gate_policy(api: Api, namespace: str, source: Path = POLICY) -> Iterator[Non
 
 
 def wait_policy_active(api: Api, run: TektonRun) -> None:
-    """kube-apiserver loads a new policy from its own watch: a dry run says when."""
+    """kube-apiserver loads a new policy from its own watch: a dry run says when. Called
+    with the webhook down: with it up, its own gate on the probe (placement auto) would look
+    like the policy's, and it drops the policy's mark in the same admission. The policy's
+    label is the proof."""
     probe = run.pod_manifest("probe", fixture=NO_WORKSPACE)
 
     def gated() -> bool:
         stored = api.create(copy.deepcopy(probe), dry_run=True)
-        return any(
+        labels = stored["metadata"].get("labels") or {}
+        return labels.get(LABEL_GATED_BY) == GATED_BY_POLICY and any(
             g.get("name") == GATE_PLACEHOLDER for g in stored["spec"].get("schedulingGates") or []
         )
 
@@ -133,8 +137,8 @@ def test_a_webhook_outage_refuses_no_pod_and_the_reconciler_colocates_the_run(
     ns = namespace(mode="pipelineruns")
     run = TektonRun(api, ns, unique("pr")).create()
     with gate_policy(api, ns):
-        wait_policy_active(api, run)
         with webhook_down(e2e):
+            wait_policy_active(api, run)
             # Created, not refused (the pod webhook fails open): gated and labelled by the
             # policy, with none of the webhook's marks.
             first = run.create_pod("build", fixture=NO_WORKSPACE)
