@@ -138,16 +138,16 @@ class Executor:
             if isinstance(action, ReleasePod):
                 # The pass's releases (consecutive: ``node_pins`` plans them together) go
                 # out at once; each stands alone, as one after another.
-                end = index
-                while end < len(actions) and isinstance(actions[end], ReleasePod):
-                    end += 1
-                await self._release_pods(key, actions[index:end])
-                index = end
+                releases: list[ReleasePod] = []
+                while index < len(actions) and isinstance(release := actions[index], ReleasePod):
+                    releases.append(release)
+                    index += 1
+                await self._release_pods(key, releases)
                 continue
             uid = await self._one(key, action, uid)
             index += 1
 
-    async def _release_pods(self, key: str, releases: list[Action]) -> None:
+    async def _release_pods(self, key: str, releases: list[ReleasePod]) -> None:
         """Every release at once (``RELEASES_IN_FLIGHT`` at most, with the other workers');
         the first error of any is raised once all have ended (the others took effect or
         were stale)."""
@@ -155,8 +155,7 @@ class Executor:
             self._releasing = asyncio.Semaphore(RELEASES_IN_FLIGHT)
         gate = self._releasing
 
-        async def one(action: Action) -> None:
-            assert isinstance(action, ReleasePod)
+        async def one(action: ReleasePod) -> None:
             async with gate:
                 self._check_leader()
                 await self._release_pod(key, action)
