@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from cryptography import x509
 
+from coschedule.cli.main import build_parser
 from coschedule.marks import run_placeholder
 from tests.conftest import PATIENCE_SECONDS
 from tests.fixtures import pod_path
@@ -249,6 +250,19 @@ def test_bogus_log_level_is_a_usage_error(command: str) -> None:
 )
 def test_ports_outside_1_to_65535_are_refused(args: list[str]) -> None:
     refused(run(*args), f"argument {args[1]}", "1..65535")
+
+
+@pytest.mark.parametrize("value", ["-1s", "10", "ten seconds", "0x"])
+def test_a_shutdown_delay_that_is_not_a_duration_is_refused(value: str) -> None:
+    refused(run("serve", f"--shutdown-delay={value}"), "argument --shutdown-delay", "or 0")
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"), [("0", 0.0), ("0s", 0.0), ("10s", 10.0), ("1.5m", 90.0)]
+)
+def test_a_shutdown_delay_is_a_duration_or_zero(text: str, seconds: float) -> None:
+    args = build_parser().parse_args(["serve", "--shutdown-delay", text])
+    assert args.shutdown_delay.total_seconds() == seconds
 
 
 @pytest.mark.parametrize(

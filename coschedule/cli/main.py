@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import os
 import sys
 
@@ -164,6 +165,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--no-cluster",
         action="store_true",
         help="run on the cluster-wide settings alone, even if a cluster is found",
+    )
+    serve.add_argument(
+        "--shutdown-delay",
+        type=options.duration_or_zero,
+        default=dt.timedelta(0),
+        metavar="DURATION",
+        help="on SIGTERM, keep serving this long, not ready and closing each connection, so "
+        "that API servers stop calling the pod before it stops (the Deployment sets 10s; "
+        "SIGINT stops at once)",
     )
     serve.add_argument("--log-level", type=options.log_level, default="info", help=log_help)
     _log_format_flag(serve)

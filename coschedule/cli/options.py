@@ -51,7 +51,18 @@ _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 def duration(text: str) -> dt.timedelta:
     """``90d``, ``2160h``, ``10m``, ``45s``: a positive span of time."""
+    return _span(text, zero=False)
+
+
+def duration_or_zero(text: str) -> dt.timedelta:
+    """As ``duration``, and ``0`` (or ``0s``) for none."""
+    return _span(text, zero=True)
+
+
+def _span(text: str, *, zero: bool) -> dt.timedelta:
     value = text.strip().lower()
+    if zero and value in ("0", *(f"0{unit}" for unit in _UNITS)):
+        return dt.timedelta(0)
     unit = _UNITS.get(value[-1:]) if value else None
     try:
         amount = float(value[:-1]) if unit is not None else float("nan")
@@ -60,6 +71,7 @@ def duration(text: str) -> dt.timedelta:
     if unit is None or not amount > 0 or amount == float("inf"):
         raise argparse.ArgumentTypeError(
             f"{text!r} is not a duration: a positive number and a unit, s, m, h or d (90d, 12h)"
+            + (", or 0" if zero else "")
         )
     return dt.timedelta(seconds=amount * unit)
 

@@ -81,6 +81,7 @@ def run_webhook(args: argparse.Namespace) -> int:
         port=args.port,
         health_port=args.health_port,
         cert_dir=cert_dir,
+        shutdown_delay=args.shutdown_delay.total_seconds(),
         sockets=sockets,
     )
 

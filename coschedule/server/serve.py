@@ -19,6 +19,7 @@ from coschedule.listen import EVERY_ADDRESS, ListenError, describe, listen_socke
 from coschedule.mutate.decision import PlaceholderView, VolumeView
 from coschedule.probes import Probes, probes_app
 from coschedule.server.admission import NamespaceLookup
+from coschedule.server.drain import Drain
 from coschedule.server.https_app import HttpsApp
 from coschedule.server.pod_endpoint import ClaimCacheView, PodEndpoint
 from coschedule.server.run_endpoint import ControlLookup, RunEndpoint
@@ -40,6 +41,8 @@ class ServeOptions:
     health_port: int = 8080
     cert_dir: Path = Path("certs")
     reload_interval: float = RELOAD_INTERVAL_SECONDS
+    # On SIGTERM, serve this long more, not ready, before stopping (coschedule.server.drain).
+    shutdown_delay: float = 0.0
     # Both listeners' sockets, bound by ``bind_listeners`` before the event loop (else here).
     sockets: tuple[Listener, Listener] | None = None
 
@@ -88,6 +91,7 @@ class Webhook:
     probes: Probes
     pods: PodEndpoint
     runs: RunEndpoint
+    drain: Drain
 
     def reload_once(self) -> None:
         self.settings.maybe_reload()
@@ -118,16 +122,18 @@ def build_webhook(
         # Loaded at start or the process would not be here; a refused reload is detail only.
         return True, settings.detail()
 
+    drain = Drain()
     probes.checks["certificate"] = cert_check
     probes.checks["config"] = config_check
+    probes.checks["shutdown"] = drain.readiness
     pods = PodEndpoint(settings, metrics, namespaces, claims, volumes, placeholders)
     runs = RunEndpoint(metrics, controls, namespaces)
-    return Webhook(settings, metrics, certificate, probes, pods, runs)
+    return Webhook(settings, metrics, certificate, probes, pods, runs, drain)
 
 
 async def serve(webhook: Webhook, options: ServeOptions) -> None:
     https_config = uvicorn.Config(
-        HttpsApp(webhook.pods, probes_app(webhook.probes, None), webhook.runs),
+        HttpsApp(webhook.pods, probes_app(webhook.probes, None), webhook.runs, webhook.drain),
         host=options.host,
         port=options.port,
         ssl_context_factory=lambda _config, _default: webhook.certificate.context,
@@ -157,9 +163,20 @@ async def serve(webhook: Webhook, options: ServeOptions) -> None:
         for server in servers:
             server.should_exit = True
 
+    drain = webhook.drain
+    drain.delay = options.shutdown_delay
+
+    def on_signal(sig: signal.Signals) -> None:
+        # SIGTERM (the kubelet) drains first; SIGINT (Ctrl-C) or a second SIGTERM stops now.
+        if sig is signal.SIGTERM and drain.begin():
+            log.info("draining", extra={"seconds": drain.delay})
+            loop.call_later(drain.delay, stop)
+        else:
+            stop()
+
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.add_signal_handler(sig, stop)
+            loop.add_signal_handler(sig, on_signal, sig)
 
     reloader = asyncio.create_task(
         reload_loop(options.reload_interval, webhook.reload_once, "reload")

@@ -535,10 +535,13 @@ def test_probes_certificate_mount_and_config_reload(art: ArtifactStack, wave: Wa
         for status in pod["status"]["containerStatuses"]:
             assert status["restartCount"] == 0, art.describe()
     # The certificate mounted from the Secret is what each pod serves, valid for the
-    # Service's name under the caBundle the certs Job wrote.
+    # Service's name under the caBundle the certs Job wrote. Right after the install the
+    # reconciler's leader replaces the Job's certificate with one from its own CA (both CAs
+    # trusted meanwhile), and the kubelet brings a changed Secret into the pods within its
+    # sync period (about a minute): so each pod serves the Secret's certificate in time.
     ca = _ca_bundle(api)
-    secret_cert = base64.b64decode(_secret(api)["data"]["tls.crt"])
-    for pod in webhooks:
+
+    def served(pod: Obj) -> str:
         context = ssl.create_default_context(cadata=ca.decode())
         with (
             socket.create_connection((pod["status"]["podIP"], 8443), timeout=10) as sock,
@@ -546,9 +549,14 @@ def test_probes_certificate_mount_and_config_reload(art: ArtifactStack, wave: Wa
         ):
             der = tls.getpeercert(binary_form=True)
         assert der is not None
-        assert ssl.DER_cert_to_PEM_cert(der).strip() in secret_cert.decode(), pod["metadata"][
-            "name"
-        ]
+        return ssl.DER_cert_to_PEM_cert(der).strip()
+
+    def every_pod_serves_the_secret() -> bool:
+        secret_cert = base64.b64decode(_secret(api)["data"]["tls.crt"]).decode()
+        return all(served(pod) in secret_cert for pod in webhooks)
+
+    wait_for("every webhook pod to serve the Secret's certificate", every_pod_serves_the_secret,
+             timeout=150, interval=2, describe=art.describe)  # fmt: skip
     # The ConfigMap edit reached the processes that were running then, through the kubelet.
     alive = {p["metadata"]["name"]: p for p in art.pods("webhook") + art.pods("reconciler")}
     watched = {name: c for name, c in wave.reload_pods.items() if name in alive}
