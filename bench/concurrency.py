@@ -29,12 +29,12 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-from prometheus_client import CollectorRegistry
 
 from coschedule.concurrency.plan import GroupKey, plan
 from coschedule.engines import Kind
 from coschedule.kube.client import Credentials, KubeClient
 from coschedule.reconcile.concurrency import ConcurrencyController, slim_run
+from coschedule.reconcile.reconciler_metrics import ReconcileMetrics
 
 ROOT = Path(__file__).resolve().parent.parent
 NAMESPACES = 10
@@ -128,7 +128,7 @@ def _run(kind: Kind, namespace: str, control: str, key: str, index: int) -> dict
 def build_state(groups: int, runs_per_group: int) -> tuple[ConcurrencyController, list[GroupKey]]:
     """The controller's caches and indexes, filled through its own event handlers."""
     client = KubeClient(Credentials(server="https://127.0.0.1:1"))  # never called
-    controller = ConcurrencyController(client, CollectorRegistry(), leading=lambda: False)
+    controller = ConcurrencyController(client, ReconcileMetrics(), leading=lambda: False)
     keys: list[GroupKey] = []
     per_namespace = groups // NAMESPACES
     for n in range(NAMESPACES):

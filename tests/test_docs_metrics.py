@@ -108,7 +108,6 @@ def test_no_created_series_is_exported_by_either_process() -> None:
     from prometheus_client import generate_latest
     from prometheus_client.metrics import enable_created_metrics
 
-    from coschedule.reconcile.concurrency import ConcurrencyMetrics
     from coschedule.reconcile.reconciler_metrics import ReconcileMetrics
     from coschedule.server.webhook_metrics import WebhookMetrics
 
@@ -119,8 +118,7 @@ def test_no_created_series_is_exported_by_either_process() -> None:
     webhook.config_reload_errors.inc()
     reconciler = ReconcileMetrics()
     reconciler.reconciles.labels("placeholder").inc()
-    concurrency = ConcurrencyMetrics(reconciler.registry)
-    concurrency.start_delay.observe(1.0)
+    reconciler.concurrency.start_delay.observe(1.0)
     for registry in (webhook.registry, reconciler.registry):
         exposed = generate_latest(registry).decode()
         assert "_total" in exposed

@@ -19,7 +19,6 @@ from prometheus_client import CollectorRegistry
 
 from coschedule.reconcile.cert_plan import RotationPolicy
 from coschedule.reconcile.certificates import CertificateMetrics
-from coschedule.reconcile.concurrency import ConcurrencyMetrics
 from coschedule.reconcile.reconciler_metrics import ReconcileMetrics
 from coschedule.server.webhook_metrics import WebhookMetrics
 from tests.chart import CHART, render_chart
@@ -53,7 +52,6 @@ def registered() -> dict[str, set[str]]:
     webhook = WebhookMetrics()
     webhook.admissions.record(("workspaces", "true", "200"))  # a sample shows the labels
     reconciler = ReconcileMetrics()
-    ConcurrencyMetrics(reconciler.registry)
     CertificateMetrics(reconciler.registry)
     reconciler.errors.labels("placeholder", "409")
     names = exposed(webhook.registry)

@@ -4,7 +4,7 @@ lift the placeholder's scheduling gate from every pod it holds, before coschedul
 
 It lists the runs the webhook grouped (label ``coschedule.dev/concurrency``) of every run
 engine, in the namespaces asked for or all of them, and starts those held pending by
-coschedule through the reconciler's own start path (``reconcile.concurrency.start_run``: the
+coschedule through the reconciler's own start path (``reconcile.run_writes.start_run``: the
 engine's start patch with the run's resourceVersion, a log line, a ``Started`` Event). Runs
 their authors made pending are left alone, as the reconciler leaves them. A run that changed
 meanwhile (409) is read again and started if it is still held. Run twice, the second run
@@ -27,11 +27,11 @@ from dataclasses import dataclass
 from coschedule.cli.options import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from coschedule.concurrency.runs import Run, State, parse_run
 from coschedule.engines import RUN_ENGINES, Kind
-from coschedule.kube.client import ApiError, KubeClient, object_path
+from coschedule.kube.client import JSON_PATCH, ApiError, KubeClient, object_path
 from coschedule.kube.informer import Obj
 from coschedule.marks import LABEL_CONCURRENCY_GROUPED, LABEL_GATED_BY, LABEL_PLACEHOLDER
 from coschedule.mutate.node_pin import gate_index, ungate_ops
-from coschedule.reconcile.concurrency import run_path, start_run
+from coschedule.reconcile.run_writes import run_path, start_run
 
 # A run that keeps changing under us (another writer) is left after this many tries.
 ATTEMPTS = 3
@@ -183,7 +183,7 @@ async def ungate(client: KubeClient, pod: Obj) -> PodOutcome:
         if not ops:
             return PodOutcome(namespace, name, False, "no longer gated")
         try:
-            await client.patch(path, ops, content_type="application/json-patch+json")
+            await client.patch(path, ops, content_type=JSON_PATCH)
         except ApiError as exc:
             if exc.status == 404:
                 return PodOutcome(namespace, name, False, "deleted meanwhile")

@@ -29,6 +29,7 @@ import yaml
 from coschedule.k8s.timefmt import parse_time
 from coschedule.kube.reachability import ApiReachability, is_unreachable
 
+JSON_PATCH = "application/json-patch+json"  # the content type of a JSON patch (RFC 6902)
 SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 TOKEN_REREAD_SECONDS = 60.0
 

@@ -1,5 +1,6 @@
 """Run concurrency control in the reconciler: ConcurrencyControls and grouped runs ->
-keyed work queue (one key per group: namespace/control/value) -> ``plan`` -> patches.
+keyed work queue (one key per group: namespace/control/value) -> ``run_plan`` -> a ``Plan``
+whose starts, cancels, waiting marks and status writes the one ``Executor`` carries out.
 
 Runs are watched with a label selector (only those the webhook grouped); a run type whose
 CRD is not installed is looked for again later. State lives on the runs (labels and the
@@ -19,37 +20,14 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-
-from coschedule.concurrency.admission import admit_run, policy_held
+from coschedule.concurrency.admission import policy_held
 from coschedule.concurrency.control import Control
-from coschedule.concurrency.names import API_VERSION, PLURAL
-from coschedule.concurrency.plan import (
-    Action,
-    CancelRun,
-    Group,
-    GroupKey,
-    MarkWaiting,
-    StartRun,
-    control_status,
-    group_keys,
-    next_deadline,
-    plan,
-)
-from coschedule.concurrency.runs import (
-    Run,
-    State,
-    cancel_patch,
-    parse_run,
-    run_labels,
-    start_patch,
-    waiting_patch,
-)
-from coschedule.engines import RUN_ENGINES, RUN_SPEC_FIELDS, Kind, Strategy
-from coschedule.kube.client import ApiError, KubeClient, object_path
+from coschedule.concurrency.plan import Group, GroupKey, group_keys
+from coschedule.concurrency.runs import State, parse_run, run_labels
+from coschedule.engines import RUN_ENGINES, RUN_SPEC_FIELDS, Kind
+from coschedule.kube.client import KubeClient, object_path
 from coschedule.kube.controls_cache import ControlCache
 from coschedule.kube.discovery import RETRY_SECONDS, wait_served
-from coschedule.kube.events import record_event
 from coschedule.kube.informer import IndexFunc, Informer, Obj
 from coschedule.marks import (
     ANNOTATION_HELD_BY,
@@ -60,9 +38,11 @@ from coschedule.marks import (
     LABEL_CONCURRENCY_GROUPED,
     LABEL_CONCURRENCY_PREFIX,
 )
-from coschedule.reconcile.executor import JSON_PATCH, NotLeader
+from coschedule.reconcile.executor import Executor
+from coschedule.reconcile.model import Plan
+from coschedule.reconcile.reconciler_metrics import ReconcileMetrics
+from coschedule.reconcile.run_plan import plan_admit, plan_group, plan_status
 from coschedule.reconcile.workqueue import WorkQueue
-from coschedule.wire import jsonpatch
 
 log = logging.getLogger("coschedule.concurrency")
 
@@ -72,36 +52,6 @@ STATUS_PREFIX = "status:"  # queue keys of control status updates (namespaces ho
 # Queue keys of runs the admission policy held that no webhook decided (an outage):
 # ``admit:<kind>/<namespace>/<name>``.
 ADMIT_PREFIX = "admit:"
-
-
-class ConcurrencyMetrics:
-    def __init__(self, registry: CollectorRegistry) -> None:
-        self.registry = registry
-        self.cancellations = Counter(
-            "coschedule_concurrency_cancellations_total",
-            "Runs cancelled by concurrency control (superseded, or past maxPending or "
-            "maxWaitSeconds), by strategy.",
-            ["strategy"],
-            registry=registry,
-        )
-        self.pending = Gauge(
-            "coschedule_concurrency_pending_runs",
-            "Runs held pending by coschedule, waiting for their group to let them start.",
-            registry=registry,
-        )
-        self.start_delay = Histogram(
-            "coschedule_concurrency_start_delay_seconds",
-            "From a run's creation to coschedule starting it.",
-            buckets=(0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600, 14400),
-            registry=registry,
-        )
-        self.starts = Counter(
-            "coschedule_concurrency_starts_total",
-            "Runs started by coschedule.",
-            registry=registry,
-        )
-        for strategy in Strategy:  # Queue too: maxPending and maxWaitSeconds cancel
-            self.cancellations.labels(strategy.value)
 
 
 def slim_run(obj: Obj, kind: Kind) -> Obj:
@@ -180,7 +130,7 @@ class ConcurrencyController:
     def __init__(
         self,
         client: KubeClient,
-        registry: CollectorRegistry,
+        metrics: ReconcileMetrics,
         *,
         leading: Callable[[], bool],
         workers: int = DEFAULT_WORKERS,
@@ -189,9 +139,10 @@ class ConcurrencyController:
         retry_base: float | None = None,
     ) -> None:
         self.client = client
-        self.leading = leading
-        self.metrics = ConcurrencyMetrics(registry)
+        self.metrics = metrics.concurrency
         self.clock = clock
+        # Leadership is checked by the executor, before each action (``NotLeader``).
+        self.executor = Executor(client, metrics, leading=leading, clock=clock)
         self.workers = workers
         self.discovery_retry = discovery_retry
         self.queue = WorkQueue() if retry_base is None else WorkQueue(retry_base=retry_base)
@@ -335,66 +286,36 @@ class ConcurrencyController:
 
     # ---- workers --------------------------------------------------------------------------
 
-    async def reconcile(self, key: str) -> None:
-        """One group's plan carried out, or one control's status written. A patch that
-        meets a newer version (409: our cache was behind) fails the reconcile: the key is
-        retried with backoff and the watch brings the new version meanwhile."""
+    async def reconcile(self, key: str) -> Plan:
+        """Observe one key, plan it purely (``run_plan``) and give the plan to the executor:
+        a group's starts, cancels and waiting marks (and a look again at its next
+        ``maxWaitSeconds``), a control's status, or a held run admitted. A patch that meets
+        a newer version (409: our cache was behind) fails the reconcile: the manager retries
+        the key with backoff and the watch brings the new version meanwhile."""
         if key.startswith(STATUS_PREFIX):
             namespace, _, name = key.removeprefix(STATUS_PREFIX).partition("/")
-            await self.update_status(namespace, name)
-            return
-        if key.startswith(ADMIT_PREFIX):
+            control = self.controls.get(namespace, name)
+            stored = self.controls.stored(namespace, name)
+            groups = (
+                [self.group(k) for k in sorted(self.groups_of(namespace, name))]
+                if control is not None and stored is not None
+                else []
+            )
+            result = plan_status(namespace, name, control, stored, groups)
+        elif key.startswith(ADMIT_PREFIX):
             kind_text, namespace, name = key.removeprefix(ADMIT_PREFIX).split("/", 2)
-            await self.admit(Kind(kind_text), namespace, name)
-            return
-        group = GroupKey.parse(key)
-        observed = self.observe(group)
-        now = self.clock()
-        deadline = next_deadline(observed[group])
-        if deadline is not None and deadline > now:
-            # A run of the group reaches maxWaitSeconds then: look again (a second after,
-            # so that clock skew with the API server's creation time cannot make it early).
-            with contextlib.suppress(RuntimeError):
-                self.queue.add_after(key, deadline - now + 1.0)
-        for action in plan(group, observed, now):
-            if not self.leading():
-                raise NotLeader
-            try:
-                await self.execute(action)
-            except ApiError as exc:
-                if exc.status != 404:
-                    raise
-                # the run is gone: nothing to start or cancel
-
-    async def admit(self, kind: Kind, namespace: str, name: str) -> None:
-        """What the run webhook would have done to a run the admission policy held while
-        no webhook answered: the run webhook's own decision (``admit_run``) on the run as
-        stored, with the controls of its namespace, in one patch conditional on its
-        resourceVersion. Labelled, it joins its groups (and is started when they let it);
-        selected by no control, it is started as its author submitted it."""
-        engine = RUN_ENGINES[kind]
-        path = object_path(engine.api_version, engine.plural, namespace, name)
-        stored = await self.client.get(path)  # the whole run: its params make the key
-        if stored is None or not policy_held(stored):
-            return
-        decision = admit_run(kind, stored, namespace, self.controls.controls(namespace))
-        version = str((stored.get("metadata") or {}).get("resourceVersion") or "")
-        ops = [jsonpatch.test("/metadata/resourceVersion", version), *decision.ops]
-        if not self.leading():
-            raise NotLeader
-        await self.client.patch(path, ops, content_type=JSON_PATCH)
-        run = parse_run(kind, stored)
-        controls = ", ".join(m.control.name for m in decision.matches) or "none"
-        message = (
-            f"created while the coschedule webhook was unreachable and held by the admission "
-            f"policy; decided by the reconciler: {decision.outcome.value} "
-            f"(ConcurrencyControls: {controls})"
-        )
-        log.info(
-            "run admitted without the webhook decided",
-            extra={"run": f"{namespace}/{name}", "kind": kind.value, "why": message},
-        )
-        await run_event(self.client, run, "AdmittedWithoutWebhook", message)
+            kind = Kind(kind_text)
+            engine = RUN_ENGINES[kind]
+            # The whole run, as stored: its params make the key.
+            stored = await self.client.get(
+                object_path(engine.api_version, engine.plural, namespace, name)
+            )
+            result = plan_admit(kind, namespace, stored, self.controls.controls(namespace))
+        else:
+            group = GroupKey.parse(key)
+            result = plan_group(group, self.observe(group), self.clock())
+        await self.executor.execute(key, result.actions, None)
+        return result
 
     def group(self, key: GroupKey) -> Group:
         """The group's control and runs (by kind, then namespace/name), from the caches."""
@@ -413,92 +334,3 @@ class ConcurrencyController:
                 if other not in groups:
                     groups[other] = self.group(other)
         return groups
-
-    async def update_status(self, namespace: str, name: str) -> None:
-        """Write the control's counts to its status subresource when they changed."""
-        control = self.controls.get(namespace, name)
-        stored = self.controls.stored(namespace, name)
-        if control is None or stored is None or not self.leading():
-            return
-        groups = [self.group(k) for k in sorted(self.groups_of(namespace, name))]
-        status: dict[str, Any] = control_status(control, groups)
-        generation = (stored.get("metadata") or {}).get("generation")
-        if isinstance(generation, int):
-            status["observedGeneration"] = generation
-        current = stored.get("status") or {}
-        if all(current.get(k) == v for k, v in status.items()):
-            return
-        path = object_path(API_VERSION, PLURAL, namespace, name) + "/status"
-        try:
-            await self.client.patch(path, {"status": status})
-        except ApiError as exc:
-            if exc.status != 404:  # a control deleted meanwhile has no status to write
-                raise
-
-    async def execute(self, action: Action) -> None:
-        run = action.run
-        path = run_path(run)
-        if isinstance(action, CancelRun):
-            await self.client.patch(path, cancel_patch(run, action.value))
-            self.metrics.cancellations.labels(action.strategy.value).inc()
-            message = (
-                f"cancelled by ConcurrencyControl {action.control}: {action.why}, key {action.key}"
-            )
-            log.info(
-                "cancelled run",
-                extra={
-                    "run": f"{run.namespace}/{run.name}",
-                    "kind": run.kind.value,
-                    "why": message,
-                },
-            )
-            await run_event(self.client, run, "Cancelled", message)
-        elif isinstance(action, StartRun):
-            await start_run(self.client, run, action.why, started=self._count_start)
-        elif isinstance(action, MarkWaiting):
-            # Written only when the reason changed (the plan compares it with the run's): one
-            # Event per change, and nothing when a look changes nothing.
-            await self.client.patch(path, waiting_patch(run, action.why, action.data))
-            if action.why != run.annotations.get(ANNOTATION_WAITING):
-                await run_event(self.client, run, "Waiting", action.why)
-
-    def _count_start(self, run: Run) -> None:
-        created = run.created_at
-        if created:
-            self.metrics.start_delay.observe(max(0.0, self.clock() - created))
-        self.metrics.starts.inc()
-
-
-def run_path(run: Run) -> str:
-    engine = RUN_ENGINES[run.kind]
-    return object_path(engine.api_version, engine.plural, run.namespace, run.name)
-
-
-async def start_run(
-    client: KubeClient, run: Run, why: str, *, started: Callable[[Run], None] | None = None
-) -> None:
-    """Let a run held pending by coschedule start: its engine's start patch, only if the run
-    is unchanged since ``run`` was read (a stale one is 409), then ``started`` (the
-    reconciler's metrics), a log line and a ``Started`` Event. The one start path: the
-    reconciler's plans and ``coschedule release-held``."""
-    await client.patch(run_path(run), start_patch(run))
-    if started is not None:
-        started(run)
-    message = f"started by coschedule: {why}"
-    log.info(
-        "started run",
-        extra={"run": f"{run.namespace}/{run.name}", "kind": run.kind.value, "why": message},
-    )
-    await run_event(client, run, "Started", message)
-
-
-async def run_event(
-    client: KubeClient, run: Run, reason: str, message: str, kind: str = "Normal"
-) -> None:
-    involved = {
-        "apiVersion": RUN_ENGINES[run.kind].api_version,
-        "kind": run.kind.value,
-        "name": run.name,
-        "uid": run.uid,
-    }
-    await record_event(client, run.namespace, involved, reason, message, kind)

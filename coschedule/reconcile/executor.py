@@ -1,25 +1,34 @@
-"""Carrying out the planners' actions (``plan``, ``plan_stuck``) against the API, one key
-at a time.
+"""Carrying out every controller's planned actions against the API, one key at a time:
+the placeholder controller's (``plan``, ``plan_stuck``, ``plan_pins``,
+``plan_assistant_conflict``) and the concurrency controller's (``run_plan``: starts,
+cancels, waiting marks, held runs admitted, a control's status; their writes are in
+``run_writes``).
 
-API errors propagate (the controller retries the key with backoff); Events never do. Before
-each call the leader check runs, so a replica that lost the Lease stops at once. Each action
-stands alone: an action's own Event is recorded when the action took effect. A placeholder
-pod is deleted once per resourceVersion, whichever action deletes it (one memory).
+API errors propagate (the manager retries the key with backoff); Events never do. Before
+each action the leader check runs, so a replica that lost the Lease stops at once (the one
+leadership check of both controllers). Each action stands alone: an action's own Event is
+recorded when the action took effect. A placeholder pod is deleted once per
+resourceVersion, whichever action deletes it (one memory, per Executor).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Iterable
+import time
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, Never, NoReturn
 
-from coschedule.kube.client import ApiError, KubeClient, object_path
+from coschedule.concurrency.runs import Run
+from coschedule.kube.client import JSON_PATCH, ApiError, KubeClient, object_path
 from coschedule.kube.events import record_event
 from coschedule.kube.informer import Obj
 from coschedule.marks import LABEL_INSTANCE
+from coschedule.reconcile import run_writes
 from coschedule.reconcile.model import (
     Action,
+    AdmitHeldRun,
+    CancelRun,
     ClearStuck,
     CreateStatefulSet,
     DeleteClaim,
@@ -29,12 +38,15 @@ from coschedule.reconcile.model import (
     DeleteStrayPod,
     HoldPinnedPlaceholder,
     MarkStuck,
+    MarkWaiting,
     PatchStatefulSet,
     RecordEvent,
     ReleaseClaim,
     ReleasePod,
     RelocatePlaceholder,
     ReportAssistantConflict,
+    StartRun,
+    WriteControlStatus,
 )
 from coschedule.reconcile.reconciler_metrics import ReconcileMetrics
 from coschedule.reconcile.stuck_facts import StuckMemory
@@ -43,7 +55,6 @@ log = logging.getLogger("coschedule.reconcile")
 
 PVC_PROTECTION = "kubernetes.io/pvc-protection"
 BACKGROUND = {"apiVersion": "v1", "kind": "DeleteOptions", "propagationPolicy": "Background"}
-JSON_PATCH = "application/json-patch+json"
 # A conditional write that met a newer object than the one planned from: 409 (a delete's
 # preconditions, a resourceVersion), 422 (a JSON patch's ``test``), 404 (gone). The change
 # that made it stale comes through the watch and the group is looked at again.
@@ -69,17 +80,33 @@ def unknown(action: Never) -> NoReturn:
     raise UnknownAction(f"no case in the executor for action {type(action).__name__}: {action!r}")
 
 
+def _no_run(key: str) -> str:
+    return ""
+
+
+def _nothing(key: str) -> None:
+    return None
+
+
 class Executor:
+    """One per controller (its memory is its own); every action type has its case.
+
+    ``run_of``, ``pod_version``, ``torn_down`` and ``stuck`` are the placeholder
+    controller's (its log fields, its placeholder pods' versions, a group torn down, its
+    stuck groups); the concurrency controller's Executor leaves them to their defaults and
+    gives its ``clock`` (a run's start delay)."""
+
     def __init__(
         self,
         client: KubeClient,
         metrics: ReconcileMetrics,
         *,
         leading: Callable[[], bool],
-        run_of: Callable[[str], str],
-        pod_version: Callable[[str], str],
-        torn_down: Callable[[str], None],
-        stuck: StuckMemory,
+        run_of: Callable[[str], str] = _no_run,
+        pod_version: Callable[[str], str] = _no_run,
+        torn_down: Callable[[str], None] = _nothing,
+        stuck: StuckMemory | None = None,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.client = client
         self.metrics = metrics
@@ -87,7 +114,8 @@ class Executor:
         self.run_of = run_of
         self.pod_version = pod_version
         self.torn_down = torn_down
-        self.stuck = stuck
+        self.stuck = stuck if stuck is not None else StuckMemory(metrics.stuck_groups)
+        self.clock = clock
         # Placeholder pod -> the resourceVersion we deleted: until the watch shows it
         # terminating, a second look must not delete (and count, and announce) it again.
         self.deleted: dict[str, str] = {}
@@ -238,9 +266,31 @@ class Executor:
                     log.info(
                         "run no longer stuck", extra=self._extra(key, "unstuck", reason=action.why)
                     )
+            case StartRun():
+                await _unless_gone(
+                    run_writes.start_run(
+                        self.client, action.run, action.why, started=self._count_start
+                    )
+                )
+            case CancelRun():
+                await _unless_gone(
+                    run_writes.cancel_run(self.client, action, self.metrics.concurrency)
+                )
+            case MarkWaiting():
+                await _unless_gone(run_writes.mark_waiting(self.client, action))
+            case WriteControlStatus():
+                await run_writes.write_control_status(self.client, action)
+            case AdmitHeldRun():
+                await run_writes.admit_held_run(self.client, action)
             case _:
                 unknown(action)
         return uid
+
+    def _count_start(self, run: Run) -> None:
+        created = run.created_at
+        if created:
+            self.metrics.concurrency.start_delay.observe(max(0.0, self.clock() - created))
+        self.metrics.concurrency.starts.inc()
 
     def _mark_stuck(self, key: str, action: MarkStuck) -> None:
         self.stuck.mark(key, action.explained)
@@ -505,3 +555,12 @@ class Executor:
                 detail=action.message,
             ),
         )
+
+
+async def _unless_gone(write: Awaitable[None]) -> None:
+    """A run write; a run that is gone (404) has nothing to start, cancel or mark."""
+    try:
+        await write
+    except ApiError as exc:
+        if exc.status != 404:
+            raise

@@ -112,7 +112,7 @@ async def serve_reconciler(
     manager.add(
         UnmarkedController(client, lambda: store.current, metrics, leading=manager.is_leading)
     )
-    manager.add(ConcurrencyController(client, metrics.registry, leading=manager.is_leading))
+    manager.add(ConcurrencyController(client, metrics, leading=manager.is_leading))
     if keeping is not None:
         targets, policy = keeping
         manager.add(

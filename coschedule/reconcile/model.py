@@ -1,7 +1,9 @@
 """The reconciler's plain data: what it observed of one group, and the actions it decides.
 
-Frozen dataclasses only; built by the controller from its caches, read by the planners
-(``plan.plan``, ``stuck_runs.plan_stuck``), carried out by the ``Executor``.
+Frozen dataclasses only; built by the controllers from their caches, read by the planners
+(``plan.plan``, ``stuck_runs.plan_stuck``, ``run_plan``), carried out by the one
+``Executor``. The run concurrency actions (start, cancel, waiting mark) are the concurrency
+planner's own (``concurrency.plan``), named here so that ``Action`` is every action.
 """
 
 from __future__ import annotations
@@ -11,6 +13,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from coschedule.concurrency.plan import CancelRun as CancelRun
+from coschedule.concurrency.plan import MarkWaiting as MarkWaiting
+from coschedule.concurrency.plan import StartRun as StartRun
+from coschedule.concurrency.runs import Run
 from coschedule.k8s.node_constraints import NodeConstraints
 from coschedule.k8s.nodes import Node
 from coschedule.k8s.volumes import VolumeTopology
@@ -359,6 +365,27 @@ class ClearStuck:
     why: str | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class WriteControlStatus:
+    """Write a ConcurrencyControl's counts to its status subresource (a merge patch; planned
+    only when they changed). A control deleted meanwhile (404) has no status to write."""
+
+    namespace: str
+    name: str
+    status: Mapping[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class AdmitHeldRun:
+    """Carry out the run webhook's decision on a run the admission policy held while no
+    webhook answered: one JSON patch (``ops``, a ``test`` of the resourceVersion read
+    first), a log line and an ``AdmittedWithoutWebhook`` Event saying ``message``."""
+
+    run: Run
+    ops: tuple[Mapping[str, Any], ...]
+    message: str
+
+
 Action = (
     CreateStatefulSet
     | PatchStatefulSet
@@ -375,6 +402,11 @@ Action = (
     | MarkStuck
     | ClearStuck
     | ReportAssistantConflict
+    | StartRun
+    | CancelRun
+    | MarkWaiting
+    | WriteControlStatus
+    | AdmitHeldRun
 )
 
 

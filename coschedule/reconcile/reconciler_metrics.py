@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, disable_created_metrics
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
 
 from coschedule.config.store import last_reload_gauge, reload_errors_counter
+from coschedule.engines import Strategy
 from coschedule.k8s.scheduler_messages import Cause
 from coschedule.probes import cache_stale_gauge
 
@@ -103,7 +104,41 @@ class ReconcileMetrics:
             "scheduling gate has existed (0: none waits).",
             registry=self.registry,
         )
+        self.concurrency = ConcurrencyMetrics(self.registry)
         for reason in ("cordoned", "tainted"):
             self.evictions.labels(reason)
         for cause in (Cause.RESOURCES, Cause.PODS, Cause.TAINT, Cause.VOLUME):
             self.relocations.labels(cause.value)
+
+
+class ConcurrencyMetrics:
+    """Run concurrency control's instruments (the concurrency controller's and its actions'),
+    on the reconciler's registry."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        self.cancellations = Counter(
+            "coschedule_concurrency_cancellations_total",
+            "Runs cancelled by concurrency control (superseded, or past maxPending or "
+            "maxWaitSeconds), by strategy.",
+            ["strategy"],
+            registry=registry,
+        )
+        self.pending = Gauge(
+            "coschedule_concurrency_pending_runs",
+            "Runs held pending by coschedule, waiting for their group to let them start.",
+            registry=registry,
+        )
+        self.start_delay = Histogram(
+            "coschedule_concurrency_start_delay_seconds",
+            "From a run's creation to coschedule starting it.",
+            buckets=(0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600, 14400),
+            registry=registry,
+        )
+        self.starts = Counter(
+            "coschedule_concurrency_starts_total",
+            "Runs started by coschedule.",
+            registry=registry,
+        )
+        for strategy in Strategy:  # Queue too: maxPending and maxWaitSeconds cancel
+            self.cancellations.labels(strategy.value)

@@ -13,11 +13,11 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from coschedule.config.settings import Settings
-from coschedule.kube.client import ApiError, KubeClient, object_path
+from coschedule.kube.client import JSON_PATCH, ApiError, KubeClient, object_path
 from coschedule.kube.events import record_event
 from coschedule.kube.informer import Informer, Obj, caches_readiness, object_key
 from coschedule.marks import GATED_BY_POLICY, LABEL_GATED_BY, LABEL_PLACEHOLDER
-from coschedule.reconcile.executor import JSON_PATCH, STALE, NotLeader
+from coschedule.reconcile.executor import STALE, NotLeader
 from coschedule.reconcile.model import Plan
 from coschedule.reconcile.reconciler_metrics import ReconcileMetrics
 from coschedule.reconcile.unmarked import plan_unmarked

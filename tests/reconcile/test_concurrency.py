@@ -62,9 +62,7 @@ def sample(registry: CollectorRegistry, name: str, **labels: str) -> float:
 
 def managed(client: KubeClient, **options: Any) -> tuple[Manager, ConcurrencyController]:
     manager = Manager(ReconcileMetrics())
-    made = ConcurrencyController(
-        client, manager.metrics.registry, leading=manager.is_leading, **options
-    )
+    made = ConcurrencyController(client, manager.metrics, leading=manager.is_leading, **options)
     manager.add(made)
     return manager, made
 
@@ -155,7 +153,7 @@ async def test_a_stale_decision_meets_409_changes_nothing_and_is_retried_with_ba
     # Someone else changes the run; our watch has not told us yet.
     api.muted = True
     api.edit("pipelineruns", "ci", "a", {"metadata": {"labels": {"touched": "yes"}}})
-    monkeypatch.setattr(controller, "leading", lambda: True)  # one reconcile, no workers
+    monkeypatch.setattr(controller.executor, "leading", lambda: True)  # one reconcile, no workers
     (key,) = controller.known_groups()
     # An error like any other: counted, and the key retried with backoff.
     await manager.reconcile_key(controller, key)
@@ -321,7 +319,7 @@ async def test_the_runs_indexes_give_groups_their_runs_and_the_pending_count() -
     on every change; a run that changes group has both its old and new group looked at."""
     client = KubeClient(Credentials(server="https://127.0.0.1:1"))  # never called
     registry = CollectorRegistry()
-    controller = ConcurrencyController(client, registry, leading=lambda: False)
+    controller = ConcurrencyController(client, ReconcileMetrics(registry), leading=lambda: False)
     runs, workflows = controller.runs[Kind.PIPELINE_RUN], controller.runs[Kind.WORKFLOW]
 
     async def looked_at() -> set[str]:

@@ -1,0 +1,86 @@
+"""The concurrency controller's pure planners: what it observed of one key in, a ``Plan``
+out, carried out by the one ``Executor`` as every controller's.
+
+- ``plan_group``: one group's starts, cancels and waiting marks (``concurrency.plan.plan``)
+  and, while a run of it waits towards ``maxWaitSeconds``, a look again when it reaches it;
+- ``plan_status``: a ConcurrencyControl's counts written to its status when they changed;
+- ``plan_admit``: the run webhook's own decision (``concurrency.admission.admit_run``) on a
+  run the admission policy held while no webhook answered.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from coschedule.concurrency.admission import admit_run, policy_held
+from coschedule.concurrency.control import Control
+from coschedule.concurrency.plan import Group, GroupKey, control_status, next_deadline, plan
+from coschedule.concurrency.runs import parse_run
+from coschedule.engines import Kind
+from coschedule.reconcile.model import AdmitHeldRun, Plan, Requeue, WriteControlStatus
+from coschedule.wire import jsonpatch
+
+# A look again at a run's maxWaitSeconds comes a second after it, so that clock skew with
+# the API server's creation time cannot make it early.
+DEADLINE_SLACK_SECONDS = 1.0
+
+
+def plan_group(key: GroupKey, observed: Mapping[GroupKey, Group], now: float) -> Plan:
+    """Group ``key``'s actions (``observed`` holds it and every other group its runs are in)
+    and, when a run it keeps waiting reaches ``maxWaitSeconds`` later, a look again then."""
+    deadline = next_deadline(observed[key])
+    requeue = None
+    if deadline is not None and deadline > now:
+        requeue = Requeue(
+            deadline - now + DEADLINE_SLACK_SECONDS, "a waiting run reaches maxWaitSeconds"
+        )
+    return Plan(tuple(plan(key, observed, now)), requeue)
+
+
+def plan_status(
+    namespace: str,
+    name: str,
+    control: Control | None,
+    stored: Mapping[str, Any] | None,
+    groups: Sequence[Group],
+) -> Plan:
+    """Write the control's counts (over ``groups``, its groups that hold a run) and the
+    generation they were counted for, unless its status says so already; nothing for a
+    control that is gone."""
+    if control is None or stored is None:
+        return Plan()
+    status: dict[str, Any] = control_status(control, groups)
+    generation = (stored.get("metadata") or {}).get("generation")
+    if isinstance(generation, int):
+        status["observedGeneration"] = generation
+    current = stored.get("status") or {}
+    if all(current.get(k) == v for k, v in status.items()):
+        return Plan()
+    return Plan((WriteControlStatus(namespace, name, status),))
+
+
+def plan_admit(
+    kind: Kind,
+    namespace: str,
+    stored: Mapping[str, Any] | None,
+    controls: Iterable[Control],
+) -> Plan:
+    """What the run webhook would have done to a run the admission policy held while no
+    webhook answered: its own decision on the run as stored (``stored``, the whole run: its
+    params make the key) with the controls of its namespace, in one patch conditional on the
+    resourceVersion read. Labelled, the run joins its groups (and is started when they let
+    it); selected by no control, it is started as its author submitted it. Nothing for a run
+    that is gone or decided already."""
+    if stored is None or not policy_held(stored):
+        return Plan()
+    decision = admit_run(kind, stored, namespace, controls)
+    version = str((stored.get("metadata") or {}).get("resourceVersion") or "")
+    ops = (jsonpatch.test("/metadata/resourceVersion", version), *decision.ops)
+    names = ", ".join(m.control.name for m in decision.matches) or "none"
+    message = (
+        f"created while the coschedule webhook was unreachable and held by the admission "
+        f"policy; decided by the reconciler: {decision.outcome.value} "
+        f"(ConcurrencyControls: {names})"
+    )
+    return Plan((AdmitHeldRun(parse_run(kind, stored), ops, message),))
