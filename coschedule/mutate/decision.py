@@ -37,16 +37,19 @@ from coschedule.marks import (
     SCOPE_CHOICES,
     IsolationScope,
     Mode,
+    NamespaceInfo,
     Placement,
     claim_placeholder,
+    run_identity,
     run_placeholder,
 )
 from coschedule.mutate import claim_rewrite as claims_mod
-from coschedule.mutate import isolation, node_pin, volume_conflict
+from coschedule.mutate import isolation, volume_conflict
 from coschedule.mutate.claim_rewrite import ClaimView
 from coschedule.mutate.defaults import MergedScheduling, merge_defaults
 from coschedule.mutate.isolation import InvalidScope, ScopeChoice
 from coschedule.mutate.mode_choice import InvalidMode, ModeChoice, choose_mode, cluster_choice
+from coschedule.placement import node_pin
 from coschedule.wire import jsonpatch
 from coschedule.wire import pod_fields as podview
 from coschedule.wire.jsonpatch import Op
@@ -60,17 +63,6 @@ _ANNOTATION_PATHS = {
 }
 _ANNOTATED: Mapping[str, Any] = {"annotations": {}}  # the pod's metadata once marked
 _REQUIRED_POD_AFFINITY = "/spec/affinity/podAffinity/" + REQUIRED
-
-
-@dataclass(frozen=True, slots=True)
-class NamespaceInfo:
-    """What the namespace cache knows of the request's namespace."""
-
-    labels: Mapping[str, str]
-
-    @property
-    def enabled(self) -> bool:
-        return self.labels.get(LABEL_ENABLED) == "true"
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,17 +141,6 @@ class Decision:
     @property
     def mode_label(self) -> str:
         return str(self.mode) if self.mode is not None else "none"  # .value is slower
-
-
-def run_identity(
-    labels: Mapping[str, str], group_labels: tuple[str, ...]
-) -> tuple[str, str] | None:
-    """(label key, run) from the first group label present with a value."""
-    for key in group_labels:
-        value = labels.get(key)
-        if value:
-            return key, value
-    return None
 
 
 def decide(pod: Mapping[str, Any], ctx: AdmissionContext) -> Decision:

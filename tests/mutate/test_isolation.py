@@ -22,10 +22,12 @@ from coschedule.marks import (
     LABEL_TENANT,
     IsolationScope,
     Mode,
+    NamespaceInfo,
     placeholder_labels,
 )
 from coschedule.mutate import isolation
-from coschedule.mutate.decision import AdmissionContext, NamespaceInfo, decide
+from coschedule.mutate.decision import AdmissionContext, decide
+from coschedule.placement import anti_affinity
 from tests.fixtures import load_pod
 
 HOST = "kubernetes.io/hostname"
@@ -60,7 +62,7 @@ def term_matches(
 
 
 def kept_off(scope: IsolationScope, tenant: str, own: str, other: tuple[str, str]) -> bool:
-    terms = isolation.required_terms(scope, tenant, HOST)
+    terms = anti_affinity.required_terms(scope, tenant, HOST)
     namespace, other_tenant = other
     labels = placeholder_labels("affinity-assistant-0123456789")
     if other_tenant:
@@ -106,7 +108,7 @@ def test_widening_the_scope_never_lets_a_run_share_a_node_it_could_not(
 
 
 def test_namespace_scope_is_the_term_placeholders_always_had() -> None:
-    assert isolation.required_terms(IsolationScope.NAMESPACE, "a", ZONE) == [
+    assert anti_affinity.required_terms(IsolationScope.NAMESPACE, "a", ZONE) == [
         {
             "labelSelector": {"matchLabels": {"app.kubernetes.io/component": "affinity-assistant"}},
             "topologyKey": ZONE,
@@ -115,21 +117,21 @@ def test_namespace_scope_is_the_term_placeholders_always_had() -> None:
 
 
 def test_cluster_scope_selects_every_namespace() -> None:
-    [term] = isolation.required_terms(IsolationScope.CLUSTER, "", HOST)
+    [term] = anti_affinity.required_terms(IsolationScope.CLUSTER, "", HOST)
     assert term["namespaceSelector"] == {}
     assert term["topologyKey"] == HOST
 
 
 def test_tenant_scope_repels_other_tenants_everywhere_and_its_namespace_as_before() -> None:
-    own, others = isolation.required_terms(IsolationScope.TENANT, "a", HOST)
-    assert own == isolation.required_terms(IsolationScope.NAMESPACE, "a", HOST)[0]
+    own, others = anti_affinity.required_terms(IsolationScope.TENANT, "a", HOST)
+    assert own == anti_affinity.required_terms(IsolationScope.NAMESPACE, "a", HOST)[0]
     assert others["namespaceSelector"] == {}
     assert others["labelSelector"]["matchExpressions"] == [
         {"key": LABEL_TENANT, "operator": "NotIn", "values": ["a"]}
     ]
     # Without a tenant of its own, the run is alone among every namespace's runs.
-    assert isolation.required_terms(IsolationScope.TENANT, "", HOST) == (
-        isolation.required_terms(IsolationScope.CLUSTER, "", HOST)
+    assert anti_affinity.required_terms(IsolationScope.TENANT, "", HOST) == (
+        anti_affinity.required_terms(IsolationScope.CLUSTER, "", HOST)
     )
 
 

@@ -22,7 +22,7 @@ from coschedule.config.settings import Settings
 from coschedule.k8s.constants import REQUIRED
 from coschedule.marks import ANNOTATION_PINNED_NODE, GATE_PLACEHOLDER, Mode, affinity_term
 from coschedule.mutate.decision import AdmissionContext, Decision, decide
-from coschedule.mutate.node_pin import pin_requirement, pinned_node
+from coschedule.placement.node_pin import pin_requirement, pinned_node
 from coschedule.wire.pod_fields import MalformedPod
 from tests.fixtures import load_pod
 
