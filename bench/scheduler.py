@@ -79,8 +79,8 @@ from coschedule.marks import (
     Placement,
     run_placeholder,
 )
-from coschedule.mutate import node_pin
 from coschedule.mutate.decision import AdmissionContext, Decision, decide
+from coschedule.placement import node_pin
 from coschedule.reconcile.placeholder import build_statefulset, group_spec
 from coschedule.reconcile.shapes import parse_marked
 from tests.e2e.cluster import ControlPlane, Proc, find_binaries
@@ -370,7 +370,7 @@ def unplaced(pod: Obj) -> Obj:
 
 def pinned(pod: Obj, node_name: str) -> Obj:
     """The pod with its placeholder term swapped for the pin the webhook makes
-    (``mutate/node_pin.py``: ``matchFields metadata.name``, the scheduler evaluates that
+    (``placement/node_pin.py``: ``matchFields metadata.name``, the scheduler evaluates that
     one node)."""
     result = unplaced(pod)
     applied: Obj = jsonpatch.apply_patch(result, node_pin.pin_ops(result["spec"], node_name))

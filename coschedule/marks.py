@@ -174,6 +174,29 @@ class IsolationScope(enum.StrEnum):
 
 SCOPE_CHOICES = ", ".join(s.value for s in IsolationScope)
 
+
+@dataclass(frozen=True, slots=True)
+class NamespaceInfo:
+    """What the namespace cache knows of the request's namespace."""
+
+    labels: Mapping[str, str]
+
+    @property
+    def enabled(self) -> bool:
+        return self.labels.get(LABEL_ENABLED) == "true"
+
+
+def run_identity(
+    labels: Mapping[str, str], group_labels: tuple[str, ...]
+) -> tuple[str, str] | None:
+    """(label key, run) from the first group label present with a value."""
+    for key in group_labels:
+        value = labels.get(key)
+        if value:
+            return key, value
+    return None
+
+
 # ---- names both sides compute --------------------------------------------------------
 
 _HEX_DIGITS = 10

@@ -42,8 +42,8 @@ from coschedule.marks import (
     placeholder_claim,
     run_placeholder,
 )
-from coschedule.mutate import node_pin
 from coschedule.mutate.decision import AdmissionContext, decide
+from coschedule.placement import node_pin
 from coschedule.server import serve as serve_module
 from coschedule.server.serve import ServeOptions, build_webhook
 from coschedule.server.webhook_metrics import WebhookMetrics

@@ -11,11 +11,18 @@ import yaml
 
 from coschedule.cli import manifests
 from coschedule.config.settings import Settings
-from coschedule.marks import GATE_PLACEHOLDER, LABEL_ENABLED, LABEL_MODE, Mode, Placement
-from coschedule.mutate import isolation
+from coschedule.marks import (
+    GATE_PLACEHOLDER,
+    LABEL_ENABLED,
+    LABEL_MODE,
+    Mode,
+    NamespaceInfo,
+    Placement,
+)
 from coschedule.mutate.claim_rewrite import ClaimView, StaticClaims
-from coschedule.mutate.decision import AdmissionContext, Decision, NamespaceInfo, decide
-from coschedule.mutate.node_pin import gate_index, pinned_node
+from coschedule.mutate.decision import AdmissionContext, Decision, decide
+from coschedule.placement import anti_affinity
+from coschedule.placement.node_pin import gate_index, pinned_node
 from coschedule.wire import jsonpatch
 from coschedule.wire import pod_fields as podview
 
@@ -166,8 +173,8 @@ def explain(
             "scope": scope.value,
             "from": decision.scope.reason,
             "tenant": decision.tenant or None,
-            "keepsOff": isolation.describe(scope, decision.tenant),
-            "placeholderAntiAffinity": isolation.required_terms(
+            "keepsOff": anti_affinity.describe(scope, decision.tenant),
+            "placeholderAntiAffinity": anti_affinity.required_terms(
                 scope, decision.tenant, settings.topology_key
             ),
         }

@@ -15,7 +15,7 @@ from typing import Any
 from coschedule.k8s.timefmt import parse_time
 from coschedule.kube.leader import ElectionConfig
 from coschedule.marks import GATE_PLACEHOLDER, GATED_BY_POLICY, LABEL_GATED_BY, LABEL_PLACEHOLDER
-from coschedule.mutate.node_pin import gate_index, pinned_node
+from coschedule.placement.node_pin import gate_index, pinned_node
 
 # A Lease not renewed for this long: no reconciler leads (it renews every 2 s, holds 15 s).
 LEASE_STALE_SECONDS = 30.0

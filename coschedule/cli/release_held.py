@@ -30,7 +30,7 @@ from coschedule.engines import RUN_ENGINES, Kind
 from coschedule.kube.client import JSON_PATCH, ApiError, KubeClient, object_path
 from coschedule.kube.informer import Obj
 from coschedule.marks import LABEL_CONCURRENCY_GROUPED, LABEL_GATED_BY, LABEL_PLACEHOLDER
-from coschedule.mutate.node_pin import gate_index, ungate_ops
+from coschedule.placement.node_pin import gate_index, ungate_ops
 from coschedule.reconcile.run_writes import run_path, start_run
 
 # A run that keeps changing under us (another writer) is left after this many tries.

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from coschedule.kube.informer import Informer, Obj
-from coschedule.mutate.decision import NamespaceInfo
+from coschedule.marks import NamespaceInfo
 
 
 def _labels_only(obj: Obj) -> Obj:

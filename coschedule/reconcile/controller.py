@@ -38,7 +38,7 @@ from coschedule.marks import (
     ClaimTemplate,
     placeholder_claim,
 )
-from coschedule.mutate import node_pin
+from coschedule.placement import node_pin
 from coschedule.reconcile import event_keys, node_pins, run_seed, shapes, stuck, stuck_facts
 from coschedule.reconcile import plan as planning
 from coschedule.reconcile.assistant_conflict import plan_assistant_conflict

@@ -9,7 +9,7 @@ from typing import Any
 
 from coschedule.k8s.constants import TERMINAL_PHASES
 from coschedule.k8s.timefmt import parse_time
-from coschedule.mutate.node_pin import gate_index
+from coschedule.placement.node_pin import gate_index
 
 
 def gated_pods(pods: Iterable[Mapping[str, Any]], now: float) -> tuple[int, float]:

@@ -26,7 +26,7 @@ from dataclasses import replace
 
 from coschedule.k8s.constants import HOSTNAME
 from coschedule.marks import GATE_PLACEHOLDER
-from coschedule.mutate import node_pin
+from coschedule.placement import node_pin
 from coschedule.reconcile import relocation
 from coschedule.reconcile.model import (
     Action,

@@ -29,7 +29,7 @@ from coschedule.marks import (
     IsolationScope,
     Mode,
 )
-from coschedule.mutate import isolation
+from coschedule.placement import anti_affinity
 from coschedule.reconcile import relocation
 from coschedule.reconcile.model import MarkedPod, Obj, OwnerRef
 
@@ -116,7 +116,9 @@ def run_constraints(pods: Sequence[MarkedPod]) -> tuple[NodeConstraints, tuple[s
 
 def _anti_affinity(group: GroupSpec) -> dict[str, Any]:
     if group.mode is Mode.ISOLATE_PIPELINERUN:
-        return {REQUIRED: isolation.required_terms(group.scope, group.tenant, group.topology_key)}
+        return {
+            REQUIRED: anti_affinity.required_terms(group.scope, group.tenant, group.topology_key)
+        }
     term = {
         "labelSelector": {"matchLabels": {LABEL_COMPONENT: COMPONENT_AFFINITY_ASSISTANT}},
         "topologyKey": group.topology_key,

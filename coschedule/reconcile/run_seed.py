@@ -31,8 +31,8 @@ from typing import Any
 
 from coschedule.config.settings import Settings
 from coschedule.k8s.timefmt import parse_time
-from coschedule.marks import BadMark, run_placeholder
-from coschedule.mutate.decision import AdmissionContext, NamespaceInfo, decide, run_identity
+from coschedule.marks import BadMark, NamespaceInfo, run_identity, run_placeholder
+from coschedule.mutate.decision import AdmissionContext, decide
 from coschedule.reconcile.model import MarkedPod, Obj, OwnerRef
 from coschedule.reconcile.shapes import parse_marked, slim_marked_pod
 from coschedule.wire import jsonpatch

@@ -27,7 +27,7 @@ from coschedule.marks import (
     BadMark,
     statefulset_templates,
 )
-from coschedule.mutate import node_pin
+from coschedule.placement import node_pin
 from coschedule.reconcile.model import (
     MarkedPod,
     Obj,

@@ -29,7 +29,7 @@ from coschedule.k8s.scheduler_messages import Cause, SchedulerMessage, parse
 from coschedule.k8s.taints import untolerated
 from coschedule.k8s.timefmt import parse_time
 from coschedule.k8s.volumes import VolumeTopology
-from coschedule.mutate import node_pin
+from coschedule.placement import node_pin
 from coschedule.reconcile.model import Obj
 
 FACTS = "scheduling"  # where the pod transform keeps a pending pod's scheduling facts

@@ -30,9 +30,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from coschedule.config.settings import Settings
-from coschedule.marks import GATE_PLACEHOLDER, LABEL_GATED_BY
-from coschedule.mutate import node_pin
-from coschedule.mutate.decision import AdmissionContext, NamespaceInfo, decide
+from coschedule.marks import GATE_PLACEHOLDER, LABEL_GATED_BY, NamespaceInfo
+from coschedule.mutate.decision import AdmissionContext, decide
+from coschedule.placement import node_pin
 from coschedule.wire import jsonpatch
 from coschedule.wire import pod_fields as podview
 from coschedule.wire.jsonpatch import Op

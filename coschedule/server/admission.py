@@ -19,7 +19,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any, Protocol
 
-from coschedule.mutate.decision import NamespaceInfo
+from coschedule.marks import NamespaceInfo
 from coschedule.server import admission_log
 from coschedule.server.webhook_metrics import WebhookMetrics
 from coschedule.wire.pod_fields import MalformedPod

@@ -19,7 +19,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from coschedule.config.settings import Settings
-from coschedule.mutate.decision import Decision, run_identity
+from coschedule.marks import run_identity
+from coschedule.mutate.decision import Decision
 from coschedule.wire.review import Review
 
 log = logging.getLogger("coschedule.admission")

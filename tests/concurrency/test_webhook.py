@@ -12,7 +12,7 @@ import orjson
 import pytest
 
 from coschedule.concurrency.control import Control, parse_control
-from coschedule.mutate.decision import NamespaceInfo
+from coschedule.marks import NamespaceInfo
 from coschedule.server.run_endpoint import RunEndpoint
 from coschedule.server.webhook_metrics import WebhookMetrics
 from tests.concurrency.runs import control, pipeline_run, workflow

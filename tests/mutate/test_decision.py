@@ -17,13 +17,15 @@ import pytest
 
 from coschedule.config.settings import Settings, parse_settings
 from coschedule.k8s.constants import REQUIRED
-from coschedule.marks import Mode, Placement, affinity_term, claim_placeholder, run_placeholder
-from coschedule.mutate.decision import (
-    AdmissionContext,
-    Decision,
+from coschedule.marks import (
+    Mode,
     NamespaceInfo,
-    decide,
+    Placement,
+    affinity_term,
+    claim_placeholder,
+    run_placeholder,
 )
+from coschedule.mutate.decision import AdmissionContext, Decision, decide
 from coschedule.wire.pod_fields import MalformedPod
 from tests.fixtures import FIXTURE_NAMES, load_pod
 

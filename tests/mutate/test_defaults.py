@@ -21,8 +21,8 @@ from coschedule.config.scheduling_defaults import (
 from coschedule.config.settings import ConfigError, Settings, parse_settings, read_raw_config
 from coschedule.config.store import SettingsStore
 from coschedule.k8s.selectors import Requirement, Selector
-from coschedule.marks import Mode
-from coschedule.mutate.decision import AdmissionContext, Decision, NamespaceInfo, decide
+from coschedule.marks import Mode, NamespaceInfo
+from coschedule.mutate.decision import AdmissionContext, Decision, decide
 from coschedule.mutate.defaults import merge_defaults
 from coschedule.wire.pod_fields import MalformedPod
 from tests.fixtures import DEFAULT_TOLERATIONS, FIXTURE_NAMES, load_pod

@@ -1,5 +1,5 @@
-"""Isolation scope: which runs an isolated run keeps off its node, where the scope comes from,
-and what the webhook writes and refuses for it."""
+"""Isolation scope: where an isolated run's scope comes from, and what the webhook writes and
+refuses for it (which runs each scope keeps off a node: tests/placement/test_anti_affinity.py)."""
 
 from __future__ import annotations
 
@@ -8,129 +8,24 @@ from typing import Any
 
 import jsonpatch as reference_jsonpatch
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
 
 from coschedule.config.settings import Settings
-from coschedule.k8s.selectors import Requirement, Selector
 from coschedule.marks import (
     ANNOTATION_ISOLATION_SCOPE,
     ANNOTATION_TENANT,
     LABEL_ENABLED,
     LABEL_ISOLATION_SCOPE,
     LABEL_MODE,
-    LABEL_TENANT,
     IsolationScope,
     Mode,
-    placeholder_labels,
+    NamespaceInfo,
 )
 from coschedule.mutate import isolation
-from coschedule.mutate.decision import AdmissionContext, NamespaceInfo, decide
+from coschedule.mutate.decision import AdmissionContext, decide
 from tests.fixtures import load_pod
 
-HOST = "kubernetes.io/hostname"
 ZONE = "topology.kubernetes.io/zone"
 TEAM = "example.com/team"
-
-
-# ---- the terms, read as the scheduler reads them ---------------------------------------
-
-
-def _selector(doc: dict[str, Any]) -> Selector:
-    return Selector(
-        tuple(doc.get("matchLabels", {}).items()),
-        tuple(
-            Requirement(e["key"], e["operator"], tuple(e.get("values", ())))
-            for e in doc.get("matchExpressions", ())
-        ),
-    )
-
-
-def term_matches(
-    term: dict[str, Any], own_namespace: str, namespace: str, labels: dict[str, str]
-) -> bool:
-    """Whether a required anti-affinity term of a pod in ``own_namespace`` selects a pod in
-    ``namespace`` with ``labels`` (Kubernetes: no namespaces and no namespaceSelector means
-    the term's own namespace; ``namespaceSelector: {}`` every namespace)."""
-    if "namespaceSelector" in term:
-        assert term["namespaceSelector"] == {}, "only the empty selector is ours"
-    elif namespace != own_namespace:
-        return False
-    return _selector(term["labelSelector"]).matches(labels)
-
-
-def kept_off(scope: IsolationScope, tenant: str, own: str, other: tuple[str, str]) -> bool:
-    terms = isolation.required_terms(scope, tenant, HOST)
-    namespace, other_tenant = other
-    labels = placeholder_labels("affinity-assistant-0123456789")
-    if other_tenant:
-        labels[LABEL_TENANT] = other_tenant
-    return any(term_matches(t, own, namespace, labels) for t in terms)
-
-
-NAMESPACES = st.sampled_from(["ci", "ci-2", "team-b", "release"])
-TENANTS = st.sampled_from(["", "a", "b"])
-
-
-@given(
-    scope=st.sampled_from(list(IsolationScope)),
-    tenant=TENANTS,
-    own=NAMESPACES,
-    others=st.lists(st.tuples(NAMESPACES, TENANTS), max_size=8),
-)
-def test_the_terms_keep_off_exactly_what_the_scope_says(
-    scope: IsolationScope, tenant: str, own: str, others: list[tuple[str, str]]
-) -> None:
-    for other in others:
-        namespace, other_tenant = other
-        if namespace == own:
-            expected = True  # isolate-pipelinerun's own promise, in every scope
-        elif scope is IsolationScope.CLUSTER:
-            expected = True
-        elif scope is IsolationScope.TENANT:
-            # Another tenant, a placeholder without one, or a run with no tenant of its own.
-            expected = not tenant or other_tenant != tenant
-        else:
-            expected = False
-        assert kept_off(scope, tenant, own, other) is expected, (scope, tenant, own, other)
-
-
-@given(tenant=TENANTS, own=NAMESPACES, other=st.tuples(NAMESPACES, TENANTS))
-def test_widening_the_scope_never_lets_a_run_share_a_node_it_could_not(
-    tenant: str, own: str, other: tuple[str, str]
-) -> None:
-    namespace = kept_off(IsolationScope.NAMESPACE, tenant, own, other)
-    per_tenant = kept_off(IsolationScope.TENANT, tenant, own, other)
-    cluster = kept_off(IsolationScope.CLUSTER, tenant, own, other)
-    assert namespace <= per_tenant <= cluster
-
-
-def test_namespace_scope_is_the_term_placeholders_always_had() -> None:
-    assert isolation.required_terms(IsolationScope.NAMESPACE, "a", ZONE) == [
-        {
-            "labelSelector": {"matchLabels": {"app.kubernetes.io/component": "affinity-assistant"}},
-            "topologyKey": ZONE,
-        }
-    ]
-
-
-def test_cluster_scope_selects_every_namespace() -> None:
-    [term] = isolation.required_terms(IsolationScope.CLUSTER, "", HOST)
-    assert term["namespaceSelector"] == {}
-    assert term["topologyKey"] == HOST
-
-
-def test_tenant_scope_repels_other_tenants_everywhere_and_its_namespace_as_before() -> None:
-    own, others = isolation.required_terms(IsolationScope.TENANT, "a", HOST)
-    assert own == isolation.required_terms(IsolationScope.NAMESPACE, "a", HOST)[0]
-    assert others["namespaceSelector"] == {}
-    assert others["labelSelector"]["matchExpressions"] == [
-        {"key": LABEL_TENANT, "operator": "NotIn", "values": ["a"]}
-    ]
-    # Without a tenant of its own, the run is alone among every namespace's runs.
-    assert isolation.required_terms(IsolationScope.TENANT, "", HOST) == (
-        isolation.required_terms(IsolationScope.CLUSTER, "", HOST)
-    )
 
 
 # ---- where the scope comes from --------------------------------------------------------

@@ -29,7 +29,7 @@ from coschedule.marks import (
     affinity_term,
 )
 from coschedule.mutate.decision import AdmissionContext, Decision, decide
-from coschedule.mutate.node_pin import pinned_node
+from coschedule.placement.node_pin import pinned_node
 from tests.fixtures import load_pod
 
 ZONE = "topology.kubernetes.io/zone"

@@ -1,12 +1,11 @@
 """Placement by node name over every shape of the fields it reads, as the hot path reads them.
 
-``_node_placement_ops`` skips its affinity and gate steps by a dict lookup when the pod has
-no ``spec.affinity`` or no ``spec.schedulingGates`` (most pods: a TaskRun's pod as Tekton
-makes it), and reads the pin annotation only where it is used. These cases hold that path
-to what the steps decide: absent and null are the same pod, ``explain`` changes nothing but
-the sentences, the patched pod has exactly the gate or pin it should and no placeholder term
-of ours, a second admission adds nothing, and a malformed field is still refused.
-"""
+``placement_step.node_placement_ops`` skips its affinity and gate steps by a dict lookup when
+the pod has no ``spec.affinity`` or no ``spec.schedulingGates`` (most pods: a TaskRun's pod as
+Tekton makes it), and reads the pin annotation only where it is used. These cases hold that
+path to what the steps decide: absent and null are the same pod, ``explain`` changes nothing
+but the sentences, the patched pod has exactly the gate or pin it should and no placeholder
+term of ours, a second admission adds nothing, and a malformed field is still refused."""
 
 from __future__ import annotations
 
@@ -22,7 +21,7 @@ from coschedule.config.settings import Settings
 from coschedule.k8s.constants import REQUIRED
 from coschedule.marks import ANNOTATION_PINNED_NODE, GATE_PLACEHOLDER, Mode, affinity_term
 from coschedule.mutate.decision import AdmissionContext, Decision, decide
-from coschedule.mutate.node_pin import pin_requirement, pinned_node
+from coschedule.placement.node_pin import pin_requirement, pinned_node
 from coschedule.wire.pod_fields import MalformedPod
 from tests.fixtures import load_pod
 

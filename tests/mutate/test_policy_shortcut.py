@@ -1,5 +1,6 @@
 """``decide`` skips the scheduling-defaults and policy steps for a pod neither can act on
-(``_nothing_to_flag``): the answer must be the one the full steps give, for every pod.
+(``defaults_and_policy.nothing_to_flag``): the answer must be the one the full steps give,
+for every pod.
 
 Each case is decided twice, with the shortcut and with it turned off, and the two outcomes
 (allowed, ops, warnings, rule, message, findings, reasons, or the MalformedPod message) must
@@ -20,6 +21,7 @@ from coschedule.config.policy import CONTROL_PLANE_KEYS, EVICTION_DELAY_KEYS, PO
 from coschedule.config.settings import parse_settings
 from coschedule.mutate import decision as decision_mod
 from coschedule.mutate.decision import AdmissionContext, decide
+from coschedule.mutate.defaults_and_policy import nothing_to_flag
 from coschedule.wire.pod_fields import MalformedPod
 from tests.fixtures import FIXTURE_NAMES, load_pod
 
@@ -124,7 +126,7 @@ def both(
 ) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
     short = outcome(pod, ctx)
     with monkeypatch.context() as patch:
-        patch.setattr(decision_mod, "_nothing_to_flag", lambda _spec: False)
+        patch.setattr(decision_mod, "nothing_to_flag", lambda _spec: False)
         full = outcome(pod, ctx)
     return short, full
 
@@ -161,8 +163,8 @@ def test_the_pods_engines_make_take_the_shortcut() -> None:
     """The point of it: a Tekton TaskRun pod as kube-apiserver sends it is one."""
     pod = load_pod("tekton-taskrun")
     assert pod["spec"]["tolerations"] == DEFAULT_TOLERATIONS
-    assert decision_mod._nothing_to_flag(pod["spec"])
-    assert not decision_mod._nothing_to_flag({**pod["spec"], "affinity": {}})
+    assert nothing_to_flag(pod["spec"])
+    assert not nothing_to_flag({**pod["spec"], "affinity": {}})
 
 
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])

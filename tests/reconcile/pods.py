@@ -12,9 +12,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 from coschedule.config.settings import Settings
-from coschedule.marks import LABEL_ENABLED, BadMark, Mode, Placement
-from coschedule.mutate import node_pin
-from coschedule.mutate.decision import AdmissionContext, NamespaceInfo, decide
+from coschedule.marks import LABEL_ENABLED, BadMark, Mode, NamespaceInfo, Placement
+from coschedule.mutate.decision import AdmissionContext, decide
+from coschedule.placement import node_pin
 from coschedule.reconcile import shapes
 from coschedule.reconcile.model import MarkedPod
 from coschedule.wire.jsonpatch import apply

@@ -10,7 +10,7 @@ import pytest
 from coschedule.config.settings import Settings
 from coschedule.k8s.constants import REQUIRED
 from coschedule.marks import LABEL_ISOLATION_SCOPE, LABEL_TENANT, IsolationScope, Mode
-from coschedule.mutate import isolation
+from coschedule.placement import anti_affinity
 from coschedule.reconcile.placeholder import group_spec, pod_template, template_hash
 from tests.reconcile.pods import marked_pod, parsed
 
@@ -74,7 +74,7 @@ def required(body: dict[str, Any]) -> list[dict[str, Any]]:
 def test_cluster_scope_repels_placeholders_of_every_namespace() -> None:
     settings = Settings(mode=Mode.ISOLATE_PIPELINERUN, isolation_scope=IsolationScope.CLUSTER)
     body = template(settings)
-    assert required(body) == isolation.required_terms(IsolationScope.CLUSTER, "", HOST)
+    assert required(body) == anti_affinity.required_terms(IsolationScope.CLUSTER, "", HOST)
     assert required(body)[0]["namespaceSelector"] == {}
     assert LABEL_TENANT not in body["metadata"]["labels"]
 
@@ -119,5 +119,5 @@ def test_a_run_of_an_unlabelled_namespace_in_tenant_scope_is_alone_everywhere() 
         isolation_tenant_label=TEAM,
     )
     body = template(settings, namespace_labels={})
-    assert required(body) == isolation.required_terms(IsolationScope.CLUSTER, "", HOST)
+    assert required(body) == anti_affinity.required_terms(IsolationScope.CLUSTER, "", HOST)
     assert LABEL_TENANT not in body["metadata"]["labels"]

@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry
 from coschedule.config.settings import Settings
 from coschedule.kube.client import KubeClient
 from coschedule.marks import GATE_PLACEHOLDER, Mode
-from coschedule.mutate import node_pin
+from coschedule.placement import node_pin
 from coschedule.reconcile.executor import Executor
 from coschedule.reconcile.model import CreateStatefulSet, RecordEvent, ReleasePod
 from coschedule.reconcile.placeholder import build_statefulset, group_spec

@@ -12,8 +12,15 @@ import pytest
 
 from coschedule import marks
 from coschedule.config.settings import Settings
-from coschedule.marks import GATE_PLACEHOLDER, GATED_BY_POLICY, LABEL_GATED_BY, Mode, Placement
-from coschedule.mutate.decision import AdmissionContext, NamespaceInfo, decide
+from coschedule.marks import (
+    GATE_PLACEHOLDER,
+    GATED_BY_POLICY,
+    LABEL_GATED_BY,
+    Mode,
+    NamespaceInfo,
+    Placement,
+)
+from coschedule.mutate.decision import AdmissionContext, decide
 from coschedule.reconcile.unmarked import (
     REASON_MARKED,
     REASON_RELEASED,

@@ -8,7 +8,7 @@ import orjson
 from bench.payloads import tekton_pod
 from coschedule.config.settings import parse_settings
 from coschedule.config.store import SettingsStore
-from coschedule.mutate.decision import NamespaceInfo
+from coschedule.marks import NamespaceInfo
 from coschedule.server.pod_endpoint import PodEndpoint
 from coschedule.server.webhook_metrics import WebhookMetrics
 from tests.fixtures import admission_review

@@ -14,7 +14,7 @@ from coschedule.engines import pod_recreated_by_owner
 from coschedule.k8s.constants import REQUIRED
 from coschedule.k8s.nodeaffinity import pod_allows, required_terms
 from coschedule.marks import ANNOTATION_PINNED_NODE, GATE_PLACEHOLDER
-from coschedule.mutate import node_pin
+from coschedule.placement import node_pin
 from coschedule.wire import jsonpatch
 from coschedule.wire import pod_fields as podview
 from coschedule.wire.pod_fields import MalformedPod
