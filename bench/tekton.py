@@ -65,6 +65,7 @@ from tests.real.nodes import cordon, restore
 from tests.real.runs import (
     COMPONENT,
     claim_template,
+    describe,
     done,
     pipeline_run,
     task,
@@ -216,17 +217,18 @@ def latency_table(figures: dict[str, dict[str, list[float]]]) -> tuple[str, dict
 class Outcome:
     """One behaviour's run: Tekton's verdict (or ``stuck``) and when, from the run's creation."""
 
-    verdict: str  # "Succeeded", "Failed: <reason>", "stuck"
+    verdict: str  # "Succeeded", "Failed: <reason>", "stuck", "error" (the harness's)
     seconds: float  # to the verdict, or to giving up
     detail: str = ""
     after: str = ""  # what happened once a stuck run was helped (uncordoned) or cancelled
 
     def cell(self) -> str:
-        head = (
-            f"stuck {self.seconds:.0f} s"
-            if self.verdict == "stuck"
-            else f"{self.verdict} at {self.seconds:.1f} s"
-        )
+        if self.verdict == "stuck":
+            head = f"stuck {self.seconds:.0f} s"
+        elif self.verdict == "error":
+            head = f"not measured (the harness failed at {self.seconds:.0f} s)"
+        else:
+            head = f"{self.verdict} at {self.seconds:.1f} s"
         return "; ".join(part for part in (self.detail, head, self.after) if part)
 
 
@@ -457,13 +459,24 @@ def behaviours(
                     wait_webhook_sees(api, namespace, MODE)
             else:
                 make_namespace(api, namespace, None, enabled=False)
-            outcome = scenario(cluster, namespace, wait)
-            check_flag(api, namespace, RUNS[key], TEKTON_FLAG[side])
+            started = time.monotonic()
+            try:
+                outcome = scenario(cluster, namespace, wait)
+                check_flag(api, namespace, RUNS[key], TEKTON_FLAG[side])
+            except Exception as exc:  # reported in its cell; the other scenarios still run
+                print(describe(api, namespace), flush=True)
+                first_line = str(exc).splitlines()[0] if str(exc) else repr(exc)
+                outcome = Outcome("error", time.monotonic() - started, first_line[:200])
             out[key][side] = outcome
             log(f"{side:10} {key:8}: {outcome.cell()}")
-            clean(api, namespace, RUNS[key], timeout=wait)
-            # The other workload's pods too: the next scenario starts on idle nodes.
-            wait_for("the namespace's pods gone", partial(_no_pods, api, namespace), timeout=wait)
+            try:
+                clean(api, namespace, RUNS[key], timeout=wait)
+                # The other workload's pods too: the next scenario starts on idle nodes.
+                wait_for(
+                    "the namespace's pods gone", partial(_no_pods, api, namespace), timeout=wait
+                )
+            except Exception as exc:  # noted; the next scenario's own waits still hold
+                log(f"{side} {key}: not all gone: {str(exc).splitlines()[0]}")
             with contextlib.suppress(ApiError):
                 api.delete("Namespace", namespace)
     return out
@@ -536,6 +549,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if not args.no_latency:
             figures = latency(cluster, flag, args.rounds, log)
+            print(latency_table(figures)[0], flush=True)  # kept in the log whatever follows
         if not args.no_behaviours:
             outcomes = behaviours(cluster, flag, args.wait, log)
     finally:
