@@ -73,8 +73,8 @@ from tests.real.runs import (
     verdict,
 )
 from tests.real.stack import GENERAL_NODES, POOL_NODES, RealCluster
-from tests.real.test_node_constraints import _busy
 from tests.real.test_node_constraints import _run as _affine_run
+from tests.real.test_node_constraints import make_busy
 from tests.real.test_stuck import BIG, IN_POOL, _filler, _pool_pods
 from tests.real.volumes import NETWORK_CLASS
 
@@ -388,17 +388,7 @@ def affine(cluster: RealCluster, namespace: str, wait: float, *, busy: bool) -> 
     api = cluster.api
     allowed = GENERAL_NODES[:2]
     if busy:
-        for node in allowed:
-            _busy(api, namespace, node)
-        wait_for(
-            "the busy pods to run",
-            lambda: all(
-                ((api.get("Pod", f"busy-{n}", namespace) or {}).get("status") or {}).get("phase")
-                == "Running"
-                for n in allowed
-            ),
-            timeout=wait,
-        )
+        make_busy(api, namespace, allowed, wait)
     name = "affine"
     placed: set[str] = set()
     started = time.monotonic()
