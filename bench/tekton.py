@@ -241,12 +241,17 @@ def assistant_nodes(api: Api, namespace: str) -> set[str]:
     }
 
 
+# Not about placement: the scheduler's retries, and the real stack's lack of cluster DNS (the
+# kubelet warns so for every pod).
+NOISE = frozenset({"FailedScheduling", "MissingClusterDNS"})
+
+
 def warnings(api: Api, namespace: str) -> dict[str, int]:
-    """Warning Events of the namespace by reason (scheduling noise left out)."""
+    """Warning Events of the namespace by reason (``NOISE`` left out)."""
     out: dict[str, int] = {}
     for event in api.list("Event", namespace):
         reason = str(event.get("reason"))
-        if event.get("type") == "Warning" and reason != "FailedScheduling":
+        if event.get("type") == "Warning" and reason not in NOISE:
             out[reason] = out.get(reason, 0) + 1
     return out
 
@@ -367,10 +372,18 @@ def too_small(cluster: RealCluster, namespace: str, wait: float) -> Outcome:
             timeout=wait,
         )
         cordon(api, free, False)  # the room the second task needs, on the other node
-        run = follow(api, namespace, name, started + wait)
+        moved: list[float] = []
+
+        def tick() -> None:
+            if not moved and free in assistant_nodes(api, namespace):
+                moved.append(time.monotonic() - started)
+
+        run = follow(api, namespace, name, started + wait, tick)
         nodes = {t: p["spec"].get("nodeName") for t, p in task_pods(api, namespace, name).items()}
         if run is not None:
             where = f"second task on {'the other node' if nodes.get('second') == free else busy}"
+            if moved:
+                where = f"placeholder moved at {moved[0]:.1f} s, {where}"
             return Outcome(finished(run), time.monotonic() - started, where)
         cancel(api, namespace, name)
         return Outcome("stuck", time.monotonic() - started, "the second task Pending", "cancelled")
