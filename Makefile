@@ -14,7 +14,7 @@ HOST ?= 127.0.0.1
 PORT ?= 8443
 HEALTH_PORT ?= 8080
 
-.PHONY: help venv run test lint typecheck unit e2e e2e-real realstack-deps bench bench-load certs dist release-manifest clean lock image image-deps image-clean e2e-faults e2e-artifact FORCE
+.PHONY: help venv run test lint typecheck unit e2e e2e-real realstack-deps bench bench-load bench-tekton certs dist release-manifest clean lock image image-deps image-clean e2e-faults e2e-artifact FORCE
 
 help:
 	@echo "make run        serve the webhook on https://$(HOST):$(PORT) (probes on http://$(HOST):$(HEALTH_PORT)); runtime dependencies only"
@@ -35,6 +35,7 @@ help:
 	@echo "make release-manifest  dist/coschedule.yaml: the CRD and the self-signed install, one file"
 	@echo "make bench      the benchmarks (not part of make test)"
 	@echo "make bench-load sustained load with faults on the real stack, its figures (root; ../shared/realstack)"
+	@echo "make bench-tekton  coschedule beside Tekton's own Affinity Assistant on the real stack: latency and behaviours (root)"
 	@echo "make certs      a CA and a serving certificate for localhost in certs/"
 	@echo "make venv       the .venv with the dev tools"
 	@echo "make clean      remove the .venv and the tools' caches"
@@ -146,6 +147,16 @@ bench-load: $(STAMP) realstack-deps
 	if [ -z "$$assets" ] && [ -x "$(SHARED_K8S)" ]; then assets=$$($(SHARED_K8S) | tail -n 1); fi; \
 	KUBEBUILDER_ASSETS="$$assets" $(BIN)/python -m bench.load --json bench/results/load.json \
 		$(BENCH_LOAD_ARGS)
+
+# coschedule side by side with Tekton's own Affinity Assistant on the real stack (bench/tekton.py,
+# as root): the latency table and the behaviours, in docs/benchmarks.md. BENCH_TEKTON_ARGS=
+# "--rounds N" sizes it (--wait S bounds each behaviour's wait).
+BENCH_TEKTON_ARGS ?=
+bench-tekton: $(STAMP) realstack-deps
+	@assets="$$KUBEBUILDER_ASSETS"; \
+	if [ -z "$$assets" ] && [ -x "$(SHARED_K8S)" ]; then assets=$$($(SHARED_K8S) | tail -n 1); fi; \
+	KUBEBUILDER_ASSETS="$$assets" $(BIN)/python -m bench.tekton --json bench/results/tekton.json \
+		$(BENCH_TEKTON_ARGS)
 
 # The image installs exactly these: every runtime package, transitive ones included, pinned
 # by version and hash, for Python 3.11 on any platform (--universal); the build backend too

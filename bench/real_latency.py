@@ -11,8 +11,8 @@ the machine's load and whatever a previous run leaves behind hit every column al
 deleted, and its pods are gone, before the next one starts.
 
 For each run it polls the API every 0.1 s and records, from the PipelineRun's creation: the
-first of its pods Running, and Tekton's verdict Succeeded. Prints the medians, min and max of
-both per column, and the medians' differences from the column without coschedule, the load
+first of its TaskRun pods Running, and Tekton's verdict Succeeded. Prints the medians, min and
+max of both per column, and the medians' differences from the column without coschedule, the load
 average before and after, and the commit measured. A benchmark: it prints figures and asserts
 nothing but Tekton's verdict.
 """
@@ -59,7 +59,8 @@ def measure(api: Api, namespace: str, name: str, storage_class: str) -> tuple[fl
     started = time.monotonic()
     api.create(_run(namespace, name, storage_class))
     first: float | None = None
-    selector = f"tekton.dev/pipelineRun={name}"
+    # TaskRun pods only: Tekton's own Affinity Assistant pod carries the run's label too.
+    selector = f"tekton.dev/pipelineRun={name},tekton.dev/pipelineTask"
     while time.monotonic() - started < 300:
         if first is None:
             pods = api.list("Pod", namespace, label_selector=selector)

@@ -98,6 +98,22 @@ def _busy(api: Api, namespace: str, node: str) -> Obj:
     )
 
 
+def make_busy(api: Api, namespace: str, nodes: tuple[str, ...], timeout: float = 120) -> None:
+    """``_busy`` on each of ``nodes``, until those pods run."""
+    for node in nodes:
+        _busy(api, namespace, node)
+    wait_for(
+        "the busy pods to run",
+        lambda: all(
+            ((api.get("Pod", f"busy-{n}", namespace) or {}).get("status") or {}).get("phase")
+            == "Running"
+            for n in nodes
+        ),
+        timeout=timeout,
+        describe=lambda: describe(api, namespace),
+    )
+
+
 @pytest.fixture(scope="module")
 def started(real: RealCluster) -> Iterator[dict[str, Scenario]]:
     """The allowed nodes made busy, then one run per mode, created at once."""
@@ -110,18 +126,7 @@ def started(real: RealCluster) -> Iterator[dict[str, Scenario]]:
     busy = unique("real-busy")
     make_namespace(api, busy, None)
     made.append(busy)
-    for node in allowed:
-        _busy(api, busy, node)
-    wait_for(
-        "the busy pods to run",
-        lambda: all(
-            ((api.get("Pod", f"busy-{n}", busy) or {}).get("status") or {}).get("phase")
-            == "Running"
-            for n in allowed
-        ),
-        timeout=120,
-        describe=lambda: describe(api, busy),
-    )
+    make_busy(api, busy, allowed)
     recorder = Recorder(api).start()
     out: dict[str, Scenario] = {}
     for mode in MODES:
