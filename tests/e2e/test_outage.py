@@ -215,9 +215,16 @@ def test_a_webhook_outage_refuses_no_run_and_a_queue_keeps_its_limit(
                 api.create(run_manifest("PipelineRun", ns, name, {}))
             unheld = api.create(run_manifest("PipelineRun", free, "f1", {}))
             assert "status" not in unheld["spec"]  # no control there: started at once
-            # The reconciler decides as the webhook would: one runs, two wait.
+            # The reconciler decides as the webhook would: one runs, two wait. A run the
+            # policy holds already reads "pending-us", so the states alone do not say that
+            # the reconciler has decided each run: its decision removes the held-by mark.
             expected = {"o1": "started", "o2": "pending-us", "o3": "pending-us"}
             wait_states(api, "PipelineRun", ns, expected)
+            wait_for(
+                "the reconciler to decide every held run",
+                lambda: not any(_policy_held(api, ns, name) for name in names),
+                timeout=60,
+            )
             for name in names:
                 stored = api.must_get("PipelineRun", name, ns)
                 assert stored["metadata"]["labels"]["concurrency.coschedule.dev/env"] == "x"
@@ -234,6 +241,11 @@ def test_a_webhook_outage_refuses_no_run_and_a_queue_keeps_its_limit(
         assert "coschedule.dev/held-by" not in (stored["metadata"].get("annotations") or {})
         assert stored["metadata"]["labels"]["concurrency.coschedule.dev/env"] == "x"
         assert state(stored) == "pending-us"
+
+
+def _policy_held(api: Api, ns: str, name: str) -> bool:
+    run = api.must_get("PipelineRun", name, ns)
+    return "coschedule.dev/held-by" in (run["metadata"].get("annotations") or {})
 
 
 @pytest.mark.usefixtures("reconciling")
