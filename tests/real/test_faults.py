@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import time
 from collections.abc import Callable
@@ -38,7 +39,8 @@ from coschedule.marks import (
     HELD_BY_POLICY,
     LABEL_GATED_BY,
 )
-from tests.e2e.cluster import wait_healthy
+from tests.e2e.cluster import Proc, free_port, wait_healthy
+from tests.e2e.install import WEBHOOK_CONFIG_NAME
 from tests.e2e.kube import Api, ApiError, Obj, wait_for
 from tests.e2e.test_outage import POLICY, RUNS_POLICY, gate_policy
 from tests.e2e.world import (
@@ -69,7 +71,7 @@ from tests.real.runs import (
     wait_runs,
 )
 from tests.real.stack import RealCluster
-from tests.real.test_outage import _dry_run_pod, _restart
+from tests.real.test_outage import _dry_run_pod
 
 pytestmark = pytest.mark.faults
 
@@ -341,11 +343,36 @@ def _undecided(api: Api, namespaces: list[str]) -> list[str]:
 
 
 def _webhook_up(real: RealCluster) -> None:
-    """The webhook serving again (after a failure left it dead), for the later scenarios."""
+    """The webhook serving again (after a failure left it dead), for the later scenarios.
+
+    As a cluster's Service does, no API server call reaches it before its readiness passes:
+    registered by URL here, the new process listens on a port of its own and the webhook
+    configuration is pointed at it once ``/readyz`` says its caches are read. (On the old
+    port it was called during its first second, before its namespace cache was read, and
+    decided a pipelineruns namespace's pod with the cluster's mode.)"""
     product, plane = real.product, real.plane
-    webhook = product.webhook if product is not None else None
-    if product is not None and plane is not None and webhook and not webhook.alive():
-        product.webhook = plane.procs["coschedule-serve"] = _restart(webhook)
+    old = product.webhook if product is not None else None
+    if product is None or plane is None or not old or old.alive():
+        return
+    port = free_port()
+    argv = list(old.argv)
+    argv[argv.index("--port") + 1] = str(port)
+    webhook = Proc(old.name, argv, old.log_path, env=old.env, cwd=old.cwd).start()
+    health = argv[argv.index("--health-port") + 1]
+    wait_healthy(f"http://127.0.0.1:{health}/readyz", webhook, timeout=60)
+    config = real.api.must_get("MutatingWebhookConfiguration", WEBHOOK_CONFIG_NAME)
+    ops = [
+        {
+            "op": "replace",
+            "path": f"/webhooks/{index}/clientConfig/url",
+            "value": re.sub(r":\d+/", f":{port}/", hook["clientConfig"]["url"], count=1),
+        }
+        for index, hook in enumerate(config["webhooks"])
+    ]
+    real.api.patch("MutatingWebhookConfiguration", WEBHOOK_CONFIG_NAME, ops,
+                   patch_type="application/json-patch+json")  # fmt: skip
+    product.webhook = plane.procs["coschedule-serve"] = webhook
+    product.webhook_port = port
 
 
 def test_webhook_killed_while_runs_are_admitted(
