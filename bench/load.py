@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import json
 import shutil
 import sys
 import tempfile
@@ -32,7 +31,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from bench.servers import loadavg, machine
+from bench.servers import loadavg, write_results
 from bench.suite import source
 from tests.real import stack
 from tests.real.load import LANES, Outcome, Plan, latency, run_load
@@ -153,20 +152,8 @@ def main(argv: list[str] | None = None) -> int:
     result = figures(outcome, plan)
     print(render(result, load, code))
     if args.json:
-        args.json.write_text(
-            json.dumps(
-                {
-                    "date": started_at,
-                    "machine": machine(),
-                    "source": code,
-                    "load": load,
-                    "lanes": [asdict(lane) for lane in LANES],
-                    **result,
-                },
-                indent=1,
-                default=str,
-            )
-        )
+        lanes = [asdict(lane) for lane in LANES]
+        write_results(args.json, started_at, code, load, lanes=lanes, **result)
     bad = result["broken"] or result["not_succeeded"] or result["left"]
     return 1 if bad else 0
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime as dt
-import json
 import shutil
 import statistics
 import sys
@@ -31,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.servers import loadavg, machine
+from bench.servers import loadavg, write_results
 from bench.suite import source
 from tests.e2e.kube import Api, ApiError
 from tests.e2e.world import make_namespace, wait_webhook_sees
@@ -202,21 +201,8 @@ def main(argv: list[str] | None = None) -> int:
     text, summaries, paired = report(figures, modes, load, code)
     print(text)
     if args.json:
-        args.json.write_text(
-            json.dumps(
-                {
-                    "date": started_at,
-                    "machine": machine(),
-                    "source": code,
-                    "runs": args.runs,
-                    "load": load,
-                    "summary": summaries,
-                    "paired_median_added": paired,
-                    "figures": figures,
-                },
-                indent=1,
-            )
-        )
+        write_results(args.json, started_at, code, load, runs=args.runs, summary=summaries,
+                      paired_median_added=paired, figures=figures)  # fmt: skip
     return 0
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import signal
@@ -46,6 +47,15 @@ def rss_bytes(pid: int) -> int:
 
 def loadavg() -> float:
     return float(Path("/proc/loadavg").read_text().split()[0])
+
+
+def write_results(
+    path: Path, started_at: str, source: dict[str, Any], load: list[float], **fields: Any
+) -> None:
+    """A real-stack bench's JSON: when, on what machine and code, under what load, then its
+    own figures."""
+    doc = {"date": started_at, "machine": machine(), "source": source, "load": load, **fields}
+    path.write_text(json.dumps(doc, indent=1, default=str))
 
 
 def machine() -> dict[str, Any]:

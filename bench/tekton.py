@@ -43,7 +43,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime as dt
-import json
 import shutil
 import statistics
 import sys
@@ -56,7 +55,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.real_latency import WITHOUT, clean, measure, paired_differences, summary
-from bench.servers import loadavg, machine
+from bench.servers import loadavg, write_results
 from bench.suite import source
 from tests.e2e.kube import Api, ApiError, Obj, wait_for
 from tests.e2e.world import make_namespace, unique, wait_webhook_sees
@@ -572,26 +571,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     print("\n".join(text))
     if args.json:
-        args.json.write_text(
-            json.dumps(
-                {
-                    "date": started_at,
-                    "machine": machine(),
-                    "source": code,
-                    "rounds": args.rounds,
-                    "wait_seconds": args.wait,
-                    "load": load,
-                    "flag_switches": {"count": flag.switches, "seconds": flag.seconds},
-                    **result,
-                    "figures": figures,
-                    "behaviours": {
-                        key: {side: asdict(o) for side, o in sides.items()}
-                        for key, sides in outcomes.items()
-                    },
-                },
-                indent=1,
-            )
-        )
+        seen = {
+            key: {side: asdict(o) for side, o in sides.items()} for key, sides in outcomes.items()
+        }
+        flag_switches = {"count": flag.switches, "seconds": flag.seconds}
+        write_results(args.json, started_at, code, load, rounds=args.rounds,
+                      wait_seconds=args.wait, flag_switches=flag_switches, **result,
+                      figures=figures, behaviours=seen)  # fmt: skip
     return 0
 
 

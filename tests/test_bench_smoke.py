@@ -8,6 +8,7 @@ and the table renders with the ratio first. ``python -m bench`` itself is never 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import socket
@@ -587,3 +588,18 @@ def test_webhook_memory_bench_fills_the_real_caches() -> None:
     assert figures["bytes_per_claim"] > 0
     per_10k = figures["bytes_per_claim"] * 10_000 / 2**20
     assert figures["mb_per_10k_claims"] == pytest.approx(per_10k, abs=0.1)
+
+
+def test_a_real_stack_bench_writes_its_header_then_its_figures(tmp_path: Path) -> None:
+    from bench.servers import write_results
+
+    out = tmp_path / "result.json"
+    write_results(out, "2026-11-27T07:00:00+00:00", {"commit": "abc"}, [1.5, 2.0], runs=3,
+                  figures={"none": [1.0]})  # fmt: skip
+    doc = json.loads(out.read_text())
+    assert doc["date"] == "2026-11-27T07:00:00+00:00"
+    assert doc["source"] == {"commit": "abc"}
+    assert doc["load"] == [1.5, 2.0]
+    assert doc["runs"] == 3
+    assert doc["figures"] == {"none": [1.0]}
+    assert doc["machine"]["cores"] == os.cpu_count()

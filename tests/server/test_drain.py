@@ -100,7 +100,7 @@ def test_sigint_or_a_second_sigterm_stops_at_once(
     assert ("draining" in server.log_path.read_text()) is (second is not None)
 
 
-def test_without_a_delay_sigterm_stops_at_once() -> None:
+def test_a_drain_without_a_delay_never_begins() -> None:
     drain = Drain(delay=0.0)
     assert drain.begin() is False
     assert drain.readiness() == (True, None)
