@@ -68,15 +68,15 @@ def plan_admit(
 ) -> Plan:
     """What the run webhook would have done to a run the admission policy held while no
     webhook answered: its own decision on the run as stored (``stored``, the whole run: its
-    params make the key) with the controls of its namespace, in one patch conditional on the
-    resourceVersion read. Labelled, the run joins its groups (and is started when they let
-    it); selected by no control, it is started as its author submitted it. Nothing for a run
+    params make the key) with the controls of its namespace, in one patch conditional on
+    what the decision read (``read_tests``). Labelled, the run joins its groups (and is
+    started when they let it); selected by no control, it is started as its author
+    submitted it. Nothing for a run
     that is gone or decided already."""
     if stored is None or not policy_held(stored):
         return Plan()
     decision = admit_run(kind, stored, namespace, controls)
-    version = str((stored.get("metadata") or {}).get("resourceVersion") or "")
-    ops = (jsonpatch.test("/metadata/resourceVersion", version), *decision.ops)
+    ops = (*read_tests(stored), *decision.ops)
     names = ", ".join(m.control.name for m in decision.matches) or "none"
     message = (
         f"created while the coschedule webhook was unreachable and held by the admission "
@@ -84,3 +84,28 @@ def plan_admit(
         f"(ConcurrencyControls: {names})"
     )
     return Plan((AdmitHeldRun(parse_run(kind, stored), ops, message),))
+
+
+def read_tests(stored: Mapping[str, Any]) -> list[jsonpatch.Op]:
+    """``test`` ops that hold a patch to what a run decision read: the run (its uid), its
+    labels, its annotations and its spec (params, start state), each as read. Not the
+    resourceVersion: the engine writes a new run at once (Tekton writes a pending run's
+    status), which changes none of these, and a test of the version failed the first admit
+    of a held run with 422 whenever the engine wrote between the GET and the patch. A part
+    the run lacks cannot be tested as absent (kube-apiserver's ``test`` of a missing path
+    is not RFC 6902's): then the version is tested too."""
+    meta = stored.get("metadata")
+    meta = meta if isinstance(meta, Mapping) else {}
+    ops = [jsonpatch.test("/metadata/uid", str(meta.get("uid") or ""))]
+    parts = {
+        "/metadata/labels": meta.get("labels"),
+        "/metadata/annotations": meta.get("annotations"),
+        "/spec": stored.get("spec"),
+    }
+    for path, value in parts.items():
+        if isinstance(value, Mapping):
+            ops.append(jsonpatch.test(path, dict(value)))
+    if len(ops) < 1 + len(parts):
+        version = str(meta.get("resourceVersion") or "")
+        ops.append(jsonpatch.test("/metadata/resourceVersion", version))
+    return ops

@@ -28,6 +28,7 @@ Obj = dict[str, Any]
 KEY = GroupKey("ci", "ci", "main")
 GROUPED = {"coschedule.dev/concurrency": "grouped", "concurrency.coschedule.dev/ci": "main"}
 PENDING = {"coschedule.dev/pending-by": "concurrency"}
+BRANCH = "$(params.branch)"
 CLOCK = 1_800_000_000.0  # long after the runs' creation (2026-11-23)
 
 
@@ -157,6 +158,64 @@ async def test_a_run_the_policy_held_is_admitted_in_one_json_patch_and_an_event(
     after = api.get(plural, "ci", "r1") or {}
     assert state_of(kind, after) is State.RUNNING
     assert "coschedule.dev/held-by" not in (after["metadata"].get("annotations") or {})
+
+
+def held_pipeline_run(api: MiniApi) -> Obj:
+    """A PipelineRun as the admission policy ``coschedule-hold-runs`` stores it."""
+    obj = pipeline_run("r1", params={"branch": "main"}, status="PipelineRunPending")
+    obj["metadata"]["labels"]["coschedule.dev/concurrency"] = "grouped"
+    obj["metadata"]["annotations"] = {"coschedule.dev/held-by": "admission-policy", **PENDING}
+    return copy.deepcopy(api.put("pipelineruns", obj))
+
+
+async def test_a_held_run_the_engine_wrote_since_the_read_is_admitted_at_the_first_try(
+    api: MiniApi, client: KubeClient
+) -> None:
+    """Tekton writes a new pending run's status at once (its Pending condition; Chains adds
+    its finalizer): a new resourceVersion, nothing the decision read. The admit read before
+    that write is taken as it is (a 422 and a retry on the real stack while it tested the
+    version)."""
+    stored = held_pipeline_run(api)
+    ctl = parse_control(control("ci", {"selector": {}, "strategy": "Queue", "key": BRANCH}))
+    result = plan_admit(Kind.PIPELINE_RUN, "ci", stored, [ctl])
+    engine_write = {
+        "metadata": {"finalizers": ["chains.tekton.dev/pipelinerun"]},
+        "status": {"conditions": [{"type": "Succeeded", "status": "Unknown"}]},
+    }
+    api.edit("pipelineruns", "ci", "r1", engine_write)
+    run_executor, _ = executor(client)
+    await run_executor.execute("admit:PipelineRun/ci/r1", result.actions, None)
+    assert events(api) == [("r1", "AdmittedWithoutWebhook")]
+    after = api.get("pipelineruns", "ci", "r1") or {}
+    assert after["metadata"]["labels"]["concurrency.coschedule.dev/ci"] == "main"
+    assert "coschedule.dev/held-by" not in after["metadata"]["annotations"]
+    assert after["status"] == engine_write["status"]
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        pytest.param({"metadata": {"labels": {"team": "x"}}}, id="a label"),
+        pytest.param({"metadata": {"annotations": {"note": "x"}}}, id="an annotation"),
+        pytest.param({"spec": {"params": [{"name": "branch", "value": "dev"}]}}, id="a param"),
+    ],
+)
+async def test_a_held_run_whose_decision_inputs_changed_since_the_read_is_not_admitted(
+    api: MiniApi, client: KubeClient, change: Obj
+) -> None:
+    """What a control selects on or keys by changed after the read: the decision may be
+    another, so the patch is refused (422) and writes nothing; the retry reads again."""
+    stored = held_pipeline_run(api)
+    ctl = parse_control(control("ci", {"selector": {}, "strategy": "Queue"}))
+    result = plan_admit(Kind.PIPELINE_RUN, "ci", stored, [ctl])
+    api.edit("pipelineruns", "ci", "r1", change)
+    run_executor, _ = executor(client)
+    with pytest.raises(ApiError) as raised:
+        await run_executor.execute("admit:PipelineRun/ci/r1", result.actions, None)
+    assert raised.value.status == 422
+    assert events(api) == []
+    after = api.get("pipelineruns", "ci", "r1") or {}
+    assert after["metadata"]["annotations"]["coschedule.dev/held-by"] == "admission-policy"
 
 
 async def test_a_run_gone_is_nothing_to_do_and_the_pass_goes_on(

@@ -239,13 +239,38 @@ def test_a_policy_held_run_is_admitted_in_one_conditional_patch(
     (action,) = result.actions
     assert isinstance(action, AdmitHeldRun)
     assert (action.run.kind, action.run.namespace, action.run.name) == (kind, "ci", "r1")
-    # First a test of the version read: a run changed since is not decided on (422).
-    assert action.ops[0] == {"op": "test", "path": "/metadata/resourceVersion", "value": "7"}
-    assert len(action.ops) > 1
+    # First tests of what the decision read: a run whose labels, annotations or spec changed
+    # since (or another run of the name) is not decided on (422); its version is not tested,
+    # so the engine's status writes meanwhile cost nothing.
+    meta = stored["metadata"]
+    assert action.ops[:4] == (
+        {"op": "test", "path": "/metadata/uid", "value": meta["uid"]},
+        {"op": "test", "path": "/metadata/labels", "value": meta["labels"]},
+        {"op": "test", "path": "/metadata/annotations", "value": meta["annotations"]},
+        {"op": "test", "path": "/spec", "value": stored["spec"]},
+    )
+    assert all(op["op"] != "test" for op in action.ops[4:])
+    assert len(action.ops) > 4
     assert action.message == (
         "created while the coschedule webhook was unreachable and held by the admission "
         f"policy; decided by the reconciler: {outcome} (ConcurrencyControls: {named})"
     )
+
+
+def test_a_held_run_without_a_labels_map_is_held_to_its_version_too() -> None:
+    """A part of the run it lacks cannot be tested as absent: the version is tested then."""
+    stored = policy_held(Kind.PIPELINE_RUN, "r1")
+    del stored["metadata"]["labels"]
+    (action,) = plan_admit(Kind.PIPELINE_RUN, "ci", stored, [CI]).actions
+    assert isinstance(action, AdmitHeldRun)
+    tests = [op for op in action.ops if op["op"] == "test"]
+    assert [op["path"] for op in tests] == [
+        "/metadata/uid",
+        "/metadata/annotations",
+        "/spec",
+        "/metadata/resourceVersion",
+    ]
+    assert tests[-1]["value"] == "7"
 
 
 @pytest.mark.parametrize(
