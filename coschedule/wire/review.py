@@ -145,5 +145,5 @@ def encode_allowed(
 
 
 def error_body(message: str) -> bytes:
-    """The JSON body of an HTTP 4xx: what was wrong, machine-readable."""
+    """The JSON body of an HTTP 4xx or 503: what was wrong, machine-readable."""
     return orjson.dumps({"error": message})
