@@ -27,7 +27,14 @@ from coschedule.server import admission_log
 from coschedule.server.cache_gate import CachesNotSynced
 from coschedule.server.webhook_metrics import WebhookMetrics
 from coschedule.wire.pod_fields import MalformedPod
-from coschedule.wire.review import BadReview, Review, encode_allowed, encode_response, error_body
+from coschedule.wire.review import (
+    BadReview,
+    Review,
+    encode_allowed,
+    encode_response,
+    error_body,
+    unavailable_body,
+)
 
 MAX_BODY_BYTES = 7 * 1024 * 1024  # kube-apiserver's own request limit is 3 MiB; leave room
 
@@ -160,7 +167,7 @@ class AdmissionEndpoint(ABC):
         except BAD_REQUEST as exc:
             status, payload = 400, self._bad_request(exc, review, start)
         except CachesNotSynced as exc:
-            status, payload = 503, error_body(str(exc))
+            status, payload = 503, unavailable_body(str(exc))
         else:
             status = 200
             if wait is not None:
@@ -186,7 +193,7 @@ class AdmissionEndpoint(ABC):
         except BAD_REQUEST as exc:
             return 400, self._bad_request(exc, review, start)
         except CachesNotSynced as exc:
-            return 503, error_body(str(exc))
+            return 503, unavailable_body(str(exc))
         return 200, payload
 
     def _bad_request(self, exc: Exception, review: Review | None, start: float) -> bytes:

@@ -129,8 +129,12 @@ async def test_a_pod_whose_caches_are_not_read_in_time_fails_the_call_with_503(
         # An HTTP error, not a review: the API server applies the webhook's failurePolicy.
         assert answer.status_code == 503, answer.text
         assert answer.headers["content-type"] == "application/json"
-        error: str = answer.json()["error"]
+        body = answer.json()
+        error: str = body["error"]
         assert f"rule {RULE}" in error
+        # A Status as well: the API server puts its message in its own error (Fail).
+        assert (body["kind"], body["status"], body["code"]) == ("Status", "Failure", 503)
+        assert body["message"] == error
         assert "namespaces" in error
         assert "failurePolicy" in error
         assert waited >= SYNC_WAIT_SECONDS * 0.9  # it waited its bound first
