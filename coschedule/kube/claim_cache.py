@@ -103,6 +103,10 @@ class ClaimCache:
     def synced(self) -> bool:
         return all(i.synced.is_set() for i in (self.claims, self.statefulsets, self.pods))
 
+    async def wait_synced(self) -> None:
+        for informer in (self.claims, self.statefulsets, self.pods):
+            await informer.synced.wait()
+
     def pod_decision(self, namespace: str, placeholder: str) -> tuple[ClaimTemplate, ...] | None:
         found = self.pods.by_index("placeholder", f"{namespace}/{placeholder}")
         return min(obj["decision"] for obj in found).templates if found else None

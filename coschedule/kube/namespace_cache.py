@@ -33,3 +33,6 @@ class NamespaceCache:
     @property
     def synced(self) -> bool:
         return self.informer.synced.is_set()
+
+    async def wait_synced(self) -> None:
+        await self.informer.synced.wait()

@@ -5,8 +5,8 @@ placeholder's pod is bound to, when the webhook already knows it; otherwise the 
 and the reconciler pins it later. An admission reads the node in one dict lookup by
 (namespace, placeholder). Only our placeholder pods are watched (by label), and each is kept
 as its identity, its placeholder and its node: a placeholder pod that is not bound, is being
-deleted or has finished counts as "not bound". So does anything before the first list: the
-webhook never waits for this cache.
+deleted or has finished counts as "not bound". Before the first list nothing is known: the
+pod endpoint waits for it (bounded, ``server.cache_gate``) before it decides.
 """
 
 from __future__ import annotations
@@ -78,6 +78,9 @@ class PlaceholderCache:
     @property
     def synced(self) -> bool:
         return self.informer.synced.is_set()
+
+    async def wait_synced(self) -> None:
+        await self.informer.synced.wait()
 
     def node(self, namespace: str, placeholder: str) -> str | None:
         """The node the placeholder's pod is bound to; None: not bound (or not seen yet)."""

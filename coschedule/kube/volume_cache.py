@@ -29,6 +29,9 @@ class VolumeCache:
     def synced(self) -> bool:
         return self.informer.synced.is_set()
 
+    async def wait_synced(self) -> None:
+        await self.informer.synced.wait()
+
     def get(self, name: str) -> VolumeTopology | None:
         obj = self.informer.get(name)
         return None if obj is None else obj["topology"]

@@ -6,6 +6,9 @@ Two error channels. A broken request is an HTTP 4xx with a JSON body, answered h
 other than POST (405), a Content-Type other than application/json (400), a body over 7 MiB
 (413), a body that is not a usable review or holds a malformed object (400). A request an
 endpoint decides on gets an HTTP 200 review, allowed or not, that echoes the request uid.
+A request an endpoint cannot decide yet (its caches not read after a bounded wait:
+``CachesNotSynced``) is an HTTP 503 with a JSON body, so that the API server applies the
+webhook's failurePolicy, as when the webhook does not answer.
 
 The door is the ASGI callable itself and calls its endpoint's ``admit`` straight from it:
 the pod endpoint's hot path pays for no frame more than a handler of its own would.
@@ -21,9 +24,17 @@ from typing import Any, Protocol
 
 from coschedule.marks import NamespaceInfo
 from coschedule.server import admission_log
+from coschedule.server.cache_gate import CachesNotSynced
 from coschedule.server.webhook_metrics import WebhookMetrics
 from coschedule.wire.pod_fields import MalformedPod
-from coschedule.wire.review import BadReview, Review, encode_allowed, encode_response, error_body
+from coschedule.wire.review import (
+    BadReview,
+    Review,
+    encode_allowed,
+    encode_response,
+    error_body,
+    unavailable_body,
+)
 
 MAX_BODY_BYTES = 7 * 1024 * 1024  # kube-apiserver's own request limit is 3 MiB; leave room
 
@@ -104,7 +115,8 @@ class AdmissionEndpoint(ABC):
     @abstractmethod
     def admit(self, review: Review, start: float, may_wait: bool) -> Answer:
         """Decide one decoded review (``start``: when its body was read). Raise one of
-        ``BAD_REQUEST`` for a malformed object; with ``may_wait``, an answer may come with a
+        ``BAD_REQUEST`` for a malformed object, ``CachesNotSynced`` (counted and logged) for
+        a request that cannot be decided yet; with ``may_wait``, an answer may come with a
         wait, after which the door decides the body once more."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -154,6 +166,8 @@ class AdmissionEndpoint(ABC):
             payload, wait = self.admit(review, start, True)
         except BAD_REQUEST as exc:
             status, payload = 400, self._bad_request(exc, review, start)
+        except CachesNotSynced as exc:
+            status, payload = 503, unavailable_body(str(exc))
         else:
             status = 200
             if wait is not None:
@@ -178,6 +192,8 @@ class AdmissionEndpoint(ABC):
             payload, _ = self.admit(review, start, False)
         except BAD_REQUEST as exc:
             return 400, self._bad_request(exc, review, start)
+        except CachesNotSynced as exc:
+            return 503, unavailable_body(str(exc))
         return 200, payload
 
     def _bad_request(self, exc: Exception, review: Review | None, start: float) -> bytes:

@@ -24,6 +24,7 @@ from coschedule.kube.namespace_cache import NamespaceCache
 from coschedule.kube.placeholder_cache import PlaceholderCache
 from coschedule.kube.volume_cache import VolumeCache
 from coschedule.probes import Probes
+from coschedule.server.cache_gate import Cache, CacheGate
 
 log = logging.getLogger("coschedule.cluster")
 
@@ -71,6 +72,38 @@ class ClusterLink:
 
     def adjust_settings(self, settings: Settings) -> Settings:
         return settings if self.online else replace(settings, rewrite_claims=False)
+
+    def pod_caches(self) -> CacheGate | None:
+        """What ``/mutate`` decides from: namespaces (the mode), claims, volumes and
+        placeholders (None: offline, nothing to wait for)."""
+        found = [
+            Cache.of(name, cache)
+            for name, cache in (
+                ("namespaces", self.namespaces),
+                ("claims", self.claims),
+                ("volumes", self.volumes),
+                ("placeholders", self.placeholders),
+            )
+            if cache is not None
+        ]
+        return CacheGate(found) if found else None
+
+    def run_caches(self) -> CacheGate | None:
+        """What ``/mutate-runs`` decides from: namespaces and the ConcurrencyControls (read
+        once discovery says their CRD is not served: then there are none)."""
+        found: list[Cache] = []
+        namespaces, controls = self.namespaces, self.controls
+        if namespaces is not None:
+            found.append(Cache.of("namespaces", namespaces))
+        if controls is not None:
+            found.append(
+                Cache(
+                    "concurrencycontrols",
+                    lambda: controls.synced or controls.absent,
+                    controls.wait_synced,
+                )
+            )
+        return CacheGate(found) if found else None
 
     def informers(self) -> list[Informer]:
         found: list[Informer] = []

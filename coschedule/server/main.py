@@ -66,6 +66,8 @@ def run_webhook(args: argparse.Namespace) -> int:
             link.volumes,
             link.controls,
             link.placeholders,
+            pod_caches=link.pod_caches(),
+            run_caches=link.run_caches(),
         )
     except CertificateUnusable as exc:
         print(f"coschedule serve: {exc}", file=sys.stderr)

@@ -1,7 +1,9 @@
 """``POST /mutate``: admission of new pods, the hot path. Behind the front door
 (``server.admission``) there is nothing between the body and the decision but the lean
 decoder (``wire.lean``); an allowed pod's answer is joined from bytes, and nothing is logged
-for it unless DEBUG is on."""
+for it unless DEBUG is on. Until the caches it decides from have been read once
+(``server.cache_gate``), a pod waits for them, bounded, and is decided then; still not read,
+the call fails (HTTP 503) and the webhook's failurePolicy applies."""
 
 from __future__ import annotations
 
@@ -18,10 +20,12 @@ from coschedule.server.admission import (
     AdmissionEndpoint,
     Answer,
     NamespaceLookup,
+    Wait,
     allowed,
     denied,
     errored,
 )
+from coschedule.server.cache_gate import RULE, SYNC_WAIT_SECONDS, CacheGate, CachesNotSynced
 from coschedule.server.webhook_metrics import WebhookMetrics
 from coschedule.wire import lean
 from coschedule.wire.pod_fields import MalformedPod
@@ -45,6 +49,7 @@ class PodEndpoint(AdmissionEndpoint):
         claims: ClaimCacheView | None = None,
         volumes: VolumeView | None = None,
         placeholders: PlaceholderView | None = None,
+        caches: CacheGate | None = None,
     ) -> None:
         super().__init__(metrics, lean.decode, mode="none", path="/mutate", object_field="pod")
         self.settings = settings
@@ -52,6 +57,10 @@ class PodEndpoint(AdmissionEndpoint):
         self.claims = claims
         self.volumes = volumes
         self.placeholders = placeholders
+        self.caches = caches
+        # Every cache read once (they stay read: a relist keeps them): the hot path's one
+        # check, a bool, set once here or by ``_unsynced``.
+        self.synced = caches is None or not caches.waiting()
         # namespace -> the context of its last admission (one entry per namespace seen).
         self._contexts: dict[str, AdmissionContext] = {}
 
@@ -64,6 +73,8 @@ class PodEndpoint(AdmissionEndpoint):
             # configuration) is allowed untouched.
             record(_NOT_OURS)
             return allowed(review.uid), None
+        if not self.synced and (wait := self._unsynced(review, start, may_wait)) is not None:
+            return b"", wait  # the door waits, then decides once more
         pod = review.object
         settings = self.settings.current
         try:
@@ -124,7 +135,36 @@ class PodEndpoint(AdmissionEndpoint):
         admission_log.decided(review, pod, decision, settings, start)
         return payload, None
 
+    def _unsynced(self, review: Review, start: float, may_wait: bool) -> Wait | None:
+        """Before every cache has been read once: None when they now are (decide), a wait
+        for them with ``may_wait``; else the call fails (``CachesNotSynced``)."""
+        caches = self.caches
+        waiting = caches.waiting() if caches is not None else []
+        if not waiting:
+            self.synced = True
+            return None
+        if may_wait and caches is not None:
+            return caches.wait(SYNC_WAIT_SECONDS)
+        names = ", ".join(waiting)
+        self.metrics.admissions.record(_NOT_SYNCED, time.perf_counter() - start)
+        admission_log.refused(
+            self.path,
+            503,
+            RULE,
+            f"caches not read after {SYNC_WAIT_SECONDS:g} s: {names}",
+            review=review,
+            object_field=self.object_field,
+            start=start,
+        )
+        raise CachesNotSynced(
+            f"coschedule: rule {RULE}: the webhook has not read the cluster's {names} yet "
+            f"(waited {SYNC_WAIT_SECONDS:g} s; is the API server reachable from it?), so it "
+            "cannot decide this pod; the webhook's failurePolicy applies (Ignore: the pod is "
+            "admitted and the reconciler finishes it; Fail: retry in a few seconds)"
+        )
+
 
 _MAX_CONTEXTS = 4096
+_NOT_SYNCED = ("none", "false", "503")
 _NOT_OURS = ("none", "true", "200")
 _INTERNAL_ERROR = ("none", "false", "500")

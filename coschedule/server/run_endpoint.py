@@ -1,8 +1,10 @@
 """``POST /mutate-runs``: admission of new PipelineRuns and Workflows for run concurrency
 control, answered from the watch-fed ConcurrencyControl and namespace caches. Behind the
-front door (``server.admission``); a run it cannot decide on is refused in a 200 review that
-says why and whether to retry. A run is logged only when refused (at the door, as a bad
-request, not decidable yet, or an internal error); an admitted run is counted, not logged."""
+front door (``server.admission``). Until both caches have been read once
+(``server.cache_gate``), a run waits for them, bounded, and is decided then; a run it still
+cannot decide on is refused in a 200 review that says why and whether to retry. A run is
+logged only when refused (at the door, as a bad request, not decidable yet, or an internal
+error); an admitted run is counted, not logged."""
 
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ from coschedule.server.admission import (
     errored,
     unavailable,
 )
+from coschedule.server.cache_gate import SYNC_WAIT_SECONDS, CacheGate
 from coschedule.server.webhook_metrics import WebhookMetrics
 from coschedule.wire.review import BadReview, Review, decode_review
 
@@ -47,12 +50,15 @@ class RunEndpoint(AdmissionEndpoint):
         metrics: WebhookMetrics,
         controls: ControlLookup | None = None,
         namespaces: NamespaceLookup | None = None,
+        caches: CacheGate | None = None,
     ) -> None:
         super().__init__(
             metrics, decode_review, mode=METRIC_MODE, path="/mutate-runs", object_field="run"
         )
         self.controls = controls
         self.namespaces = namespaces
+        self.caches = caches
+        self.synced = caches is None  # every cache read once: then never asked again
 
     def admit(self, review: Review, start: float, may_wait: bool) -> Answer:
         count = self.metrics.count_request
@@ -63,6 +69,12 @@ class RunEndpoint(AdmissionEndpoint):
             return allowed(review.uid), None
         if not isinstance(review.object, Mapping):
             raise BadReview(f"request.object must be a {kind.value} object")
+        if not self.synced and may_wait and (caches := self.caches) is not None:
+            if caches.waiting():
+                # Read them first (bounded), then decide once more: a run made in the
+                # webhook's first second is decided as any other.
+                return b"", caches.wait(SYNC_WAIT_SECONDS)
+            self.synced = True
         info = self.namespaces.get(review.namespace) if self.namespaces is not None else None
         if info is not None and not info.enabled:
             count(METRIC_MODE, True, 200)

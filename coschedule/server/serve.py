@@ -19,6 +19,7 @@ from coschedule.listen import EVERY_ADDRESS, ListenError, describe, listen_socke
 from coschedule.mutate.decision import PlaceholderView, VolumeView
 from coschedule.probes import Probes, probes_app
 from coschedule.server.admission import NamespaceLookup
+from coschedule.server.cache_gate import CacheGate
 from coschedule.server.drain import Drain
 from coschedule.server.https_app import HttpsApp
 from coschedule.server.pod_endpoint import ClaimCacheView, PodEndpoint
@@ -108,6 +109,9 @@ def build_webhook(
     volumes: VolumeView | None = None,
     controls: ControlLookup | None = None,
     placeholders: PlaceholderView | None = None,
+    *,
+    pod_caches: CacheGate | None = None,
+    run_caches: CacheGate | None = None,
 ) -> Webhook:
     certificate = ServingCertificate(cert_dir, metrics)
     certificate.load()
@@ -126,8 +130,8 @@ def build_webhook(
     probes.checks["certificate"] = cert_check
     probes.checks["config"] = config_check
     probes.checks["shutdown"] = drain.readiness
-    pods = PodEndpoint(settings, metrics, namespaces, claims, volumes, placeholders)
-    runs = RunEndpoint(metrics, controls, namespaces)
+    pods = PodEndpoint(settings, metrics, namespaces, claims, volumes, placeholders, pod_caches)
+    runs = RunEndpoint(metrics, controls, namespaces, run_caches)
     return Webhook(settings, metrics, certificate, probes, pods, runs, drain)
 
 

@@ -147,3 +147,20 @@ def encode_allowed(
 def error_body(message: str) -> bytes:
     """The JSON body of an HTTP 4xx: what was wrong, machine-readable."""
     return orjson.dumps({"error": message})
+
+
+def unavailable_body(message: str) -> bytes:
+    """The JSON body of an HTTP 503: ``error`` as every error body, and a ``Status`` too, so
+    that the API server, which reads a failed webhook call's body as a Status, puts the
+    message in its own error (failurePolicy Fail) instead of a generic one."""
+    return orjson.dumps(
+        {
+            "error": message,
+            "apiVersion": "v1",
+            "kind": "Status",
+            "status": "Failure",
+            "message": message,
+            "reason": "ServiceUnavailable",
+            "code": 503,
+        }
+    )

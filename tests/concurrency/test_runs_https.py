@@ -19,6 +19,7 @@ import jsonpatch
 import orjson
 import pytest
 
+from coschedule.server.cache_gate import SYNC_WAIT_SECONDS
 from tests.concurrency.runs import control, pipeline_run, workflow
 from tests.conftest import (
     PATIENCE_SECONDS,
@@ -180,8 +181,11 @@ async def test_readyz_and_run_admission_wait_for_the_controls_cache(
         "ConcurrencyControl cache not synced yet"
     )
     async with https(server) as http:
-        # Not synced: the run is refused with a retryable 503 rather than admitted ungrouped.
+        # Not read within the webhook's wait: the run is refused with a retryable 503
+        # rather than admitted ungrouped.
+        began = time.monotonic()
         response = await admit(http, pr_review("pr-early", "ci"))
+        assert time.monotonic() - began >= SYNC_WAIT_SECONDS * 0.9  # it waited first
         assert response["allowed"] is False
         assert response["status"]["code"] == 503
         assert "concurrency-cache-not-synced" in response["status"]["message"]
@@ -201,6 +205,37 @@ async def test_readyz_and_run_admission_wait_for_the_controls_cache(
         'coschedule_admission_requests_total{allowed="false",code="503",mode="concurrency"} 1.0'
         in metrics
     )
+
+
+async def test_a_run_made_while_the_controls_cache_syncs_is_decided_normally(
+    api: MiniApi, serve: Callable[[], RunningServer]
+) -> None:
+    """The webhook's first second: the run waits for the ConcurrencyControls (bounded, on
+    the cache's own sync), then is grouped and held as any other; nothing is refused."""
+    gate = api.holds[("GET", "concurrencycontrols")] = asyncio.Event()
+    server = serve()
+
+    async def listening() -> bool:
+        with contextlib.suppress(httpx.TransportError):
+            async with https(server) as http:
+                return (await http.get("/livez")).status_code == 200
+        return False
+
+    await until(server, listening)
+    assert (await readyz(server))[0] == 503
+    review = pr_review("pr-first", "ci")
+    async with https(server) as http:
+        posted = asyncio.create_task(admit(http, review))
+        await asyncio.sleep(0.5)
+        assert not posted.done()
+        gate.set()
+        run = patched(review, await posted)
+    assert run["metadata"]["labels"]["concurrency.coschedule.dev/builds"] == "main"
+    assert run["spec"]["status"] == "PipelineRunPending"
+    async with httpx.AsyncClient() as plain:
+        metrics = (await plain.get(server.health_url + "/metrics")).text
+    assert 'code="503"' not in metrics
+    assert "concurrency-cache-not-synced" not in server.log()
 
 
 async def test_runs_are_grouped_and_held_by_the_clusters_controls(
