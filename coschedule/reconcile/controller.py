@@ -42,7 +42,7 @@ from coschedule.placement import node_pin
 from coschedule.reconcile import event_keys, node_pins, run_seed, shapes, stuck, stuck_facts
 from coschedule.reconcile import plan as planning
 from coschedule.reconcile.assistant_conflict import plan_assistant_conflict
-from coschedule.reconcile.event_keys import BY_NODE, BY_PLACEHOLDER
+from coschedule.reconcile.event_keys import BY_NAMESPACE, BY_NODE, BY_PLACEHOLDER
 from coschedule.reconcile.executor import Executor
 from coschedule.reconcile.gated import gated_pods
 from coschedule.reconcile.model import (
@@ -152,7 +152,7 @@ class Controller:
             run_seed.PLURAL,
             None,
             run_seed.slim_run,
-            {BY_PLACEHOLDER: self._run_placeholder},
+            {BY_PLACEHOLDER: self._run_placeholder, BY_NAMESPACE: self._run_namespace},
         )
         self.runs.add_handler(self._on_run)
         self.namespaces = NamespaceCache(
@@ -163,6 +163,7 @@ class Controller:
                 on_relist=lambda: self.metrics.relists.labels("namespaces").inc(),
             )
         )
+        self.namespaces.informer.add_handler(self._on_namespace)
         for informer in self.informers:
             self.metrics.cache_stale.labels(informer.name).set_function(informer.silent_for)
         self.topology = TopologyLabels(
@@ -317,6 +318,23 @@ class Controller:
             return []
         key = run_seed.placeholder_key(obj, self.settings())
         return [key] if key is not None else []
+
+    def _run_namespace(self, obj: Obj) -> list[str]:
+        """The index of runs that could hold a seed by namespace: looked at again when their
+        namespace's labels change."""
+        if not run_seed.candidate(obj):
+            return []
+        return [str((obj.get("metadata") or {}).get("namespace") or "")]
+
+    def _on_namespace(self, event: str, obj: Obj, old: Obj | None) -> None:
+        """A namespace enabled, or its mode changed (or seen after its runs): its runs are
+        seeded, or not, by its labels, so each is looked at again."""
+        if not run_seed.namespace_changed(event, obj, old):
+            return
+        namespace = str((obj.get("metadata") or {}).get("name") or "")
+        runs = self.runs.by_index(BY_NAMESPACE, namespace)
+        keys = {run_seed.placeholder_key(run, self.settings()) for run in runs}
+        self._enqueue(sorted(k for k in keys if k is not None))
 
     def _on_run(self, event: str, obj: Obj, old: Obj | None) -> None:
         if event == "MODIFIED" and old is not None and run_seed.same_for_seed(old, obj):

@@ -143,6 +143,18 @@ def candidate(run: Mapping[str, Any]) -> bool:
     )
 
 
+def namespace_changed(event: str, obj: Mapping[str, Any], old: Mapping[str, Any] | None) -> bool:
+    """Whether a namespace's event may change which of its runs hold a seed: its labels
+    changed (enabled, disabled, its mode), or it is new to the cache (the namespaces' watch
+    may list it after its runs were looked at without it). Not a delete: its runs go too."""
+    if event == "DELETED":
+        return False
+    if event == "ADDED" or old is None:
+        return True
+    labels = _dict(obj.get("metadata")).get("labels")
+    return bool(labels != _dict(old.get("metadata")).get("labels"))
+
+
 def pod_labels(run: Mapping[str, Any]) -> dict[str, str]:
     """The labels Tekton puts on the run's pods that the webhook reads: the run's own
     (copied onto every TaskRun and pod) and the run's name."""

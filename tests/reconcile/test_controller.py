@@ -5,13 +5,15 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 
 from coschedule.config.settings import Settings
+from coschedule.k8s.timefmt import rfc3339
 from coschedule.kube.client import KubeClient
-from coschedule.marks import Mode
+from coschedule.marks import LABEL_ENABLED, LABEL_MODE, Mode, run_placeholder
 from coschedule.reconcile.controller import Controller
 from coschedule.reconcile.manager import Manager
 from coschedule.reconcile.reconciler_metrics import ReconcileMetrics
@@ -394,6 +396,47 @@ async def test_a_placeholder_made_for_a_run_already_done_goes_with_its_last_pod(
 
     api.remove("pods", "ci", pod["metadata"]["name"])
     await eventually(lambda: api.get("statefulsets", "ci", name) is None, within=2)
+
+
+def started_run(namespace: str, name: str) -> dict[str, Any]:
+    """A PipelineRun just created and started (Tekton's labels), not done."""
+    return {
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "uid": f"uid-{name}",
+            "creationTimestamp": rfc3339(datetime.now(UTC)),
+            "labels": {"tekton.dev/pipeline": "build"},
+        },
+        "spec": {"pipelineRef": {"name": "build"}},
+        "status": {"conditions": [{"type": "Succeeded", "status": "Unknown"}]},
+    }
+
+
+@pytest.mark.parametrize(
+    "before",
+    [
+        pytest.param({}, id="enabled"),
+        pytest.param({LABEL_ENABLED: "true", LABEL_MODE: "workspaces"}, id="mode to pipelineruns"),
+    ],
+)
+async def test_a_namespace_turned_on_has_its_started_runs_seeded(
+    api: MiniApi, make: Callable[..., Any], before: dict[str, str]
+) -> None:
+    """A started run in a namespace that is not on gets no placeholder from the run; when
+    the namespace's labels turn it on, the runs already in the cache are looked at again
+    and the run's placeholder is made before any pod (it waited for the first pod)."""
+    api.put("namespaces", {"metadata": {"name": "late", "labels": dict(before)}})
+    api.put("pipelineruns", started_run("late", "pr-late"))
+    name = run_placeholder("late", "pr-late")
+    await make(settings=Settings(mode=Mode.WORKSPACES, idle_grace_seconds=300))
+    await asyncio.sleep(0.5)
+    assert api.get("statefulsets", "late", name) is None
+    on = {LABEL_ENABLED: "true", LABEL_MODE: "pipelineruns"}
+    api.edit("namespaces", None, "late", {"metadata": {"labels": on}})
+    await eventually(lambda: api.get("statefulsets", "late", name) is not None, within=3)
+    [owner] = (api.get("statefulsets", "late", name) or {})["metadata"]["ownerReferences"]
+    assert (owner["kind"], owner["name"]) == ("PipelineRun", "pr-late")
 
 
 async def test_malformed_marks_are_logged_and_skipped_and_the_loop_goes_on(

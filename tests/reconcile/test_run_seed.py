@@ -24,6 +24,7 @@ from coschedule.reconcile.placeholder import group_spec, pod_template
 from coschedule.reconcile.plan import plan
 from coschedule.reconcile.run_seed import (
     candidate,
+    namespace_changed,
     placeholder_key,
     same_for_seed,
     seed,
@@ -90,6 +91,36 @@ def deleting(run: dict[str, Any]) -> dict[str, Any]:
 
 
 # ---- which runs get a seed ------------------------------------------------------------
+
+
+def namespace(**labels: str) -> dict[str, Any]:
+    return {"metadata": {"name": "ci", "resourceVersion": "3", "labels": labels}}
+
+
+@pytest.mark.parametrize(
+    ("event", "obj", "old", "changed"),
+    [
+        pytest.param("MODIFIED", namespace(**ENABLED), namespace(), True, id="enabled"),
+        pytest.param("MODIFIED", namespace(), namespace(**ENABLED), True, id="disabled"),
+        pytest.param(
+            "MODIFIED",
+            namespace(**ENABLED, **{LABEL_MODE: "pipelineruns"}),
+            namespace(**ENABLED, **{LABEL_MODE: "workspaces"}),
+            True,
+            id="mode changed",
+        ),
+        pytest.param("ADDED", namespace(**ENABLED), None, True, id="seen after its runs"),
+        pytest.param(
+            "MODIFIED", namespace(**ENABLED), namespace(**ENABLED), False, id="labels the same"
+        ),
+        pytest.param("DELETED", namespace(**ENABLED), None, False, id="deleted"),
+    ],
+)
+def test_a_namespace_whose_labels_change_has_its_runs_looked_at_again(
+    event: str, obj: dict[str, Any], old: dict[str, Any] | None, changed: bool
+) -> None:
+    assert namespace_changed(event, obj, old) is changed
+
 
 SEEDED: list[tuple[str, dict[str, Any], dict[str, str] | None, Settings, float]] = [
     ("started run, enabled namespace", pipeline_run(), ENABLED, SETTINGS, NOW),
