@@ -19,7 +19,7 @@ from coschedule.k8s.nodes import Node, kubelet_silent, parse_node
 from coschedule.k8s.taints import eviction_reason
 from coschedule.k8s.timefmt import parse_time
 from coschedule.k8s.volumes import VolumeTopology
-from coschedule.kube.client import KubeClient
+from coschedule.kube.client import ApiError, KubeClient, object_path
 from coschedule.kube.discovery import RETRY_SECONDS, wait_served
 from coschedule.kube.events import record_event
 from coschedule.kube.informer import IndexFunc, Informer, Obj, caches_readiness, object_key
@@ -49,6 +49,7 @@ from coschedule.reconcile.model import (
     MarkedPod,
     Observed,
     ObservedSet,
+    OwnerRef,
     OwnerState,
     OwnerStatus,
     PlaceholderPod,
@@ -536,6 +537,8 @@ class Controller:
             # it had just cancelled) is still the run's: the root cached when it was made
             # says the run is done, so it goes now, not after the idle grace.
             per_run = planning.per_run(pods, sts)
+        if not pods and sts is not None and from_sts is None and key not in self.owners.states:
+            return await self._orphan(namespace, sts, now)
         if not per_run and from_sts is None:
             return None
         try:
@@ -546,6 +549,29 @@ class Controller:
         if planning.owner_check_due(live, state, now, self.owner_recheck, quiet_for):
             state = await self.owners.check(key, namespace)
         return state
+
+    async def _orphan(self, namespace: str, sts: ObservedSet, now: float) -> OwnerState | None:
+        """A run's StatefulSet with no owner reference, no pod left and no root cached: made
+        by a leader that died before the run's pod went (for a run it had just cancelled, or
+        that ended or was deleted meanwhile). A PipelineRun's (its annotations say) is read,
+        and goes now when the run is done, being deleted or gone; any other, or a run that
+        may still make pods, waits out the idle grace (None)."""
+        name = run_seed.orphan_run(sts.annotations)
+        if name is None:
+            return None
+        path = object_path(run_seed.API_VERSION, run_seed.PLURAL, namespace, name)
+        try:
+            # The API server's word, not the cache's: a run just created may not be in the
+            # PipelineRuns' cache yet, and its placeholder must not go for that.
+            stored = await self.client.get(path)
+        except ApiError:  # not known: the idle grace stands
+            return None
+        why = run_seed.orphan_done(name, run_seed.slim_run(stored) if stored else None)
+        if why is None:
+            return None
+        uid = str(((stored or {}).get("metadata") or {}).get("uid") or "")
+        root = OwnerRef(run_seed.API_VERSION, run_seed.KIND, name, uid)
+        return OwnerState(root, OwnerStatus.DONE, now, why)
 
 
 def _mounted_claims(namespace: str, sts: ObservedSet, pods: list[MarkedPod]) -> tuple[str, ...]:

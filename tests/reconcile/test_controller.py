@@ -398,6 +398,54 @@ async def test_a_placeholder_made_for_a_run_already_done_goes_with_its_last_pod(
     await eventually(lambda: api.get("statefulsets", "ci", name) is None, within=2)
 
 
+@pytest.mark.parametrize(
+    ("run", "goes"),
+    [
+        pytest.param("done", True, id="run done"),
+        pytest.param("gone", True, id="run deleted"),
+        pytest.param("running", False, id="run running again"),
+    ],
+)
+async def test_a_new_leader_removes_an_owner_less_placeholder_whose_run_is_done_or_gone(
+    api: MiniApi, make: Make, run: str, goes: bool
+) -> None:
+    """Found by the fault tier: the old leader made a StatefulSet for a run already done (no
+    owner reference) and was SIGKILLed before the run's pod went. The new leader has no
+    root cached: it reads the run its annotations name and removes the StatefulSet at once
+    when the run is done or gone, not after the idle grace (300 s); a run that may still
+    make pods keeps it."""
+    done = {"status": {"conditions": [{"type": "Succeeded", "status": "False"}]}}
+    api.edit("pipelineruns", "ci", "pr-7f3k2", done)
+    old = await make()
+    pod = marked_pod("tekton-taskrun")
+    name = placeholder_of(pod)
+    api.put("pods", pod)
+    await eventually(lambda: api.get("statefulsets", "ci", name) is not None)
+    sts = api.get("statefulsets", "ci", name) or {}
+    assert "ownerReferences" not in sts["metadata"]
+    assert sts["metadata"]["annotations"]["coschedule.dev/run-label"] == "tekton.dev/pipelineRun"
+    await make.manager(old).stop()  # killed: nothing of it is left to the new leader
+
+    api.remove("pods", "ci", pod["metadata"]["name"])
+    if run == "gone":
+        api.remove("pipelineruns", "ci", "pr-7f3k2")
+    elif run == "running":
+        running = {"status": {"conditions": [{"type": "Succeeded", "status": "Unknown"}]}}
+        api.edit("pipelineruns", "ci", "pr-7f3k2", running)
+
+    def reads() -> int:  # GETs of the run by name (a watch's list names none)
+        return len([c for c in api.calls("GET", "pipelineruns") if c[1] is not None])
+
+    before = reads()
+    await make()
+    if goes:
+        await eventually(lambda: api.get("statefulsets", "ci", name) is None, within=3)
+    else:
+        await eventually(lambda: reads() > before, within=3)
+        await asyncio.sleep(0.5)
+        assert api.get("statefulsets", "ci", name) is not None
+
+
 def started_run(namespace: str, name: str) -> dict[str, Any]:
     """A PipelineRun just created and started (Tekton's labels), not done."""
     return {

@@ -25,6 +25,8 @@ from coschedule.reconcile.plan import plan
 from coschedule.reconcile.run_seed import (
     candidate,
     namespace_changed,
+    orphan_done,
+    orphan_run,
     placeholder_key,
     same_for_seed,
     seed,
@@ -88,6 +90,62 @@ def done(run: dict[str, Any], status: str) -> dict[str, Any]:
 def deleting(run: dict[str, Any]) -> dict[str, Any]:
     run["metadata"]["deletionTimestamp"] = "2026-11-21T06:00:01Z"
     return run
+
+
+# ---- a placeholder a dead leader made with no owner ----------------------------------
+
+ORPHAN = {
+    "coschedule.dev/mode": "pipelineruns",
+    "coschedule.dev/run": "pr-7f3k2",
+    "coschedule.dev/run-label": "tekton.dev/pipelineRun",
+}
+
+
+@pytest.mark.parametrize(
+    ("annotations", "run"),
+    [
+        pytest.param(ORPHAN, "pr-7f3k2", id="a PipelineRun's"),
+        pytest.param(
+            {**ORPHAN, "coschedule.dev/mode": "isolate-pipelinerun"}, "pr-7f3k2", id="isolated"
+        ),
+        pytest.param({**ORPHAN, "coschedule.dev/mode": "workspaces"}, None, id="a claim's group"),
+        pytest.param(
+            {**ORPHAN, "coschedule.dev/run-label": "workflows.argoproj.io/workflow"},
+            None,
+            id="an engine not watched",
+        ),
+        pytest.param(
+            {k: v for k, v in ORPHAN.items() if k != "coschedule.dev/run-label"},
+            None,
+            id="made before the run label was written",
+        ),
+        pytest.param({**ORPHAN, "coschedule.dev/run": ""}, None, id="no run"),
+    ],
+)
+def test_only_a_pipelineruns_placeholder_names_a_run_to_read(
+    annotations: dict[str, str], run: str | None
+) -> None:
+    assert orphan_run(annotations) == run
+
+
+@pytest.mark.parametrize(
+    ("stored", "why"),
+    [
+        pytest.param(None, "PipelineRun pr-7f3k2 is gone", id="gone"),
+        pytest.param(done(pipeline_run(), "True"), "PipelineRun pr-7f3k2 is done", id="succeeded"),
+        pytest.param(done(pipeline_run(), "False"), "PipelineRun pr-7f3k2 is done", id="failed"),
+        pytest.param(
+            deleting(pipeline_run()), "PipelineRun pr-7f3k2 is being deleted", id="deleting"
+        ),
+        pytest.param(pipeline_run(), None, id="running: may still make pods"),
+        pytest.param(pipeline_run(status="PipelineRunPending"), None, id="pending: may start"),
+    ],
+)
+def test_an_owner_less_placeholder_goes_when_its_run_is_done_or_gone(
+    stored: dict[str, Any] | None, why: str | None
+) -> None:
+    slim = slim_run(stored) if stored is not None else None
+    assert orphan_done("pr-7f3k2", slim) == why
 
 
 # ---- which runs get a seed ------------------------------------------------------------
