@@ -66,17 +66,19 @@ class LeaderElector:
         self._observed_at = 0.0
         self._last_renew = 0.0
         self._released = False
+        self._written: dict[str, Any] | None = None  # the Lease as this replica last wrote it
 
     @property
     def lease_path(self) -> str:
         return f"{self.path}/{self.config.name}"
 
     async def run(self) -> None:
-        """Forever: acquire, then renew every retry period until a renewal misses the
-        deadline or someone else holds the Lease; then go back to acquiring."""
+        """Forever: acquire, then renew every retry period until a renewal fails for the
+        whole renew deadline or someone else holds the Lease; then go back to acquiring."""
         try:
             while not self._released:
-                while not await self._try_acquire_or_renew():  # noqa: ASYNC110 (polls the API)
+                acquire_bound = self.config.renew_deadline / 2
+                while not await self._try_acquire_or_renew(acquire_bound):  # noqa: ASYNC110 (polls the API)
                     await asyncio.sleep(self.config.retry_period)
                 if self._released:
                     break
@@ -85,15 +87,33 @@ class LeaderElector:
                     await asyncio.sleep(self.config.retry_period)
                     if self._released:
                         break
-                    if await self._try_acquire_or_renew():
+                    if await self._renew():
                         continue
-                    if not self.leading:
-                        break  # another holder was seen: already stepped down
-                    if self.clock() - self._last_renew > self.config.renew_deadline:
+                    if self.leading:  # else another holder was seen: already stepped down
                         self._step_down("could not renew the Lease within the renew deadline")
         finally:
             if self.leading:
                 self._step_down("elector stopped")
+
+    async def _renew(self) -> bool:
+        """client-go's renew: try, and again every retry period, until one succeeds or the
+        renew deadline (from the start of the last renewal that succeeded) has passed, each
+        try bounded by what is left of it. A slow API server costs a try, not the Lease:
+        two tries in a row each cut at a fixed half deadline (a GET and a PUT each) lost it
+        under load, with time left. And no try outlives the deadline, so the leader stops
+        acting by then, before the Lease it last wrote can expire for the others."""
+        while True:
+            left = self._last_renew + self.config.renew_deadline - self.clock()
+            if left <= 0 or self._released:
+                return False
+            if await self._try_acquire_or_renew(left):
+                return True
+            if not self.leading:
+                return False
+            left = self._last_renew + self.config.renew_deadline - self.clock()
+            if left <= 0:
+                return False
+            await asyncio.sleep(min(self.config.retry_period, left))
 
     def _become_leader(self) -> None:
         self.leading = True
@@ -117,11 +137,11 @@ class LeaderElector:
             "leaseTransitions": transitions,
         }
 
-    async def _try_acquire_or_renew(self) -> bool:
+    async def _try_acquire_or_renew(self, bound: float) -> bool:
         # A hung call must not outlive the renew deadline: the leader would act on while
         # the others already see the Lease expire.
         try:
-            async with asyncio.timeout(self.config.renew_deadline / 2):
+            async with asyncio.timeout(bound):
                 return await self._attempt()
         except TimeoutError:
             if not self.client.reachability.waiting:  # else already said, once
@@ -133,6 +153,20 @@ class LeaderElector:
             return True  # leaves the acquire loop; run() then ends
         now = self.clock()
         try:
+            if self.leading and self._written is not None:
+                # client-go's fast path: the leader renews the Lease it last wrote, one PUT
+                # (the GET first doubled a renewal's time on a slow API server); a Lease
+                # changed since (409) or gone (404) is read as below.
+                written = self._written
+                body = {**written, "spec": {**written["spec"], "renewTime": micro_time()}}
+                try:
+                    self._written = await self.client.replace(self.lease_path, body)
+                    self._last_renew = now
+                    return True
+                except ApiError as exc:
+                    if exc.status not in (404, 409):
+                        raise
+                    self._written = None
             lease = await self.client.get(self.lease_path)
             if lease is None:
                 body = {
@@ -141,7 +175,7 @@ class LeaderElector:
                     "metadata": {"name": self.config.name, "namespace": self.config.namespace},
                     "spec": self._spec(micro_time(), 0),
                 }
-                await self.client.create(self.path, body)
+                self._written = await self.client.create(self.path, body)
                 self._last_renew = now
                 return True
             spec = lease.get("spec") if isinstance(lease.get("spec"), dict) else {}
@@ -172,7 +206,7 @@ class LeaderElector:
                 },
                 "spec": self._spec(acquire_time, transitions if mine else transitions + 1),
             }
-            await self.client.replace(self.lease_path, body)
+            self._written = await self.client.replace(self.lease_path, body)
             self._last_renew = now
             return True
         except ApiError as exc:

@@ -19,7 +19,7 @@ from coschedule.k8s.nodes import Node, kubelet_silent, parse_node
 from coschedule.k8s.taints import eviction_reason
 from coschedule.k8s.timefmt import parse_time
 from coschedule.k8s.volumes import VolumeTopology
-from coschedule.kube.client import KubeClient
+from coschedule.kube.client import ApiError, KubeClient, object_path
 from coschedule.kube.discovery import RETRY_SECONDS, wait_served
 from coschedule.kube.events import record_event
 from coschedule.kube.informer import IndexFunc, Informer, Obj, caches_readiness, object_key
@@ -42,13 +42,14 @@ from coschedule.placement import node_pin
 from coschedule.reconcile import event_keys, node_pins, run_seed, shapes, stuck, stuck_facts
 from coschedule.reconcile import plan as planning
 from coschedule.reconcile.assistant_conflict import plan_assistant_conflict
-from coschedule.reconcile.event_keys import BY_NODE, BY_PLACEHOLDER
+from coschedule.reconcile.event_keys import BY_NAMESPACE, BY_NODE, BY_PLACEHOLDER
 from coschedule.reconcile.executor import Executor
 from coschedule.reconcile.gated import gated_pods
 from coschedule.reconcile.model import (
     MarkedPod,
     Observed,
     ObservedSet,
+    OwnerRef,
     OwnerState,
     OwnerStatus,
     PlaceholderPod,
@@ -152,7 +153,7 @@ class Controller:
             run_seed.PLURAL,
             None,
             run_seed.slim_run,
-            {BY_PLACEHOLDER: self._run_placeholder},
+            {BY_PLACEHOLDER: self._run_placeholder, BY_NAMESPACE: self._run_namespace},
         )
         self.runs.add_handler(self._on_run)
         self.namespaces = NamespaceCache(
@@ -163,6 +164,7 @@ class Controller:
                 on_relist=lambda: self.metrics.relists.labels("namespaces").inc(),
             )
         )
+        self.namespaces.informer.add_handler(self._on_namespace)
         for informer in self.informers:
             self.metrics.cache_stale.labels(informer.name).set_function(informer.silent_for)
         self.topology = TopologyLabels(
@@ -317,6 +319,23 @@ class Controller:
             return []
         key = run_seed.placeholder_key(obj, self.settings())
         return [key] if key is not None else []
+
+    def _run_namespace(self, obj: Obj) -> list[str]:
+        """The index of runs that could hold a seed by namespace: looked at again when their
+        namespace's labels change."""
+        if not run_seed.candidate(obj):
+            return []
+        return [str((obj.get("metadata") or {}).get("namespace") or "")]
+
+    def _on_namespace(self, event: str, obj: Obj, old: Obj | None) -> None:
+        """A namespace enabled, or its mode changed (or seen after its runs): its runs are
+        seeded, or not, by its labels, so each is looked at again."""
+        if not run_seed.namespace_changed(event, obj, old):
+            return
+        namespace = str((obj.get("metadata") or {}).get("name") or "")
+        runs = self.runs.by_index(BY_NAMESPACE, namespace)
+        keys = {run_seed.placeholder_key(run, self.settings()) for run in runs}
+        self._enqueue(sorted(k for k in keys if k is not None))
 
     def _on_run(self, event: str, obj: Obj, old: Obj | None) -> None:
         if event == "MODIFIED" and old is not None and run_seed.same_for_seed(old, obj):
@@ -518,6 +537,8 @@ class Controller:
             # it had just cancelled) is still the run's: the root cached when it was made
             # says the run is done, so it goes now, not after the idle grace.
             per_run = planning.per_run(pods, sts)
+        if not pods and sts is not None and from_sts is None and key not in self.owners.states:
+            return await self._orphan(namespace, sts, now)
         if not per_run and from_sts is None:
             return None
         try:
@@ -528,6 +549,29 @@ class Controller:
         if planning.owner_check_due(live, state, now, self.owner_recheck, quiet_for):
             state = await self.owners.check(key, namespace)
         return state
+
+    async def _orphan(self, namespace: str, sts: ObservedSet, now: float) -> OwnerState | None:
+        """A run's StatefulSet with no owner reference, no pod left and no root cached: made
+        by a leader that died before the run's pod went (for a run it had just cancelled, or
+        that ended or was deleted meanwhile). A PipelineRun's (its annotations say) is read,
+        and goes now when the run is done, being deleted or gone; any other, or a run that
+        may still make pods, waits out the idle grace (None)."""
+        name = run_seed.orphan_run(sts.annotations)
+        if name is None:
+            return None
+        path = object_path(run_seed.API_VERSION, run_seed.PLURAL, namespace, name)
+        try:
+            # The API server's word, not the cache's: a run just created may not be in the
+            # PipelineRuns' cache yet, and its placeholder must not go for that.
+            stored = await self.client.get(path)
+        except ApiError:  # not known: the idle grace stands
+            return None
+        why = run_seed.orphan_done(name, run_seed.slim_run(stored) if stored else None)
+        if why is None:
+            return None
+        uid = str(((stored or {}).get("metadata") or {}).get("uid") or "")
+        root = OwnerRef(run_seed.API_VERSION, run_seed.KIND, name, uid)
+        return OwnerState(root, OwnerStatus.DONE, now, why)
 
 
 def _mounted_claims(namespace: str, sts: ObservedSet, pods: list[MarkedPod]) -> tuple[str, ...]:

@@ -17,6 +17,7 @@ from coschedule.reconcile import shapes
 
 BY_PLACEHOLDER = "placeholder"
 BY_NODE = "node"
+BY_NAMESPACE = "namespace"
 
 
 def _namespace(obj: Obj) -> str:

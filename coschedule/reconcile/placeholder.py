@@ -22,6 +22,7 @@ from coschedule.marks import (
     ANNOTATION_CLAIMS,
     ANNOTATION_MODE,
     ANNOTATION_RUN,
+    ANNOTATION_RUN_LABEL,
     COMPONENT_AFFINITY_ASSISTANT,
     LABEL_COMPONENT,
     LABEL_TENANT,
@@ -62,6 +63,8 @@ class GroupSpec:
     # Pods whose node constraints leave no node in common with the earlier pods' (or none
     # at all): they cannot follow the placeholder, which is built without them.
     excluded: tuple[str, ...] = ()
+    # Which group label gave ``run`` (tekton.dev/pipelineRun: a PipelineRun's name).
+    run_label: str = ""
 
 
 def first_pod(pods: Sequence[MarkedPod]) -> MarkedPod:
@@ -93,6 +96,7 @@ def group_spec(namespace: str, name: str, pods: Sequence[MarkedPod]) -> GroupSpe
         tenant=first.marks.tenant,
         node_terms=where.terms,
         excluded=excluded,
+        run_label=first.marks.run_label,
     )
 
 
@@ -199,6 +203,10 @@ def set_annotations(group: GroupSpec, digest: str) -> dict[str, str]:
     }
     if group.mode.per_run:  # a claim's group may hold pods of many runs
         result[ANNOTATION_RUN] = group.run
+        # With the run, what kind of run it is: a new leader that finds the StatefulSet
+        # without an owner and without pods can tell whether it is a PipelineRun's.
+        if group.run_label:
+            result[ANNOTATION_RUN_LABEL] = group.run_label
     return result
 
 

@@ -31,7 +31,16 @@ from typing import Any
 
 from coschedule.config.settings import Settings
 from coschedule.k8s.timefmt import parse_time
-from coschedule.marks import BadMark, NamespaceInfo, run_identity, run_placeholder
+from coschedule.marks import (
+    ANNOTATION_MODE,
+    ANNOTATION_RUN,
+    ANNOTATION_RUN_LABEL,
+    BadMark,
+    Mode,
+    NamespaceInfo,
+    run_identity,
+    run_placeholder,
+)
 from coschedule.mutate.decision import AdmissionContext, decide
 from coschedule.reconcile.model import MarkedPod, Obj, OwnerRef
 from coschedule.reconcile.shapes import parse_marked, slim_marked_pod
@@ -141,6 +150,43 @@ def candidate(run: Mapping[str, Any]) -> bool:
         or spec.get("perTaskPlacement")
         or _dict(run.get("status")).get("done")
     )
+
+
+def namespace_changed(event: str, obj: Mapping[str, Any], old: Mapping[str, Any] | None) -> bool:
+    """Whether a namespace's event may change which of its runs hold a seed: its labels
+    changed (enabled, disabled, its mode), or it is new to the cache (the namespaces' watch
+    may list it after its runs were looked at without it). Not a delete: its runs go too."""
+    if event == "DELETED":
+        return False
+    if event == "ADDED" or old is None:
+        return True
+    labels = _dict(obj.get("metadata")).get("labels")
+    return bool(labels != _dict(old.get("metadata")).get("labels"))
+
+
+def orphan_run(annotations: Mapping[str, str]) -> str | None:
+    """The PipelineRun a placeholder StatefulSet was made for, by its annotations (its run
+    and the group label that gave it); None for any other engine's run or a claim's group:
+    the reconciler watches PipelineRuns only, so only theirs can be known done."""
+    mode = Mode.parse(annotations.get(ANNOTATION_MODE, ""))
+    if mode is None or not mode.per_run:
+        return None
+    if annotations.get(ANNOTATION_RUN_LABEL) != LABEL_PIPELINE_RUN:
+        return None
+    return annotations.get(ANNOTATION_RUN) or None
+
+
+def orphan_done(name: str, run: Mapping[str, Any] | None) -> str | None:
+    """Why a PipelineRun's placeholder with no owner reference and no pod left can go now
+    (``run`` its slim form as read, None: gone), or None while the run may still make pods
+    (then the idle grace stands, as for any quiet group)."""
+    if run is None:
+        return f"PipelineRun {name} is gone"
+    if _dict(run.get("metadata")).get("deletionTimestamp"):
+        return f"PipelineRun {name} is being deleted"
+    if _dict(run.get("status")).get("done"):
+        return f"PipelineRun {name} is done"
+    return None
 
 
 def pod_labels(run: Mapping[str, Any]) -> dict[str, str]:

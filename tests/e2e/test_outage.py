@@ -29,10 +29,11 @@ from coschedule.marks import (
     LABEL_PLACEHOLDER,
     run_placeholder,
 )
+from coschedule.reconcile.run_plan import read_tests
 from coschedule.reconcile.unmarked import REASON_MARKED
 from tests.e2e.cluster import Proc, wait_healthy
 from tests.e2e.conftest import E2E
-from tests.e2e.kube import Api, Obj, wait_for
+from tests.e2e.kube import Api, ApiError, Obj, wait_for
 from tests.e2e.runs import node, wait_bound, wait_placeholder_bound
 from tests.e2e.test_concurrency import (
     NO_GATED_POD,
@@ -241,6 +242,45 @@ def test_a_webhook_outage_refuses_no_run_and_a_queue_keeps_its_limit(
         assert "coschedule.dev/held-by" not in (stored["metadata"].get("annotations") or {})
         assert stored["metadata"]["labels"]["concurrency.coschedule.dev/env"] == "x"
         assert state(stored) == "pending-us"
+
+
+def test_a_held_runs_admit_holds_to_what_it_read_not_to_the_runs_version(
+    e2e: E2E, namespace: Callable[..., str]
+) -> None:
+    """kube-apiserver's own JSON patch ``test`` of the admit's guards (``read_tests``: the
+    run's uid, labels, annotations and spec as read, compared whole): a status write after
+    the read (Tekton's Pending condition on a new run) does not refuse the patch, as a test
+    of the resourceVersion did (422, retried: 5 times in one real-stack scenario); a label
+    written after the read does (422), and nothing is changed."""
+    api = e2e.api
+    ns = namespace(prefix="admit-guards")
+    for name in ("r1", "r2"):  # labels, annotations and spec, as a held run has them
+        manifest = run_manifest("PipelineRun", ns, name, {"branch": "main"}, pending=True)
+        manifest["metadata"]["annotations"] = {"note": "kept"}
+        api.create(manifest)
+    decided = {"op": "add", "path": "/metadata/annotations/decided", "value": "yes"}
+    json_patch = "application/json-patch+json"
+    pending = {"conditions": [{"type": "Succeeded", "status": "Unknown", "reason": "Pending"}]}
+
+    stored = api.must_get("PipelineRun", "r1", ns)
+    api.patch("PipelineRun", "r1", {"status": pending}, ns, subresource="status")
+    # The guard as it was: the version read, which the status write changed.
+    version = {"op": "test", "path": "/metadata/resourceVersion"}
+    version["value"] = stored["metadata"]["resourceVersion"]
+    with pytest.raises(ApiError) as refused:
+        api.patch("PipelineRun", "r1", [version, decided], ns, patch_type=json_patch)
+    assert refused.value.status == 422
+    api.patch("PipelineRun", "r1", [*read_tests(stored), decided], ns, patch_type=json_patch)
+    assert api.must_get("PipelineRun", "r1", ns)["metadata"]["annotations"]["decided"] == "yes"
+
+    stored = api.must_get("PipelineRun", "r2", ns)
+    api.patch("PipelineRun", "r2", {"metadata": {"labels": {"team": "x"}}}, ns)
+    with pytest.raises(ApiError) as refused:
+        api.patch("PipelineRun", "r2", [*read_tests(stored), decided], ns, patch_type=json_patch)
+    assert refused.value.status == 422
+    assert "decided" not in (
+        api.must_get("PipelineRun", "r2", ns)["metadata"].get("annotations") or {}
+    )
 
 
 def _policy_held(api: Api, ns: str, name: str) -> bool:

@@ -165,7 +165,9 @@ async def test_leader_that_cannot_renew_stops_acting_by_the_renew_deadline(
     a, _ = pair
     a.start()
     await eventually(lambda: a.leading)
+    # The leader renews with a PUT of the Lease it last wrote (and GETs it after a 409).
     api.faults[("GET", "leases")] = [503] * 100
+    api.faults[("PUT", "leases")] = [503] * 100
     took = await eventually(lambda: not a.leading, within=3)
     assert took <= FAST["renew_deadline"] + 2 * FAST["retry_period"] + 0.3
     assert a.events == ["started", "stopped"]
@@ -178,5 +180,65 @@ async def test_hung_lease_calls_time_out_and_the_leader_steps_down_in_time(
     a.start()
     await eventually(lambda: a.leading)
     api.delays[("GET", "leases")] = 30.0  # the apiserver stops answering
+    api.delays[("PUT", "leases")] = 30.0
     took = await eventually(lambda: not a.leading, within=3)
     assert took <= FAST["renew_deadline"] + FAST["renew_deadline"] / 2 + 0.3
+
+
+async def test_a_slow_api_server_costs_a_renewal_its_time_not_the_lease(
+    api: MiniApi, client: KubeClient
+) -> None:
+    """Every Lease call answered after a third of the renew deadline (the load of a 500-node
+    bench): a GET and a PUT are more than the half deadline a renewal was once cut at, and
+    the leader lost the Lease again and again. It renews with one PUT, each try bounded by
+    what is left of the deadline: it keeps the Lease, and the follower never leads."""
+    timing = {"lease_duration": 3.0, "renew_deadline": 2.0, "retry_period": 0.2}
+    a, b = Tracked(client, "replica-a", **timing), Tracked(client, "replica-b", **timing)
+    a.start()
+    await eventually(lambda: a.leading)
+    b.start()
+    try:
+        await asyncio.sleep(0.5)
+        api.delays[("GET", "leases")] = timing["renew_deadline"] / 3
+        api.delays[("PUT", "leases")] = timing["renew_deadline"] / 3
+        renewals = api.count("PUT", "leases")
+        for _ in range(100):  # 5 s: more than two renew deadlines
+            assert a.leading
+            assert not b.leading
+            await asyncio.sleep(0.05)
+        assert api.count("PUT", "leases") >= renewals + 4
+        assert a.events == ["started"]
+        assert b.events == []
+    finally:
+        await a.crash()
+        await b.crash()
+
+
+async def test_a_leader_stops_acting_by_the_renew_deadline_from_its_last_renewal(
+    api: MiniApi, client: KubeClient
+) -> None:
+    """The safety rule: the Lease calls hang, and the leader stops acting no later than the
+    renew deadline after the start of its last renewal that succeeded (a try is bounded by
+    what is left of the deadline, never by a fixed time that may run past it), well before
+    the Lease it wrote then can expire for the others."""
+    stopped: list[float] = []
+    config = ElectionConfig(
+        namespace="coschedule-system",
+        identity="replica-a",
+        lease_duration=3.0,
+        renew_deadline=2.0,
+        retry_period=0.1,
+    )
+    elector = LeaderElector(client, config, on_stopped=lambda: stopped.append(time.monotonic()))
+    task = asyncio.create_task(elector.run())
+    try:
+        await eventually(lambda: elector.leading)
+        await asyncio.sleep(0.25)
+        api.delays[("GET", "leases")] = 30.0
+        api.delays[("PUT", "leases")] = 30.0
+        await eventually(lambda: not elector.leading, within=4)
+        assert stopped[0] - elector._last_renew <= config.renew_deadline + 0.1
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task

@@ -5,13 +5,15 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 
 from coschedule.config.settings import Settings
+from coschedule.k8s.timefmt import rfc3339
 from coschedule.kube.client import KubeClient
-from coschedule.marks import Mode
+from coschedule.marks import LABEL_ENABLED, LABEL_MODE, Mode, run_placeholder
 from coschedule.reconcile.controller import Controller
 from coschedule.reconcile.manager import Manager
 from coschedule.reconcile.reconciler_metrics import ReconcileMetrics
@@ -394,6 +396,100 @@ async def test_a_placeholder_made_for_a_run_already_done_goes_with_its_last_pod(
 
     api.remove("pods", "ci", pod["metadata"]["name"])
     await eventually(lambda: api.get("statefulsets", "ci", name) is None, within=2)
+
+
+@pytest.mark.parametrize(
+    ("run", "goes"),
+    [
+        pytest.param("done", True, id="run done"),
+        pytest.param("gone", True, id="run deleted"),
+        pytest.param("running", False, id="run running again"),
+    ],
+)
+async def test_a_new_leader_removes_an_owner_less_placeholder_whose_run_is_done_or_gone(
+    api: MiniApi, make: Make, run: str, goes: bool
+) -> None:
+    """Found by the fault tier: the old leader made a StatefulSet for a run already done (no
+    owner reference) and was SIGKILLed before the run's pod went. The new leader has no
+    root cached: it reads the run its annotations name and removes the StatefulSet at once
+    when the run is done or gone, not after the idle grace (300 s); a run that may still
+    make pods keeps it."""
+    done = {"status": {"conditions": [{"type": "Succeeded", "status": "False"}]}}
+    api.edit("pipelineruns", "ci", "pr-7f3k2", done)
+    old = await make()
+    pod = marked_pod("tekton-taskrun")
+    name = placeholder_of(pod)
+    api.put("pods", pod)
+    await eventually(lambda: api.get("statefulsets", "ci", name) is not None)
+    sts = api.get("statefulsets", "ci", name) or {}
+    assert "ownerReferences" not in sts["metadata"]
+    assert sts["metadata"]["annotations"]["coschedule.dev/run-label"] == "tekton.dev/pipelineRun"
+    await make.manager(old).stop()  # killed: nothing of it is left to the new leader
+
+    api.remove("pods", "ci", pod["metadata"]["name"])
+    if run == "gone":
+        api.remove("pipelineruns", "ci", "pr-7f3k2")
+    elif run == "running":
+        # Created now: a run older than the idle grace with no pod gives its placeholder
+        # back by that rule (``plan``), which this case is not about.
+        running = {
+            "metadata": {"creationTimestamp": rfc3339(datetime.now(UTC))},
+            "status": {"conditions": [{"type": "Succeeded", "status": "Unknown"}]},
+        }
+        api.edit("pipelineruns", "ci", "pr-7f3k2", running)
+
+    def reads() -> int:  # GETs of the run by name (a watch's list names none)
+        return len([c for c in api.calls("GET", "pipelineruns") if c[1] is not None])
+
+    before = reads()
+    await make()
+    if goes:  # long before the 300 s idle grace (a busy machine's patience is under it)
+        await eventually(lambda: api.get("statefulsets", "ci", name) is None, within=30)
+    else:
+        await eventually(lambda: reads() > before, within=30)
+        await asyncio.sleep(0.5)
+        assert api.get("statefulsets", "ci", name) is not None
+
+
+def started_run(namespace: str, name: str) -> dict[str, Any]:
+    """A PipelineRun just created and started (Tekton's labels), not done."""
+    return {
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "uid": f"uid-{name}",
+            "creationTimestamp": rfc3339(datetime.now(UTC)),
+            "labels": {"tekton.dev/pipeline": "build"},
+        },
+        "spec": {"pipelineRef": {"name": "build"}},
+        "status": {"conditions": [{"type": "Succeeded", "status": "Unknown"}]},
+    }
+
+
+@pytest.mark.parametrize(
+    "before",
+    [
+        pytest.param({}, id="enabled"),
+        pytest.param({LABEL_ENABLED: "true", LABEL_MODE: "workspaces"}, id="mode to pipelineruns"),
+    ],
+)
+async def test_a_namespace_turned_on_has_its_started_runs_seeded(
+    api: MiniApi, make: Callable[..., Any], before: dict[str, str]
+) -> None:
+    """A started run in a namespace that is not on gets no placeholder from the run; when
+    the namespace's labels turn it on, the runs already in the cache are looked at again
+    and the run's placeholder is made before any pod (it waited for the first pod)."""
+    api.put("namespaces", {"metadata": {"name": "late", "labels": dict(before)}})
+    api.put("pipelineruns", started_run("late", "pr-late"))
+    name = run_placeholder("late", "pr-late")
+    await make(settings=Settings(mode=Mode.WORKSPACES, idle_grace_seconds=300))
+    await asyncio.sleep(0.5)
+    assert api.get("statefulsets", "late", name) is None
+    on = {LABEL_ENABLED: "true", LABEL_MODE: "pipelineruns"}
+    api.edit("namespaces", None, "late", {"metadata": {"labels": on}})
+    await eventually(lambda: api.get("statefulsets", "late", name) is not None, within=3)
+    [owner] = (api.get("statefulsets", "late", name) or {})["metadata"]["ownerReferences"]
+    assert (owner["kind"], owner["name"]) == ("PipelineRun", "pr-late")
 
 
 async def test_malformed_marks_are_logged_and_skipped_and_the_loop_goes_on(

@@ -24,6 +24,9 @@ from coschedule.reconcile.placeholder import group_spec, pod_template
 from coschedule.reconcile.plan import plan
 from coschedule.reconcile.run_seed import (
     candidate,
+    namespace_changed,
+    orphan_done,
+    orphan_run,
     placeholder_key,
     same_for_seed,
     seed,
@@ -89,7 +92,93 @@ def deleting(run: dict[str, Any]) -> dict[str, Any]:
     return run
 
 
+# ---- a placeholder a dead leader made with no owner ----------------------------------
+
+ORPHAN = {
+    "coschedule.dev/mode": "pipelineruns",
+    "coschedule.dev/run": "pr-7f3k2",
+    "coschedule.dev/run-label": "tekton.dev/pipelineRun",
+}
+
+
+@pytest.mark.parametrize(
+    ("annotations", "run"),
+    [
+        pytest.param(ORPHAN, "pr-7f3k2", id="a PipelineRun's"),
+        pytest.param(
+            {**ORPHAN, "coschedule.dev/mode": "isolate-pipelinerun"}, "pr-7f3k2", id="isolated"
+        ),
+        pytest.param({**ORPHAN, "coschedule.dev/mode": "workspaces"}, None, id="a claim's group"),
+        pytest.param(
+            {**ORPHAN, "coschedule.dev/run-label": "workflows.argoproj.io/workflow"},
+            None,
+            id="an engine not watched",
+        ),
+        pytest.param(
+            {k: v for k, v in ORPHAN.items() if k != "coschedule.dev/run-label"},
+            None,
+            id="made before the run label was written",
+        ),
+        pytest.param({**ORPHAN, "coschedule.dev/run": ""}, None, id="no run"),
+    ],
+)
+def test_only_a_pipelineruns_placeholder_names_a_run_to_read(
+    annotations: dict[str, str], run: str | None
+) -> None:
+    assert orphan_run(annotations) == run
+
+
+@pytest.mark.parametrize(
+    ("stored", "why"),
+    [
+        pytest.param(None, "PipelineRun pr-7f3k2 is gone", id="gone"),
+        pytest.param(done(pipeline_run(), "True"), "PipelineRun pr-7f3k2 is done", id="succeeded"),
+        pytest.param(done(pipeline_run(), "False"), "PipelineRun pr-7f3k2 is done", id="failed"),
+        pytest.param(
+            deleting(pipeline_run()), "PipelineRun pr-7f3k2 is being deleted", id="deleting"
+        ),
+        pytest.param(pipeline_run(), None, id="running: may still make pods"),
+        pytest.param(pipeline_run(status="PipelineRunPending"), None, id="pending: may start"),
+    ],
+)
+def test_an_owner_less_placeholder_goes_when_its_run_is_done_or_gone(
+    stored: dict[str, Any] | None, why: str | None
+) -> None:
+    slim = slim_run(stored) if stored is not None else None
+    assert orphan_done("pr-7f3k2", slim) == why
+
+
 # ---- which runs get a seed ------------------------------------------------------------
+
+
+def namespace(**labels: str) -> dict[str, Any]:
+    return {"metadata": {"name": "ci", "resourceVersion": "3", "labels": labels}}
+
+
+@pytest.mark.parametrize(
+    ("event", "obj", "old", "changed"),
+    [
+        pytest.param("MODIFIED", namespace(**ENABLED), namespace(), True, id="enabled"),
+        pytest.param("MODIFIED", namespace(), namespace(**ENABLED), True, id="disabled"),
+        pytest.param(
+            "MODIFIED",
+            namespace(**ENABLED, **{LABEL_MODE: "pipelineruns"}),
+            namespace(**ENABLED, **{LABEL_MODE: "workspaces"}),
+            True,
+            id="mode changed",
+        ),
+        pytest.param("ADDED", namespace(**ENABLED), None, True, id="seen after its runs"),
+        pytest.param(
+            "MODIFIED", namespace(**ENABLED), namespace(**ENABLED), False, id="labels the same"
+        ),
+        pytest.param("DELETED", namespace(**ENABLED), None, False, id="deleted"),
+    ],
+)
+def test_a_namespace_whose_labels_change_has_its_runs_looked_at_again(
+    event: str, obj: dict[str, Any], old: dict[str, Any] | None, changed: bool
+) -> None:
+    assert namespace_changed(event, obj, old) is changed
+
 
 SEEDED: list[tuple[str, dict[str, Any], dict[str, str] | None, Settings, float]] = [
     ("started run, enabled namespace", pipeline_run(), ENABLED, SETTINGS, NOW),
