@@ -5,10 +5,14 @@ Starts the real-stack tier's stack (tests/real/stack.py: ../shared/realstack, re
 Tekton v1.11.1), then tests/real/load.py's load: ``N`` PipelineRuns created at a steady rate
 over ``M`` minutes into four namespaces (without coschedule; ``pipelineruns``; a ``Queue
 maxRunning: 2`` ConcurrencyControl in ``pipelineruns``; a ``Queue maxRunning: 2`` one in
-``workspaces``), three tasks each sharing a volumeClaimTemplate workspace; the reconciler
-leader SIGKILLed at a third of the creation period (a second replica takes over) and
-kube-apiserver SIGKILLed and started again 14 s later at two thirds. The fault tier's
-invariants are checked every second throughout.
+``workspaces``), three tasks each sharing a volumeClaimTemplate workspace (of the class every
+node mounts, each task with ``retries: 1``, when a node is to die); five faults, one at a time,
+each once the one before recovered (tests/real/load.py's Plan): the reconciler leader
+SIGKILLed (a second replica takes over), a node's kubelet and containerd killed (the Node
+object left; declared out of service once its placeholders moved; brought back once its pods
+are gone), etcd SIGSTOPped for 15 s, the webhook SIGKILLed for 20 s (the shipped admission
+policies stand in; back behind its readiness) and kube-apiserver SIGKILLed and started again
+14 s later. The fault tier's invariants are checked every second throughout.
 
 Prints: runs per minute sustained (runs created ÷ creation period, and verdicts ÷ first create
 to last verdict); PipelineRun creation → first pod Running and → Succeeded, p50/p99, for the
@@ -17,7 +21,9 @@ lanes (queue wait included); CPU seconds and peak RSS of ``coschedule serve`` an
 ``coschedule reconcile`` (every replica, from /proc); API requests coschedule made per run
 (the API server's ``apiserver_flowcontrol_dispatched_requests_total`` for a FlowSchema that
 matches only coschedule's ServiceAccounts, less its idle rate); recovery after each fault;
-what broke. Exit status 1 when an invariant broke, a run did not succeed or something was left.
+the runs that were on the dead node and their verdicts; what broke. Exit status 1 when an
+invariant broke, a coscheduled run not on the dead node did not succeed, or something was
+left.
 """
 
 from __future__ import annotations
@@ -71,6 +77,16 @@ def figures(outcome: Outcome, plan: Plan) -> dict[str, Any]:
         "leader_kill_to_next_queued_start": outcome.takeover_next_start,
         "api_restart": asdict(outcome.api_restart) if outcome.api_restart else None,
         "api_back_to_next_verdict": outcome.api_first_verdict,
+        "etcd_pause_recovery_seconds": outcome.etcd_recovery,
+        "webhook_kill": asdict(outcome.webhook_kill) if outcome.webhook_kill else None,
+        "node_loss": asdict(outcome.node_loss) if outcome.node_loss else None,
+        "node_loss_verdicts": {
+            k: outcome.records[k].verdict
+            for k in (outcome.node_loss.runs if outcome.node_loss else [])
+            if k in outcome.records
+        },
+        "retried": {k: r.retried for k, r in outcome.records.items() if r.retried},
+        "recovery_seconds": outcome.recoveries,
         "broken": outcome.broken,
         "left": {k: v for k, v in outcome.left.items() if v},
         "lease_holders": outcome.lease_holders,
@@ -111,6 +127,11 @@ def render(f: dict[str, Any], load: list[float], code: dict[str, Any]) -> str:
         f"started {f['leader_kill_to_next_queued_start']} s after the kill",
         f"API server restart: {f['api_restart']}; the next verdict "
         f"{f['api_back_to_next_verdict']} s after it was back",
+        f"etcd paused: ready {f['etcd_pause_recovery_seconds']} s after SIGCONT; webhook killed: "
+        f"{f['webhook_kill']}",
+        f"node down: {f['node_loss']}; its runs' verdicts {f['node_loss_verdicts']}; "
+        f"retried {f['retried']}",
+        *(f"recovery: {k}: {v:.1f} s" for k, v in f["recovery_seconds"].items()),
         f"broken: {f['broken'] or 'nothing'}; left: {f['left'] or 'nothing'}; "
         f"Lease: {f['lease_holders']}",
     ]
@@ -123,6 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--minutes", type=float, default=10.0, help="creation period")
     parser.add_argument("--sleep", type=int, default=3, help="the second task's sleep, s")
     parser.add_argument("--no-faults", action="store_true")
+    parser.add_argument("--no-node-down", action="store_true", help="the other four faults")
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args(argv)
     why = stack.unavailable()
@@ -131,7 +153,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     plan = Plan(runs=args.runs, minutes=args.minutes, sleep=args.sleep)
     if args.no_faults:
-        plan.kill_leader_at = plan.restart_apiserver_at = None
+        plan.no_faults()
+    if args.no_node_down:
+        plan.node_down_at = None
     load = [loadavg()]
     code = source()
     started_at = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
@@ -154,7 +178,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         lanes = [asdict(lane) for lane in LANES]
         write_results(args.json, started_at, code, load, lanes=lanes, **result)
-    bad = result["broken"] or result["not_succeeded"] or result["left"]
+    lost = set(outcome.node_loss.runs) if outcome.node_loss else set()
+    failed = [
+        k for k, r in outcome.records.items()
+        if r.lane != "off" and k not in lost and r.verdict != ("True", "Succeeded")
+    ]  # fmt: skip
+    bad = result["broken"] or failed or result["left"]
     return 1 if bad else 0
 
 

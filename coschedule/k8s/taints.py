@@ -10,9 +10,14 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from coschedule.k8s.nodes import Node, Taint
+from coschedule.k8s.nodes import NOT_READY_TAINT, UNREACHABLE_TAINT, Node, Taint
 
 REPELLING_EFFECTS = frozenset({"NoSchedule", "NoExecute"})
+# The node lifecycle controller's taints for a node whose kubelet stopped reporting or says
+# NotReady. On a node whose kubelet reports Ready again they are on their way out (lifted on
+# the controller's next pass): no reason to move, or a kube-apiserver restart, which leaves
+# every node Unknown until its kubelet posts again, would split runs whose task runs there.
+LIFECYCLE_TAINTS = frozenset({UNREACHABLE_TAINT, NOT_READY_TAINT})
 
 
 def tolerates(toleration: Mapping[str, Any], taint: Taint) -> bool:
@@ -45,10 +50,15 @@ def untolerated(node: Node, tolerations: Iterable[Mapping[str, Any]]) -> list[Ta
 
 
 def eviction_reason(node: Node, tolerations: Iterable[Mapping[str, Any]]) -> tuple[str, str]:
-    """("cordoned" | "tainted", why) when the pod must leave the node, else ("", "")."""
+    """("cordoned" | "tainted", why) when the pod must leave the node, else ("", ""). The
+    lifecycle taints left on a node that reports Ready again do not count."""
     if node.unschedulable:
         return "cordoned", f"node {node.name} is cordoned (spec.unschedulable)"
-    taints = untolerated(node, tolerations)
+    taints = [
+        t
+        for t in untolerated(node, tolerations)
+        if not (node.ready == "True" and t.key in LIFECYCLE_TAINTS)
+    ]
     if taints:
         names = ", ".join(f"{t.key}{'=' + t.value if t.value else ''}:{t.effect}" for t in taints)
         return (

@@ -43,3 +43,23 @@ def test_only_repelling_untolerated_taints_count_and_the_reason_names_them() -> 
     assert "spot:NoExecute" in why
     assert "busy" not in why
     assert eviction_reason(Node("worker-2"), []) == ("", "")
+
+
+def test_lifecycle_taints_count_only_while_the_node_is_not_ready_again() -> None:
+    """The node lifecycle controller's taints: a reason to leave while its Ready condition
+    says Unknown, False or nothing; on a node Ready again they are on their way out."""
+    for key in ("node.kubernetes.io/unreachable", "node.kubernetes.io/not-ready"):
+        taints = (Taint(key, "", "NoSchedule"), Taint(key, "", "NoExecute"))
+        for ready in ("Unknown", "False", ""):
+            reason, why = eviction_reason(Node("n", False, taints, ready=ready), [])
+            assert (reason, key in why) == ("tainted", True), ready
+        assert eviction_reason(Node("n", False, taints, ready="True"), []) == ("", "")
+    # Any other taint still counts on a Ready node.
+    other = (
+        Taint("node.kubernetes.io/unreachable", "", "NoSchedule"),
+        Taint("x", "", "NoSchedule"),
+    )
+    reason, why = eviction_reason(Node("n", False, other, ready="True"), [])
+    assert reason == "tainted"
+    assert "x:NoSchedule" in why
+    assert "unreachable" not in why

@@ -1,12 +1,19 @@
-"""What the fault tier (test_faults.py) and the load (test_load.py, bench/load.py) share: the
-invariants checked all along by a thread (``Invariants``), the end state (``assert_clean``),
-the processes' probes and metrics, and the faults themselves (``kill_leader``,
-``restart_apiserver``)."""
+"""What the fault tier (test_faults.py, test_node_down.py) and the load (test_load.py,
+bench/load.py) share: the invariants checked all along by a thread (``Invariants``), the end
+state (``assert_clean``), the processes' probes and metrics, and the faults themselves
+(``kill_leader``, ``restart_apiserver``, ``pause_etcd``, the webhook killed and brought back
+behind its readiness by ``webhook_up``, a node's machine gone by ``node_down`` and back by
+``node_back``)."""
 
 from __future__ import annotations
 
+import calendar
 import contextlib
+import math
+import os
 import re
+import signal
+import subprocess
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -15,13 +22,21 @@ from typing import ClassVar
 import httpx
 
 from coschedule.engines import TEKTON_STOPPING
-from coschedule.marks import GATE_PLACEHOLDER
-from tests.e2e.cluster import ControlPlane, Proc, wait_healthy
-from tests.e2e.install import SYSTEM_NAMESPACE, Coschedule
+from coschedule.marks import (
+    ANNOTATION_HELD_BY,
+    GATE_PLACEHOLDER,
+    GATED_BY_POLICY,
+    HELD_BY_POLICY,
+    LABEL_GATED_BY,
+)
+from tests.e2e.cluster import ControlPlane, Proc, free_port, wait_healthy
+from tests.e2e.install import SYSTEM_NAMESPACE, WEBHOOK_CONFIG_NAME, Coschedule
 from tests.e2e.kube import Api, Obj, wait_for
 from tests.e2e.world import Ticker
+from tests.real.nodes import restore
 from tests.real.runs import describe, done, succeeded
-from tests.real.stack import RealCluster
+from tests.real.stack import NODES, RealCluster
+from tests.real.test_outage import _dry_run_pod
 
 PENDING = "PipelineRunPending"
 GATED_BOUND = 90.0  # no pod held by our scheduling gate longer than this
@@ -35,7 +50,13 @@ class Invariants(Ticker):
     own); a run once cancelled never started or pending again, a run once started never
     pending again; at most one StatefulSet per run and one live placeholder pod per
     StatefulSet; every run's bound pods on one node; no pod behind our scheduling gate longer
-    than ``GATED_BOUND``."""
+    than ``GATED_BOUND``.
+
+    A node that died (``dead``: node -> when it came back, epoch seconds, ``inf`` until then)
+    legitimately leaves a run on two nodes: the pods it ran there before it died (a task done,
+    or the attempt that was running, which Tekton fails once the node is declared out of
+    service) and the ones on the node its placeholder moved to. Those pods alone are not
+    counted; every other pod of the run must share one node."""
 
     thread_name: ClassVar[str] = "invariants"
     api: Api
@@ -51,6 +72,7 @@ class Invariants(Ticker):
     stopped: set[str] = field(default_factory=set)
     started: set[str] = field(default_factory=set)
     looks: int = 0
+    dead: dict[str, float] = field(default_factory=dict)
 
     @property
     def longest_gated(self) -> float:
@@ -109,7 +131,7 @@ class Invariants(Ticker):
                     live_placeholders[instance] = live_placeholders.get(instance, 0) + 1
                 continue
             run = labels.get("tekton.dev/pipelineRun")
-            if run and spec.get("nodeName"):
+            if run and spec.get("nodeName") and not self._from_before_death(pod):
                 nodes_of_run.setdefault(run, set()).add(spec["nodeName"])
             key = f"{ns}/{meta['name']}/{meta.get('uid')}"
             gates = [g.get("name") for g in spec.get("schedulingGates") or []]
@@ -124,6 +146,19 @@ class Invariants(Ticker):
         for run, nodes in nodes_of_run.items():
             if len(nodes) > 1:
                 self.fail(f"{ns}: run {run}'s pods on {sorted(nodes)}")
+
+    def _from_before_death(self, pod: Obj) -> bool:
+        """On a node that died, made before it came back."""
+        back = self.dead.get(pod["spec"].get("nodeName", ""))
+        if back is None:
+            return False
+        created = pod["metadata"].get("creationTimestamp")
+        return created is None or epoch(created) < back
+
+
+def epoch(timestamp: str) -> float:
+    """An RFC 3339 UTC timestamp as the API server writes them, in epoch seconds."""
+    return float(calendar.timegm(time.strptime(timestamp, "%Y-%m-%dT%H:%M:%SZ")))
 
 
 def is_running(run: Obj) -> bool:
@@ -286,3 +321,132 @@ def restart_apiserver(
         describe=lambda: readyz(reconciler_port)[1],
     )
     return ApiRestart(started - killed, back - started, time.monotonic() - back, starts)
+
+
+def pause_etcd(plane: ControlPlane, seconds: float = 15) -> None:
+    """SIGSTOP etcd for ``seconds``, then SIGCONT."""
+    etcd = plane.procs["etcd"]
+    os.kill(etcd.pid, signal.SIGSTOP)
+    try:
+        time.sleep(seconds)
+    finally:
+        os.kill(etcd.pid, signal.SIGCONT)
+
+
+def webhook_up(real: RealCluster) -> None:
+    """The webhook serving again (after a failure left it dead), for the later scenarios.
+
+    As a cluster's Service does, no API server call reaches it before its readiness passes:
+    registered by URL here, the new process listens on a port of its own and the webhook
+    configuration is pointed at it once ``/readyz`` says its caches are read. (On the old
+    port it was called during its first second, before its namespace cache was read, and
+    decided a pipelineruns namespace's pod with the cluster's mode.)"""
+    product, plane = real.product, real.plane
+    old = product.webhook if product is not None else None
+    if product is None or plane is None or not old or old.alive():
+        return
+    port = free_port()
+    argv = list(old.argv)
+    argv[argv.index("--port") + 1] = str(port)
+    webhook = Proc(old.name, argv, old.log_path, env=old.env, cwd=old.cwd).start()
+    health = argv[argv.index("--health-port") + 1]
+    wait_healthy(f"http://127.0.0.1:{health}/readyz", webhook, timeout=60)
+    config = real.api.must_get("MutatingWebhookConfiguration", WEBHOOK_CONFIG_NAME)
+    ops = [
+        {
+            "op": "replace",
+            "path": f"/webhooks/{index}/clientConfig/url",
+            "value": re.sub(r":\d+/", f":{port}/", hook["clientConfig"]["url"], count=1),
+        }
+        for index, hook in enumerate(config["webhooks"])
+    ]
+    real.api.patch("MutatingWebhookConfiguration", WEBHOOK_CONFIG_NAME, ops,
+                   patch_type="application/json-patch+json")  # fmt: skip
+    product.webhook = plane.procs["coschedule-serve"] = webhook
+    product.webhook_port = port
+
+
+def wait_policies_active(api: Api, namespaces: list[str]) -> None:
+    """Wait for the admission policies bound to the namespaces to be active: a dry-run TaskRun
+    pod comes back with the policy's label (the webhook keeps it on a pod it pins by node
+    name)."""
+    wait_for(
+        "the admission policies to be active",
+        lambda: all(
+            (api.create(_dry_run_pod(ns), dry_run=True)["metadata"].get("labels") or {}).get(
+                LABEL_GATED_BY
+            )
+            == GATED_BY_POLICY
+            for ns in namespaces
+        ),
+        timeout=60,
+    )
+
+
+def undecided(api: Api, namespaces: list[str]) -> list[str]:
+    """Pods behind our gate and runs the admission policy held that nobody decided on yet."""
+    out = []
+    for ns in namespaces:
+        out += [
+            f"{ns}/pod {p['metadata']['name']} gated"
+            for p in api.list("Pod", ns)
+            if any(
+                g.get("name") == GATE_PLACEHOLDER for g in p["spec"].get("schedulingGates") or []
+            )
+        ]
+        out += [
+            f"{ns}/run {r['metadata']['name']} held by the policy"
+            for r in api.list("PipelineRun", ns)
+            if (r["metadata"].get("annotations") or {}).get(ANNOTATION_HELD_BY) == HELD_BY_POLICY
+        ]
+    return out
+
+
+# A dead node (realstack ``node down``) and Kubernetes' non-graceful node shutdown: the taint
+# an operator puts on a node that is shut down for good, after which its pods are deleted
+# (the attempt that ran there fails; a task's ``retries`` run it again).
+OUT_OF_SERVICE = {
+    "key": "node.kubernetes.io/out-of-service",
+    "value": "nodeshutdown",
+    "effect": "NoExecute",
+}
+
+
+def node_ready(api: Api, node: str) -> str:
+    """The node's Ready condition status ("True", "False", "Unknown"; "" without one)."""
+    for cond in (api.must_get("Node", node).get("status") or {}).get("conditions") or []:
+        if cond.get("type") == "Ready":
+            return str(cond.get("status"))
+    return ""
+
+
+def node_down(real: RealCluster, node: str) -> None:
+    """realstack ``node down``, keeping the Node object (``DELETE_NODE=0``): what a dead
+    machine leaves behind until a cloud controller or a person deletes it."""
+    assert real.stack is not None
+    subprocess.run(
+        [real.stack.script, "node", "down", str(real.stack.workdir), node],
+        env={**os.environ, "DELETE_NODE": "0"},
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
+
+
+def declare_out_of_service(api: Api, node: str) -> None:
+    """The operator's step for a node that is shut down for good (non-graceful shutdown)."""
+    taints = api.must_get("Node", node)["spec"].get("taints") or []
+    api.patch("Node", node, {"spec": {"taints": [*taints, OUT_OF_SERVICE]}})
+
+
+def node_back(real: RealCluster, node: str) -> None:
+    """The machine back: the operator lifts out-of-service, the node rejoins."""
+    api = real.api
+    taints = api.must_get("Node", node)["spec"].get("taints") or []
+    kept = [t for t in taints if t.get("key") != OUT_OF_SERVICE["key"]]
+    api.patch("Node", node, {"spec": {"taints": kept or None}})
+    real.stack.add_node(node, **NODES[node])
+    restore(api, node)
+
+
+NOT_BACK = math.inf  # Invariants.dead: the node has not come back

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import signal
 import time
 from collections.abc import Callable
@@ -32,15 +31,8 @@ from typing import ClassVar
 import pytest
 
 from coschedule.engines import TEKTON_STOPPING
-from coschedule.marks import (
-    ANNOTATION_HELD_BY,
-    GATE_PLACEHOLDER,
-    GATED_BY_POLICY,
-    HELD_BY_POLICY,
-    LABEL_GATED_BY,
-)
-from tests.e2e.cluster import Proc, free_port, wait_healthy
-from tests.e2e.install import WEBHOOK_CONFIG_NAME
+from coschedule.marks import ANNOTATION_HELD_BY
+from tests.e2e.cluster import wait_healthy
 from tests.e2e.kube import Api, ApiError, Obj, wait_for
 from tests.e2e.test_outage import POLICY, RUNS_POLICY, gate_policy
 from tests.e2e.world import (
@@ -57,6 +49,9 @@ from tests.real.faults import (
     is_running,
     metric_series,
     readyz,
+    undecided,
+    wait_policies_active,
+    webhook_up,
 )
 from tests.real.runs import (
     assert_succeeded,
@@ -71,7 +66,6 @@ from tests.real.runs import (
     wait_runs,
 )
 from tests.real.stack import RealCluster
-from tests.real.test_outage import _dry_run_pod
 
 pytestmark = pytest.mark.faults
 
@@ -323,58 +317,6 @@ class Arrivals(Ticker):
             self.created.append((ns, name))
 
 
-def _undecided(api: Api, namespaces: list[str]) -> list[str]:
-    """Pods behind our gate and runs the admission policy held that nobody decided on yet."""
-    out = []
-    for ns in namespaces:
-        out += [
-            f"{ns}/pod {p['metadata']['name']} gated"
-            for p in api.list("Pod", ns)
-            if any(
-                g.get("name") == GATE_PLACEHOLDER for g in p["spec"].get("schedulingGates") or []
-            )
-        ]
-        out += [
-            f"{ns}/run {r['metadata']['name']} held by the policy"
-            for r in api.list("PipelineRun", ns)
-            if (r["metadata"].get("annotations") or {}).get(ANNOTATION_HELD_BY) == HELD_BY_POLICY
-        ]
-    return out
-
-
-def _webhook_up(real: RealCluster) -> None:
-    """The webhook serving again (after a failure left it dead), for the later scenarios.
-
-    As a cluster's Service does, no API server call reaches it before its readiness passes:
-    registered by URL here, the new process listens on a port of its own and the webhook
-    configuration is pointed at it once ``/readyz`` says its caches are read. (On the old
-    port it was called during its first second, before its namespace cache was read, and
-    decided a pipelineruns namespace's pod with the cluster's mode.)"""
-    product, plane = real.product, real.plane
-    old = product.webhook if product is not None else None
-    if product is None or plane is None or not old or old.alive():
-        return
-    port = free_port()
-    argv = list(old.argv)
-    argv[argv.index("--port") + 1] = str(port)
-    webhook = Proc(old.name, argv, old.log_path, env=old.env, cwd=old.cwd).start()
-    health = argv[argv.index("--health-port") + 1]
-    wait_healthy(f"http://127.0.0.1:{health}/readyz", webhook, timeout=60)
-    config = real.api.must_get("MutatingWebhookConfiguration", WEBHOOK_CONFIG_NAME)
-    ops = [
-        {
-            "op": "replace",
-            "path": f"/webhooks/{index}/clientConfig/url",
-            "value": re.sub(r":\d+/", f":{port}/", hook["clientConfig"]["url"], count=1),
-        }
-        for index, hook in enumerate(config["webhooks"])
-    ]
-    real.api.patch("MutatingWebhookConfiguration", WEBHOOK_CONFIG_NAME, ops,
-                   patch_type="application/json-patch+json")  # fmt: skip
-    product.webhook = plane.procs["coschedule-serve"] = webhook
-    product.webhook_port = port
-
-
 def test_webhook_killed_while_runs_are_admitted(
     real: RealCluster, namespace: Callable[..., str]
 ) -> None:
@@ -417,24 +359,12 @@ def test_webhook_killed_while_runs_are_admitted(
         for ns in spaces:
             stack.enter_context(gate_policy(api, ns, POLICY))
             stack.enter_context(gate_policy(api, ns, RUNS_POLICY))
-        # Active once a dry-run TaskRun pod comes back with the policy's label (the webhook
-        # keeps it on a pod it pins by node name).
-        wait_for(
-            "the admission policies to be active",
-            lambda: all(
-                (api.create(_dry_run_pod(ns), dry_run=True)["metadata"].get("labels") or {}).get(
-                    LABEL_GATED_BY
-                )
-                == GATED_BY_POLICY
-                for ns in spaces
-            ),
-            timeout=60,
-        )
+        wait_policies_active(api, spaces)
         invariants = stack.enter_context(checked(api, spaces))
         invariants_queue = stack.enter_context(checked(api, [queued], max_running=2))
         arrivals.start()
         stack.callback(arrivals.stop)
-        stack.callback(_webhook_up, real)
+        stack.callback(webhook_up, real)
         time.sleep(2.5 * arrivals.interval)
         product.webhook.kill()
         down = time.monotonic()
@@ -443,14 +373,14 @@ def test_webhook_killed_while_runs_are_admitted(
         # ready (and refuses runs until it has read the ConcurrencyControls), where a
         # cluster's Service sends it nothing until its readiness probe passes.
         arrivals.stop()
-        _webhook_up(real)
+        webhook_up(real)
         back = time.monotonic()
         outage = back - down
         wait_for(
             "every gate lifted and every held run decided",
-            lambda: not _undecided(api, spaces),
+            lambda: not undecided(api, spaces),
             timeout=RECOVERY_BOUND,
-            describe=lambda: "\n".join(_undecided(api, spaces)),
+            describe=lambda: "\n".join(undecided(api, spaces)),
         )
         recovery = time.monotonic() - back
         # Admitted by the webhook again: a run in each namespace, decided at admission.

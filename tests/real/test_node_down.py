@@ -11,13 +11,11 @@ later tasks follow with the data of the "network" volume; the run Succeeds."""
 from __future__ import annotations
 
 import contextlib
-import os
-import subprocess
 import time
 from collections.abc import Callable
 
 from tests.e2e.kube import Api, Obj, wait_for
-from tests.real.nodes import restore
+from tests.real.faults import declare_out_of_service, node_back, node_down, node_ready
 from tests.real.runs import (
     Recorder,
     assert_succeeded,
@@ -29,14 +27,9 @@ from tests.real.runs import (
     task_pods,
     wait_runs,
 )
-from tests.real.stack import NODES, RealCluster
+from tests.real.stack import RealCluster
 
 RUN = "node-down"
-OUT_OF_SERVICE = {
-    "key": "node.kubernetes.io/out-of-service",
-    "value": "nodeshutdown",
-    "effect": "NoExecute",
-}
 
 
 def _running_on(api: Api, namespace: str, task_name: str) -> str | None:
@@ -45,36 +38,6 @@ def _running_on(api: Api, namespace: str, task_name: str) -> str | None:
         node: str = pod["spec"]["nodeName"]
         return node
     return None
-
-
-def _ready(api: Api, node: str) -> str:
-    for cond in (api.must_get("Node", node).get("status") or {}).get("conditions") or []:
-        if cond.get("type") == "Ready":
-            return str(cond.get("status"))
-    return ""
-
-
-def node_down(real: RealCluster, node: str) -> None:
-    """realstack ``node down``, keeping the Node object (``DELETE_NODE=0``): what a dead
-    machine leaves behind until a cloud controller or a person deletes it."""
-    assert real.stack is not None
-    subprocess.run(
-        [real.stack.script, "node", "down", str(real.stack.workdir), node],
-        env={**os.environ, "DELETE_NODE": "0"},
-        check=True,
-        capture_output=True,
-        timeout=120,
-    )
-
-
-def node_back(real: RealCluster, node: str) -> None:
-    """The machine back: the operator lifts out-of-service, the node rejoins."""
-    api = real.api
-    taints = api.must_get("Node", node)["spec"].get("taints") or []
-    kept = [t for t in taints if t.get("key") != OUT_OF_SERVICE["key"]]
-    api.patch("Node", node, {"spec": {"taints": kept or None}})
-    real.stack.add_node(node, **NODES[node])
-    restore(api, node)
 
 
 def _placeholder_pod(api: Api, namespace: str) -> Obj | None:
@@ -117,7 +80,7 @@ def test_a_node_dies_under_a_running_task(real: RealCluster, namespace: Callable
         node_down(real, node)
         wait_for(
             f"node {node} to be marked Ready Unknown",
-            lambda: _ready(api, dead) == "Unknown",
+            lambda: node_ready(api, dead) == "Unknown",
             timeout=90,
             describe=lambda: str(api.must_get("Node", dead).get("status", {}).get("conditions")),
         )
@@ -137,9 +100,7 @@ def test_a_node_dies_under_a_running_task(real: RealCluster, namespace: Callable
         )
         timings["moved"] = time.monotonic() - started
         assert new["spec"]["nodeName"] != dead, describe(api, ns)
-        # The operator's step for a node that is shut down for good (non-graceful shutdown).
-        taints = api.must_get("Node", dead)["spec"].get("taints") or []
-        api.patch("Node", dead, {"spec": {"taints": [*taints, OUT_OF_SERVICE]}})
+        declare_out_of_service(api, dead)
         runs = wait_runs(api, ns, [RUN], timeout=240)
         timings["done"] = time.monotonic() - started
     finally:
