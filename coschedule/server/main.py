@@ -89,11 +89,13 @@ def run_webhook(args: argparse.Namespace) -> int:
     async def main() -> None:
         async with link.running():
             # The caches' first lists are most of a large cluster's heap: frozen once read.
-            settler = link.online and asyncio.create_task(heap.settle_when(link.wait_synced()))
+            settler = (
+                asyncio.create_task(heap.settle_when(link.wait_synced())) if link.online else None
+            )
             try:
                 await serve(webhook, serve_options)
             finally:
-                if settler:
+                if settler is not None:
                     settler.cancel()
 
     _run(main())
