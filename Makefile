@@ -14,7 +14,7 @@ HOST ?= 127.0.0.1
 PORT ?= 8443
 HEALTH_PORT ?= 8080
 
-.PHONY: help venv run test lint typecheck unit e2e e2e-real realstack-deps bench bench-load bench-tekton certs dist release-manifest clean lock image image-deps image-clean e2e-faults e2e-artifact FORCE
+.PHONY: help venv run test lint typecheck unit e2e e2e-real realstack-deps bench bench-deps bench-load bench-tekton certs dist release-manifest clean lock image image-deps image-clean e2e-faults e2e-artifact FORCE
 
 help:
 	@echo "make run        serve the webhook on https://$(HOST):$(PORT) (probes on http://$(HOST):$(HEALTH_PORT)); runtime dependencies only"
@@ -33,7 +33,8 @@ help:
 	@echo "make lock       requirements/*.lock (hash-pinned, what the image installs) from pyproject.toml"
 	@echo "make dist       the wheel in dist/ (what PyPI gets)"
 	@echo "make release-manifest  dist/coschedule.yaml: the CRD and the self-signed install, one file"
-	@echo "make bench      the benchmarks (not part of make test)"
+	@echo "make bench      the benchmarks (not part of make test); installs wrk first (bench-deps)"
+	@echo "make bench-deps the benchmarks' system package: Debian's wrk, the closed-loop generator (root)"
 	@echo "make bench-load sustained load with faults on the real stack, its figures (root; ../shared/realstack)"
 	@echo "make bench-tekton  coschedule beside Tekton's own Affinity Assistant on the real stack: latency and behaviours (root)"
 	@echo "make certs      a CA and a serving certificate for localhost in certs/"
@@ -136,8 +137,19 @@ e2e-artifact: $(STAMP) realstack-deps image-deps
 	$(if $(ARTIFACT_REUSE),COSCHEDULE_ARTIFACT_IMAGE=$(IMAGE) COSCHEDULE_ARTIFACT_ARCHIVE=$(IMAGE_TAR)) \
 	$(REAL_PYTEST) tests/real/test_artifact.py -m real
 
-bench: $(STAMP)
+bench: $(STAMP) bench-deps
 	$(BIN)/python -m bench
+
+# The closed loop's generator is Debian's wrk, as the published ratios were measured (C: a
+# fraction of its core where bench.openloop's Python loop needs all of it). From the
+# distribution's archive, never a downloaded binary; without root the benches fall back to
+# bench.openloop and say so in their figures.
+bench-deps:
+	@if command -v wrk >/dev/null; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		apt-get install -y --no-install-recommends wrk >/dev/null || \
+		{ apt-get update >/dev/null && apt-get install -y --no-install-recommends wrk >/dev/null; }; \
+	else echo "bench-deps: wrk is not installed and this is not a root Debian shell: the benches use bench.openloop (sudo apt-get install wrk)"; fi
 
 # Sustained load with faults on the real stack (bench/load.py, as root): its figures go in
 # docs/benchmarks.md. BENCH_LOAD_ARGS="--runs N --minutes M" sizes it.

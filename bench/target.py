@@ -28,6 +28,7 @@ import uvicorn
 
 from bench.payloads import BENCH_UID
 from coschedule import logs
+from coschedule.server import heap
 from coschedule.server.admission import Receive, Scope, Send
 
 WEBHOOK_MODE: Final[str] = "pipelineruns"
@@ -170,6 +171,7 @@ def main(argv: list[str] | None = None) -> int:
         os.sched_setaffinity(0, {args.cpu})
     if args.app == "webhook":
         app, context, reload = webhook_app(args.cert_dir)
+        heap.settle()  # as serve() does before it serves
     else:
         app, context, reload = floor_app, floor_context(args.cert_dir), lambda: None
     sock = listen_socket(args.host, args.port, args.reuse_port)

@@ -119,6 +119,15 @@ class ClusterLink:
             found.append(self.controls.informer)
         return found
 
+    async def wait_synced(self) -> None:
+        """Until every cache has made its first list (an absent ConcurrencyControl CRD
+        counts as read)."""
+        for informer in self.informers():
+            if self.controls is None or informer is not self.controls.informer:
+                await informer.synced.wait()
+        if self.controls is not None:
+            await self.controls.wait_synced()
+
     def add_probes(self, probes: Probes, stale_gauge: Gauge | None = None) -> None:
         cache, client = self.namespaces, self.client
         if cache is None or client is None:

@@ -15,6 +15,7 @@ from typing import Any
 from coschedule import certs, logs
 from coschedule.config.store import open_store_or_exit
 from coschedule.listen import ListenError
+from coschedule.server import heap
 from coschedule.server.cluster import ClusterLink, ClusterUnavailable
 from coschedule.server.serve import ServeOptions, bind_listeners, build_webhook, serve
 from coschedule.server.tls import CertificateUnusable
@@ -89,7 +90,15 @@ def run_webhook(args: argparse.Namespace) -> int:
 
     async def main() -> None:
         async with link.running():
-            await serve(webhook, serve_options)
+            # The caches' first lists are most of a large cluster's heap: frozen once read.
+            settler = (
+                asyncio.create_task(heap.settle_when(link.wait_synced())) if link.online else None
+            )
+            try:
+                await serve(webhook, serve_options)
+            finally:
+                if settler is not None:
+                    settler.cancel()
 
     _run(main())
     return EXIT_OK

@@ -18,6 +18,7 @@ from coschedule.config.store import SettingsStore, reload_loop
 from coschedule.listen import EVERY_ADDRESS, ListenError, describe, listen_socket
 from coschedule.mutate.decision import PlaceholderView, VolumeView
 from coschedule.probes import Probes, probes_app
+from coschedule.server import heap
 from coschedule.server.admission import NamespaceLookup
 from coschedule.server.cache_gate import CacheGate
 from coschedule.server.drain import Drain
@@ -185,9 +186,12 @@ async def serve(webhook: Webhook, options: ServeOptions) -> None:
     reloader = asyncio.create_task(
         reload_loop(options.reload_interval, webhook.reload_once, "reload")
     )
+    # Everything built so far lives as long as the process: no collection walks it again.
+    frozen = heap.settle()
     log.info(
         "serving",
         extra={
+            "frozen_objects": frozen,
             "https_port": options.port,
             "health_port": options.health_port,
             "listen": [describe(sock) for listener in sockets for sock in listener],

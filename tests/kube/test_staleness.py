@@ -110,3 +110,19 @@ async def test_the_webhook_stays_ready_says_which_caches_are_stale_and_counts_se
     stale = registry.get_sample_value("coschedule_cache_stale_seconds", {"cache": "namespaces"})
     assert stale is not None
     assert stale >= STALE_AFTER
+
+
+async def test_the_link_is_synced_once_every_cache_has_made_its_first_list(
+    api: MiniApi, client: KubeClient, running: list[asyncio.Task[None]]
+) -> None:
+    """What the webhook waits for before it freezes its heap (coschedule.server.heap)."""
+    api.put("namespaces", {"metadata": {"name": "ci"}})
+    informer = Informer(client, "/api/v1/namespaces", name="namespaces")
+    link = ClusterLink(client, NamespaceCache(informer))
+    waiting = asyncio.create_task(link.wait_synced())
+    running.append(waiting)
+    await asyncio.sleep(0.1)
+    assert not waiting.done()  # no list yet
+    running.append(asyncio.create_task(informer.run()))
+    await asyncio.wait_for(asyncio.shield(waiting), 3)
+    assert informer.get("ci") is not None

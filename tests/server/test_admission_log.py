@@ -225,8 +225,12 @@ def test_serve_logs_each_lifecycle_line_once(tmp_path: Any) -> None:
         if process.returncode is None:
             process.kill()
             process.wait()
-    messages = [(entry["logger"], entry["msg"]) for entry in map(json.loads, stderr.splitlines())]
+    entries = [json.loads(line) for line in stderr.splitlines()]
+    messages = [(entry["logger"], entry["msg"]) for entry in entries]
     assert ("coschedule.serve", "serving") in messages
+    # Built, then frozen before serving: no full collection walks the startup heap again.
+    [serving] = [e for e in entries if e["msg"] == "serving"]
+    assert serving["frozen_objects"] > 10_000
     assert messages[-2:] == [("coschedule.serve", "shutting down"), ("coschedule.serve", "stopped")]
     assert len(messages) == len(set(messages)), messages
     assert not [m for m in messages if m[0].startswith("uvicorn")], messages

@@ -1,0 +1,70 @@
+"""The webhook's heap frozen once built (``coschedule.server.heap``): a full collection
+walks only what is young, and young garbage is still collected."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import logging
+from collections.abc import Iterator
+
+import pytest
+
+from coschedule.server import heap
+
+
+class Node:
+    """A container object that can sit in a reference cycle."""
+
+    def __init__(self) -> None:
+        self.other: Node | None = None
+
+
+@pytest.fixture(autouse=True)
+def unfrozen() -> Iterator[None]:
+    # The test process must not keep its heap frozen for the tests after these.
+    gc.unfreeze()
+    yield
+    gc.unfreeze()
+
+
+def _tracked(obj: object) -> bool:
+    return any(o is obj for o in gc.get_objects())
+
+
+def test_what_lives_at_settle_is_no_longer_walked_and_young_cycles_are_still_collected() -> None:
+    old = Node()
+    assert _tracked(old)
+    frozen = heap.settle()
+    assert frozen == gc.get_freeze_count() > 0
+    assert not _tracked(old)  # no collection walks it any more
+    young = Node()
+    assert _tracked(young)
+    # A cycle made after the freeze is still garbage the collector finds and frees.
+    a, b = Node(), Node()
+    a.other, b.other = b, a
+    del a, b
+    assert gc.collect() >= 2
+    # Reference counting still frees a frozen object that is dropped.
+    gone = Node()
+    heap.settle()
+    count = gc.get_freeze_count()
+    del gone
+    assert gc.get_freeze_count() == count - 1
+
+
+async def test_settle_when_freezes_only_after_the_caches_are_synced(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    synced = asyncio.Event()
+    caplog.set_level(logging.INFO, logger="coschedule.serve")
+    task = asyncio.create_task(heap.settle_when(synced.wait()))
+    await asyncio.sleep(0.05)
+    assert not task.done()
+    assert gc.get_freeze_count() == 0
+    synced.set()
+    await asyncio.wait_for(task, 5)
+    assert gc.get_freeze_count() > 0
+    [record] = [r for r in caplog.records if r.getMessage() == "caches synced: heap frozen"]
+    # (what was frozen, less the frozen objects freed since: the task, the event)
+    assert record.frozen_objects >= gc.get_freeze_count()  # type: ignore[attr-defined]
