@@ -19,7 +19,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final
+from typing import Any
 from urllib.parse import quote
 
 import httpx
@@ -399,15 +399,6 @@ def object_path(
     return path + (f"/{quote(name, safe='')}" if name else "")
 
 
-# httpx keeps at most 20 idle connections, for 5 s, by default: a burst of requests wider
-# than 20 (the executor's releases) or a lull of over 5 s between bursts cost a new TLS
-# handshake per connection, on both ends. Idle ones are kept under kube-apiserver's 90 s
-# idle close.
-KEEPALIVE: Final = httpx.Limits(
-    max_connections=100, max_keepalive_connections=100, keepalive_expiry=60.0
-)
-
-
 class KubeClient:
     def __init__(
         self,
@@ -426,7 +417,6 @@ class KubeClient:
             auth=_ExecAuth(creds.exec_plugin) if creds.exec_plugin else _BearerAuth(creds),
             timeout=httpx.Timeout(timeout, connect=5.0),
             headers={"User-Agent": user_agent, "Accept": "application/json"},
-            limits=KEEPALIVE,
         )
 
     async def aclose(self) -> None:
