@@ -14,12 +14,20 @@ tasks mounting the run's workspace claim and the ``finally`` task), per batch:
 
 - ``plain``: the pods as Tekton creates them (each run's claim bound, usable anywhere), in
   a namespace coschedule does not serve;
-- ``deployed`` (the default encoding): the same pods with real owners (each run's
-  PipelineRun and TaskRuns created first) in an enabled namespace, through the registered
-  webhook; the reconciler makes each run's placeholder StatefulSet (kube-controller-manager's
-  StatefulSet controller renders its pod) and lifts the gates with the pin. Also measured:
-  the webhook's and the reconciler's CPU, each run's first pod bound, placeholder bound ->
-  gate lifted, and what the reconciler logged (stale releases, placeholders restored);
+- as deployed (the default: all three scenarios): the same pods with real owners (each
+  run's PipelineRun and TaskRuns created first) in an enabled namespace, through the
+  registered webhook; the reconciler makes each run's placeholder StatefulSet when the run
+  is created (kube-controller-manager's StatefulSet controller renders its pod) and lifts
+  the gates of pods that arrived before it was bound. Scenarios: ``deployed`` (burst,
+  seeded: the runs first, the scheduler running, so their placeholders are bound and the
+  pods, made at once with the scheduler stopped, are pinned at admission),
+  ``deployed-gated`` (burst, gated: the scheduler stopped from before the runs are made,
+  so every pod is gated and the reconciler lifts every gate) and ``deployed-steady`` (a run
+  every 200 ms, its PipelineRun, TaskRuns and pods made at its arrival, the scheduler
+  running; compared with plain pods arriving at the same rate). Also measured: the
+  webhook's and the reconciler's CPU, each run's first pod bound, placeholder bound -> gate
+  lifted, the run pods pinned at admission, and what the reconciler logged (stale
+  releases, placeholders restored);
 - the older stand-ins (``--encoding affinity|pin-after-bound|gate-pin|gate-pin-spread``):
   the pods through ``decide`` in process, the placeholder pod rendered by the bench, the
   gates lifted by the bench (issue 20's candidates);
@@ -27,13 +35,15 @@ tasks mounting the run's workspace claim and the ``finally`` task), per batch:
   spillover: what co-scheduled pods cost everyone else's pods).
 
 Per round: plain, co-scheduled, plain beside; the batches are interleaved so a burst of
-other work on the machine touches all three. The scheduler is stopped (SIGSTOP) while a
-batch is created (a burst: every co-scheduled pod is gated, no placeholder is bound yet)
-and continued (SIGCONT) once it is all there; its CPU (utime + stime from
-``/proc/PID/stat``) and the wall time are taken from then until every pod of the batch is
-bound (a watch on the batch; 0.3 s more for the trailing events and bindings); the
-webhook's and the reconciler's CPU from the first create to the same end. The co-scheduled
-batch counts only the run pods: the placeholders' cost is in it, amortised.
+other work on the machine touches all three. In a burst the scheduler is stopped (SIGSTOP)
+while a batch's pods are created and continued (SIGCONT) once they are all there; its CPU
+(utime + stime from ``/proc/PID/stat``) and the wall time are taken from then until every
+pod of the batch is bound (a watch on the batch; 0.3 s more for the trailing events and
+bindings). In steady both are taken from the first run's arrival; a run's first pod bound
+is counted from its first pod sent. The webhook's and the reconciler's CPU are taken from
+before the batch's runs are made (the placeholder made for a new run is counted) to the
+same end. The co-scheduled batch counts only the run pods: the placeholders' cost is in
+it, amortised.
 
 Run: ``python -m bench.scheduler [--quick | --full] [--nodes N ...] [--rounds 3] [--json
 FILE] [--keep-logs DIR]``: 500 nodes and 3 rounds by default, ``--quick`` 50 nodes and 5
@@ -122,16 +132,44 @@ class Encoding:
     # nothing: without either, the scheduler stacks a batch of them on a few nodes and the
     # runs' pods do not fit there).
     spread: str = "anti-affinity"
+    # As deployed: "seeded" (the runs made first, the scheduler running, then their pods at
+    # once), "gated" (the scheduler stopped from before the runs are made: no placeholder
+    # is bound when the pods arrive) or "steady" (a run every ``STEADY_EVERY_S``).
+    scenario: str = "seeded"
+
+    @property
+    def cadence_s(self) -> float:
+        """Seconds between runs: 0 for a burst."""
+        return STEADY_EVERY_S if self.scenario == "steady" else 0.0
 
 
 DEPLOYED: Final = "deployed"
+DEPLOYED_GATED: Final = "deployed-gated"
+DEPLOYED_STEADY: Final = "deployed-steady"
+AS_DEPLOYED: Final = (DEPLOYED, DEPLOYED_GATED, DEPLOYED_STEADY)
+STEADY_EVERY_S: Final = 0.2  # the issue's steady arrival: a run every 200 ms
 ENCODINGS: Final = {
     e.name: e
     for e in (
         Encoding(
             DEPLOYED,
-            "as deployed: `coschedule serve` and `coschedule reconcile` (gate, then the pin)",
+            "as deployed, burst, seeded: the runs first (as Tekton makes them), then all "
+            "their pods at once",
             DEPLOYED,
+        ),
+        Encoding(
+            DEPLOYED_GATED,
+            "as deployed, burst, gated: the scheduler stopped from before the runs are made, "
+            "so every pod is gated and the reconciler lifts the gates",
+            DEPLOYED,
+            scenario="gated",
+        ),
+        Encoding(
+            DEPLOYED_STEADY,
+            f"as deployed, steady: a run every {STEADY_EVERY_S * 1000:.0f} ms, its pods with it, "
+            "the scheduler running",
+            DEPLOYED,
+            scenario="steady",
         ),
         Encoding("affinity", "pod affinity (today)", "affinity"),
         Encoding(
@@ -166,7 +204,7 @@ class Plan:
     concurrency: int = 48
     bind_timeout_s: float = 1200.0  # a loaded machine at 5,000 nodes: minutes per batch
     keep_logs: Path | None = None  # copy every process's log here at the end
-    encodings: tuple[str, ...] = (DEPLOYED,)
+    encodings: tuple[str, ...] = AS_DEPLOYED
     # The "affinity" encoding is the pod-affinity one, whatever the default placement.
     settings: Settings = field(
         default_factory=lambda: Settings(mode=Mode.PIPELINERUNS, placement=Placement.POD_AFFINITY)
@@ -298,9 +336,21 @@ class Batch:
     # them before their pods).
     prepare: Callable[[Client], Awaitable[None]] | None = None
     selector: str | None = ""  # the watch's; "" is the batch label, None the namespace
+    # Steady: a run every ``cadence_s`` (its owners made by ``prepare_run``, then its pods),
+    # the scheduler running; 0 is a burst (every pod made with the scheduler stopped).
+    cadence_s: float = 0.0
+    prepare_run: Callable[[Client, str], Awaitable[None]] | None = None
+    # Burst, gated: the scheduler is stopped before ``prepare``, so no run's placeholder
+    # is bound when its pods arrive.
+    stop_before_prepare: bool = False
 
 
-def plain_batch(name: str, plan: Plan, kind: str = "plain") -> Batch:
+def plain_kind(cadence_s: float) -> str:
+    """The kind of the plain batches a scenario is compared with: burst or steady."""
+    return "plain:steady" if cadence_s else "plain"
+
+
+def plain_batch(name: str, plan: Plan, kind: str = "", cadence_s: float = 0.0) -> Batch:
     pods = [
         pod
         for group in range(plan.groups)
@@ -313,7 +363,10 @@ def plain_batch(name: str, plan: Plan, kind: str = "plain") -> Batch:
     for pod in pods:
         run = pod["metadata"]["labels"]["tekton.dev/pipelineRun"]
         runs.setdefault(run, []).append(pod["metadata"]["name"])
-    return Batch(name, kind, PLAIN_NS, len(pods), [lambda _: work], runs=runs)
+    return Batch(
+        name, kind or plain_kind(cadence_s), PLAIN_NS, len(pods), [lambda _: work], runs=runs,
+        cadence_s=cadence_s,
+    )  # fmt: skip
 
 
 def plain_claims(plan: Plan) -> list[str]:
@@ -442,12 +495,23 @@ def coscheduled_batch(name: str, plan: Plan, encoding: Encoding) -> Batch:
     return batch
 
 
-def deployed_batch(name: str, plan: Plan) -> Batch:
+def deployed_batch(name: str, plan: Plan, encoding: Encoding = ENCODINGS[DEPLOYED]) -> Batch:
     """The runs' pods as Tekton creates them, in the enabled namespace: the registered
-    webhook mutates them (all gated in a burst: no placeholder is bound yet), the reconciler
-    makes each run's placeholder and lifts its pods' gates with the pin."""
+    webhook mutates them (pinned at admission when the run's placeholder, made when the run
+    was, is bound already; gated otherwise), the reconciler makes each run's placeholder
+    and lifts its pods' gates with the pin. ``encoding.scenario``: seeded (the runs made
+    first, the scheduler running), gated (the scheduler stopped from before the runs are
+    made) or steady (each run made at its arrival, its pods right after)."""
     namespace = deployed.NAMESPACE
-    batch = Batch(name, DEPLOYED, namespace, 0, selector=None)
+    batch = Batch(
+        name,
+        encoding.name,
+        namespace,
+        0,
+        selector=None,
+        cadence_s=encoding.cadence_s,
+        stop_before_prepare=encoding.scenario == "gated",
+    )
     by_run: dict[str, list[Obj]] = {}
     for group in range(plan.groups):
         run = f"pr-{name}-{group:02d}"
@@ -463,7 +527,13 @@ def deployed_batch(name: str, plan: Plan) -> Batch:
     async def prepare(client: Client) -> None:
         await deployed.own(client.create, namespace, by_run, BATCH_LABEL, name)
 
-    batch.prepare = prepare
+    async def prepare_run(client: Client, run: str) -> None:
+        await deployed.own(client.create, namespace, {run: by_run[run]}, BATCH_LABEL, name)
+
+    if batch.cadence_s:
+        batch.prepare_run = prepare_run
+    else:
+        batch.prepare = prepare
     work = Work(pods, [], [pod["metadata"]["name"] for pod in pods])
     batch.steps.append(lambda _: work)
     return batch
@@ -803,6 +873,9 @@ class BatchResult:
     reconciler_cpu_s: float = 0.0
     lift: list[float] = field(default_factory=list)
     logged: dict[str, int] = field(default_factory=dict)
+    # Run pods the webhook gated (the rest were pinned at admission: their run's
+    # placeholder was bound when they were made).
+    gated: int = 0
 
     def to_json(self) -> Obj:
         return {
@@ -818,6 +891,7 @@ class BatchResult:
             "reconciler_cpu_s": round(self.reconciler_cpu_s, 3),
             "lift_s": [round(t, 3) for t in self.lift],
             "logged": self.logged,
+            "gated": self.gated,
         }
 
 
@@ -904,43 +978,59 @@ async def run_batch(
     plan: Plan,
     product: deployed.Deployed | None = None,
 ) -> BatchResult:
+    if product is not None:
+        product.log_counts()  # from here on: a run's placeholder may be made as it is created
     if batch.claims:
         await make_claims(client, batch.namespace, batch.claims, batch.name)
-    if batch.prepare is not None:
-        await batch.prepare(client)
-    listed = await client.request(
-        "GET", pods_path(batch.namespace), params={**_selector(batch), "limit": "1"}
-    )
+    # The webhook's and the reconciler's CPU from before the runs are made: the placeholder
+    # the reconciler makes for a new run is part of what a co-scheduled pod costs.
+    others = (product.webhook_pid, product.reconciler_pid) if product is not None else ()
+    others_before = [cpu_seconds(pid) for pid in others]
+    if batch.stop_before_prepare:
+        os.kill(scheduler.pid, signal.SIGSTOP)  # continued by the step, once the pods are made
+    try:
+        if batch.prepare is not None:
+            await batch.prepare(client)
+        listed = await client.request(
+            "GET", pods_path(batch.namespace), params={**_selector(batch), "limit": "1"}
+        )
+    except BaseException:
+        os.kill(scheduler.pid, signal.SIGCONT)
+        raise
     seen = Seen()
     watcher = asyncio.create_task(
         watch_bound(client, batch, str(listed["metadata"]["resourceVersion"]), seen)
     )
     await asyncio.sleep(0.1)  # the watch is open
-    if product is not None:
-        product.log_counts()  # from here on
-    others = (product.webhook_pid, product.reconciler_pid) if product is not None else ()
     result = BatchResult(batch.kind, batch.counted, 0.0, 0.0, groups=len(batch.groups))
     try:
         for step in batch.steps:
             work = step(seen.bound)
-            spent, took, continued, extra = await _run_step(
-                client, scheduler, batch, work, (seen, watcher), plan, others
+            spent, took, starts = await _run_step(
+                client, scheduler, batch, work, (seen, watcher), plan
             )
             result.cpu_s += spent
             result.wall_s += took
-            if extra:
-                result.webhook_cpu_s += extra[0]
-                result.reconciler_cpu_s += extra[1]
-            result.first_bound += [
-                min(seen.bound_at[p] for p in pods if p in seen.bound_at) - continued
-                for pods in batch.runs.values()
-                if any(p in seen.bound_at for p in pods)
-            ]
+            result.first_bound += first_bound(batch.runs, seen.bound_at, starts)
     finally:
         watcher.cancel()
         await asyncio.wait([watcher], timeout=5)
+    if others:
+        result.webhook_cpu_s, result.reconciler_cpu_s = (
+            cpu_seconds(pid) - was for pid, was in zip(others, others_before, strict=True)
+        )
     if product is not None:
         result.logged = product.log_counts()
+    missing = [holder for holder in batch.groups if holder not in seen.bound]
+    if missing:
+        # A placeholder made when its run was created (the reconciler's seed) can be bound
+        # before the watch opened: read where it is (its bound time stays unknown).
+        listed = await client.request("GET", pods_path(batch.namespace))
+        for obj in listed.get("items") or []:
+            name = obj["metadata"]["name"]
+            node_name = (obj.get("spec") or {}).get("nodeName")
+            if name in missing and node_name:
+                seen.bound[name] = node_name
     if batch.groups:
         result.colocated = sum(
             1
@@ -949,6 +1039,9 @@ async def run_batch(
         )
         result.holder_nodes = len(
             {seen.bound[holder] for holder in batch.groups if holder in seen.bound}
+        )
+        result.gated = sum(
+            1 for members in batch.groups.values() for pod in members if pod in seen.gated
         )
         result.lift = [
             seen.ungated_at[pod] - seen.bound_at[holder]
@@ -960,6 +1053,33 @@ async def run_batch(
     return result
 
 
+def first_bound(
+    runs: dict[str, list[str]], bound_at: dict[str, float], starts: dict[str, float]
+) -> list[float]:
+    """Per run: seconds from its start (the scheduler continued in a burst, its first pod
+    sent in steady) to its first pod bound; runs with no pod bound yet are left out."""
+    return [
+        min(bound_at[p] for p in pods if p in bound_at) - starts[run]
+        for run, pods in runs.items()
+        if run in starts and any(p in bound_at for p in pods)
+    ]
+
+
+def arrivals(
+    runs: dict[str, list[str]], create: Sequence[Obj], cadence_s: float
+) -> list[tuple[float, str, list[Obj]]]:
+    """Steady: (seconds after the start, run, its pods to create) for each run, one every
+    ``cadence_s``, in the batch's order; pods of no run (none today) come with the first."""
+    by_name = {pod["metadata"]["name"]: pod for pod in create}
+    plan = [
+        (index * cadence_s, run, [by_name.pop(name) for name in names if name in by_name])
+        for index, (run, names) in enumerate(runs.items())
+    ]
+    if plan and by_name:
+        plan[0][2].extend(by_name.values())
+    return plan
+
+
 async def _run_step(
     client: Client,
     scheduler: Proc,
@@ -967,24 +1087,38 @@ async def _run_step(
     work: Work,
     watch: tuple[Seen, asyncio.Task[None]],
     plan: Plan,
-    others: Sequence[int] = (),
-) -> tuple[float, float, float, list[float]]:
-    """(scheduler CPU seconds, wall seconds, when the scheduler was continued, the CPU
-    seconds of ``others``) from continuing the stopped scheduler to every expected pod bound.
-    ``others`` (the webhook, the reconciler) are counted from the first create on: they work
-    while the pods are made."""
+) -> tuple[float, float, dict[str, float]]:
+    """(scheduler CPU seconds, wall seconds, when each run started) from continuing the
+    stopped scheduler (a burst) or the first run's arrival (steady) to every expected pod
+    bound."""
     seen, watcher = watch
-    os.kill(scheduler.pid, signal.SIGSTOP)
-    try:
-        others_before = [cpu_seconds(pid) for pid in others]
-        await client.create_all([(pods_path(batch.namespace), pod) for pod in work.create])
-        await client.patch_all(
-            [(f"{pods_path(batch.namespace)}/{name}", ops) for name, ops in work.patch]
-        )
+    path = pods_path(batch.namespace)
+    if batch.cadence_s:
         before = cpu_seconds(scheduler.pid)
         started = time.monotonic()
-    finally:
-        os.kill(scheduler.pid, signal.SIGCONT)
+        starts: dict[str, float] = {}
+
+        async def arrive(at: float, run: str, pods: list[Obj]) -> None:
+            await asyncio.sleep(max(0.0, started + at - time.monotonic()))
+            if batch.prepare_run is not None:
+                await batch.prepare_run(client, run)  # its PipelineRun and TaskRuns first
+            starts[run] = time.monotonic()
+            await client.create_all([(path, pod) for pod in pods])
+
+        await asyncio.gather(
+            *(arrive(*one) for one in arrivals(batch.runs, work.create, batch.cadence_s))
+        )
+        await client.patch_all([(f"{path}/{name}", ops) for name, ops in work.patch])
+    else:
+        os.kill(scheduler.pid, signal.SIGSTOP)
+        try:
+            await client.create_all([(path, pod) for pod in work.create])
+            await client.patch_all([(f"{path}/{name}", ops) for name, ops in work.patch])
+            before = cpu_seconds(scheduler.pid)
+            started = time.monotonic()
+        finally:
+            os.kill(scheduler.pid, signal.SIGCONT)
+        starts = dict.fromkeys(batch.runs, started)
     deadline = started + plan.bind_timeout_s
     while not all(name in seen.bound for name in work.expect):
         if watcher.done():  # the watch failed: say why
@@ -1003,12 +1137,11 @@ async def _run_step(
             )
     wall = time.monotonic() - started
     await asyncio.sleep(SETTLE_S)
-    extra = [cpu_seconds(pid) - was for pid, was in zip(others, others_before, strict=True)]
-    return cpu_seconds(scheduler.pid) - before, wall, started, extra
+    return cpu_seconds(scheduler.pid) - before, wall, starts
 
 
 async def delete_batch(client: Client, batch: Batch) -> None:
-    if batch.kind == DEPLOYED:
+    if batch.kind in AS_DEPLOYED:
         await deployed.clean(client.request, batch.namespace, f"{BATCH_LABEL}={batch.name}")
         return
     await client.request(
@@ -1034,7 +1167,7 @@ async def measure_nodes(nodes: int, plan: Plan, log: Callable[[str], None]) -> O
             try:
                 started = time.monotonic()
                 product = None
-                if DEPLOYED in plan.encodings:
+                if any(ENCODINGS[name].pods == DEPLOYED for name in plan.encodings):
                     # In a thread: the installer's client is a blocking one.
                     product = await asyncio.to_thread(
                         deployed.deploy, plane, binaries, Path(tmp), log
@@ -1069,7 +1202,7 @@ async def _rounds(
 
     def co_batch(name: str, encoding: Encoding) -> Batch:
         if encoding.pods == DEPLOYED:
-            return deployed_batch(name, plan)
+            return deployed_batch(name, plan, encoding)
         return coscheduled_batch(name, plan, encoding)
 
     # Warm-up, not counted: the scheduler's first batches of each kind.
@@ -1082,7 +1215,9 @@ async def _rounds(
     for index in range(plan.rounds):
         for encoding in encodings:
             # Interleaved: plain alone, the encoding, plain beside it.
-            alone = plain_batch(f"plain-{encoding.name}-{index}", plan)
+            # Steady scenarios are compared with plain pods arriving at the same rate.
+            cadence = encoding.cadence_s
+            alone = plain_batch(f"plain-{encoding.name}-{index}", plan, cadence_s=cadence)
             rows.append(await run_batch(client, scheduler, alone, plan))
             await delete_batch(client, alone)
             await asyncio.sleep(1)
@@ -1092,7 +1227,9 @@ async def _rounds(
                     client, scheduler, co, plan, product if encoding.pods == DEPLOYED else None
                 )
             )
-            beside = plain_batch(f"beside-{encoding.name}-{index}", plan, f"beside:{encoding.name}")
+            beside = plain_batch(
+                f"beside-{encoding.name}-{index}", plan, f"beside:{encoding.name}", cadence
+            )
             rows.append(await run_batch(client, scheduler, beside, plan))
             await delete_batch(client, beside)
             await delete_batch(client, co)
@@ -1121,6 +1258,7 @@ def _totals(rows: Sequence[BatchResult]) -> Obj:
             logged[key] = logged.get(key, 0) + count
     webhook = sum(r.webhook_cpu_s for r in rows)
     reconciler = sum(r.reconciler_cpu_s for r in rows)
+    grouped = sum(r.pods for r in rows if r.groups)
     return {
         "pods": pods,
         "cpu_ms_per_pod": round(cpu / pods * 1000, 3),
@@ -1133,6 +1271,7 @@ def _totals(rows: Sequence[BatchResult]) -> Obj:
         "lift_p50_s": _pct(lift, 50),
         "lift_p99_s": _pct(lift, 99),
         "logged": logged,
+        "pinned_at_admission": f"{grouped - sum(r.gated for r in rows)}/{grouped}",
     }
 
 
@@ -1151,7 +1290,7 @@ def _round_ratios(rows: Sequence[BatchResult], name: str, attr: str) -> list[flo
     ratios: list[float] = []
     plain: BatchResult | None = None
     for row in rows:
-        if row.kind == "plain":
+        if row.kind.startswith("plain"):
             plain = row
         elif row.kind == name and plain is not None:
             if attr == "cpu":
@@ -1171,9 +1310,14 @@ def summarize(
     load_before: float,
     load_after: float,
 ) -> Obj:
-    plain = _totals([r for r in rows if r.kind == "plain"])
+    plains = {
+        kind: _totals([r for r in rows if r.kind == kind])
+        for kind in ("plain", plain_kind(STEADY_EVERY_S))
+    }
     encodings = []
     for name in plan.encodings:
+        # Each scenario against plain pods made the same way (a burst, or steady arrivals).
+        plain = plains[plain_kind(ENCODINGS[name].cadence_s)]
         mine = [r for r in rows if r.kind == name]
         co = _totals(mine)
         beside = _totals([r for r in rows if r.kind == f"beside:{name}"])
@@ -1197,6 +1341,8 @@ def summarize(
                 "control_plane_ratio": _ratio(
                     co.get("control_plane_ms_per_pod", 0.0), plain["cpu_ms_per_pod"]
                 ),
+                "scenario": ENCODINGS[name].scenario if ENCODINGS[name].pods == DEPLOYED else None,
+                "plain": plain,
             }
         )
     return {
@@ -1209,7 +1355,8 @@ def summarize(
         "setup_s": round(setup_s, 1),
         "load_before": load_before,
         "load_after": load_after,
-        "plain": plain,
+        "plain": plains["plain"],
+        "plain_steady": plains[plain_kind(STEADY_EVERY_S)],
         "encodings": encodings,
         "batches": [r.to_json() for r in rows],
     }
@@ -1245,7 +1392,7 @@ def render(results: Sequence[Obj]) -> str:
         for row in result["encodings"]:
             lines.append(
                 f"| {result['nodes']:,} | {row['title']} | {row['cpu_ms_per_pod']:.2f} "
-                f"({result['plain']['cpu_ms_per_pod']:.2f}) | {_x(row['cpu_ratio'])} | "
+                f"({_plain(result, row)['cpu_ms_per_pod']:.2f}) | {_x(row['cpu_ratio'])} | "
                 f"{_x(row['throughput_ratio'])} | {_x(row['spillover_ratio'])} | "
                 f"{row['colocated']} | {row['distinct_nodes']} (fewest {row['fewest_nodes']}) |"
             )
@@ -1271,6 +1418,12 @@ def render(results: Sequence[Obj]) -> str:
     return "\n".join(lines)
 
 
+def _plain(result: Obj, row: Obj) -> Obj:
+    """The plain totals ``row`` is compared with (older results carry only ``plain``)."""
+    plain: Obj = row.get("plain") or result["plain"]
+    return plain
+
+
 def _s(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.2f} s"
 
@@ -1280,6 +1433,9 @@ def _median(values: Sequence[float]) -> str:
         return "n/a"
     ordered = sorted(values)
     return f"{ordered[len(ordered) // 2]:.2f}x ({ordered[0]:.2f}-{ordered[-1]:.2f})"
+
+
+SCENARIO_TITLES: Final = {"seeded": "burst, seeded", "gated": "burst, gated", "steady": "steady"}
 
 
 def render_deployed(results: Sequence[Obj]) -> list[str]:
@@ -1292,30 +1448,36 @@ def render_deployed(results: Sequence[Obj]) -> list[str]:
         for result in results
         if result.get("available")
         for row in result["encodings"]
-        if row["name"] == DEPLOYED
+        if row["name"] in AS_DEPLOYED
     ]
     if not rows:
         return []
     lines = [
         "",
-        "As deployed (`coschedule serve` registered, `coschedule reconcile` leading; a burst: "
-        "every run's pods created at once with the scheduler stopped, so all gated):",
+        "As deployed (`coschedule serve` registered, `coschedule reconcile` leading). burst, "
+        "seeded: each run's PipelineRun and TaskRuns made first (the reconciler makes and the "
+        "scheduler binds its placeholder), then every pod at once with the scheduler stopped; "
+        "burst, gated: the scheduler stopped from before the runs are made, so every pod is "
+        "gated; steady: a run every 200 ms, its pods right after it, the scheduler running "
+        "(pods/s is then the arrival rate). Plain pods are made the same way in each:",
         "",
-        "| nodes | scheduler CPU x plain | pods/s x plain | a run's first pod bound p50 / p99 "
+        "| nodes | scenario | scheduler CPU x plain | pods/s x plain "
+        "| a run's first pod bound p50 / p99 "
         "(plain) | control-plane CPU per pod x plain (scheduler + webhook + reconciler) "
-        "| spillover |",
-        "|---:|---:|---:|---|---|---:|",
+        "| spillover | pinned at admission |",
+        "|---:|---|---:|---:|---|---|---:|---|",
     ]
     for result, row in rows:
-        plain = result["plain"]
+        plain = _plain(result, row)
+        scenario = SCENARIO_TITLES.get(row.get("scenario") or "seeded", "")
         lines.append(
-            f"| {result['nodes']:,} | {_median(row['cpu_ratios'])} | "
+            f"| {result['nodes']:,} | {scenario} | {_median(row['cpu_ratios'])} | "
             f"{_median(row['throughput_ratios'])} | {_s(row['first_bound_p50_s'])} / "
             f"{_s(row['first_bound_p99_s'])} ({_s(plain['first_bound_p50_s'])} / "
             f"{_s(plain['first_bound_p99_s'])}) | {_x(row['control_plane_ratio'])} "
             f"({row['cpu_ms_per_pod']:.2f} + {row['webhook_ms_per_pod']:.2f} + "
             f"{row['reconciler_ms_per_pod']:.2f} ms; plain {plain['cpu_ms_per_pod']:.2f} ms) | "
-            f"{_x(row['spillover_ratio'])} |"
+            f"{_x(row['spillover_ratio'])} | {row.get('pinned_at_admission', '-')} |"
         )
     lines.append("")
     for result, row in rows:
@@ -1323,12 +1485,14 @@ def render_deployed(results: Sequence[Obj]) -> list[str]:
         released = logged.get("released", 0)
         stale = logged.get("release_stale", 0)
         lines.append(
-            f"{result['nodes']:,} nodes, reconciler: placeholder bound -> gate lifted p50 "
+            f"{result['nodes']:,} nodes, {SCENARIO_TITLES.get(row.get('scenario') or 'seeded')}, "
+            "reconciler: placeholder bound -> gate lifted p50 "
             f"{_s(row['lift_p50_s'])}, p99 {_s(row['lift_p99_s'])}; {released} releases, "
             f"{stale} refused as stale ({stale / max(1, released + stale):.1%}); "
             f"{logged.get('labels_restored', 0)} placeholders 'restored'; "
             f"{logged.get('api_errors', 0)} API errors retried; "
-            f"{logged.get('created', 0)} placeholders created"
+            f"{logged.get('created', 0)} placeholders created; "
+            f"{row.get('pinned_at_admission', '-')} run pods pinned at admission (never gated)"
         )
     return lines
 
@@ -1348,7 +1512,8 @@ def main(argv: list[str] | None = None) -> int:
         "--encoding",
         action="append",
         choices=sorted(ENCODINGS),
-        help="encodings to measure (repeatable; default: affinity, what coschedule makes)",
+        help="encodings to measure (repeatable; default: the three as-deployed scenarios, "
+        f"{', '.join(AS_DEPLOYED)})",
     )
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--keep-logs", type=Path, default=None, help="copy the logs here")

@@ -1,0 +1,157 @@
+"""bench.scheduler's as-deployed scenarios, without a cluster: how each batch is made (burst
+seeded, burst gated, steady), when each run arrives, what a run's first pod bound is counted
+from, and that each scenario is compared with plain pods made the same way."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import replace
+from typing import Any, cast
+
+import pytest
+
+from bench import scheduler as sb
+
+Obj = dict[str, Any]
+
+
+class RecordingApi:
+    """Stores what is created, as kube-apiserver answers it (a uid per object)."""
+
+    def __init__(self) -> None:
+        self.made: list[tuple[str, Obj]] = []
+
+    async def create(self, path: str, body: Obj) -> Obj:
+        self.made.append((path, body))
+        return {**body, "metadata": {**body["metadata"], "uid": f"uid-{len(self.made)}"}}
+
+
+PLAN = replace(sb.QUICK, groups=3, per_group=4)
+
+
+def test_the_three_as_deployed_scenarios_are_the_default() -> None:
+    assert sb.Plan().encodings == sb.AS_DEPLOYED
+    assert [sb.ENCODINGS[name].scenario for name in sb.AS_DEPLOYED] == [
+        "seeded",
+        "gated",
+        "steady",
+    ]
+    assert all(sb.ENCODINGS[name].pods == sb.DEPLOYED for name in sb.AS_DEPLOYED)
+    # The stand-ins are still there, as bursts.
+    assert sb.ENCODINGS["gate-pin-spread"].cadence_s == 0.0
+
+
+@pytest.mark.parametrize(
+    ("name", "stopped_first", "cadence"),
+    [(sb.DEPLOYED, False, 0.0), (sb.DEPLOYED_GATED, True, 0.0), (sb.DEPLOYED_STEADY, False, 0.2)],
+)
+def test_each_scenario_makes_its_runs_when_it_says(
+    name: str, stopped_first: bool, cadence: float
+) -> None:
+    """A burst makes every run's owners before the watch opens (gated: with the scheduler
+    already stopped); steady makes each run's owners at its arrival, inside the window."""
+    batch = sb.deployed_batch("co-0", PLAN, sb.ENCODINGS[name])
+    assert batch.kind == name
+    assert batch.counted == 12
+    assert len(batch.runs) == 3 == len(batch.groups)
+    assert batch.stop_before_prepare is stopped_first
+    assert batch.cadence_s == cadence
+    assert (batch.prepare is None) is bool(cadence)
+    assert (batch.prepare_run is None) is not bool(cadence)
+
+
+def test_a_steady_run_is_owned_alone_at_its_arrival() -> None:
+    """``prepare_run`` makes one run's PipelineRun and TaskRuns and points only that run's
+    pods at them (the reconciler resolves a pod's run through those owners)."""
+    batch = sb.deployed_batch("co-0", PLAN, sb.ENCODINGS[sb.DEPLOYED_STEADY])
+    assert batch.prepare_run is not None
+    api = RecordingApi()
+    first, second = list(batch.runs)[:2]
+    prepare_run = batch.prepare_run
+
+    async def arrive() -> None:
+        await prepare_run(cast(sb.Client, api), second)
+
+    asyncio.run(arrive())
+    kinds = [body["kind"] for _, body in api.made]
+    assert kinds == ["PipelineRun"] + ["TaskRun"] * 4
+    assert api.made[0][1]["metadata"]["name"] == second
+    [work] = [step({}) for step in batch.steps]
+    pods = {pod["metadata"]["name"]: pod for pod in work.create}
+    task_runs = {body["metadata"]["name"]: i + 1 for i, (_, body) in enumerate(api.made)}
+    for name in batch.runs[second]:
+        meta = pods[name]["metadata"]
+        [owner] = meta["ownerReferences"]
+        assert owner["kind"] == "TaskRun"
+        assert owner["uid"] == f"uid-{task_runs[meta['labels']['tekton.dev/taskRun']]}"
+        assert meta["labels"]["tekton.dev/pipelineRunUID"] == "uid-1"
+    for name in batch.runs[first]:  # not made yet: still the fixture's owner
+        assert pods[name]["metadata"]["labels"]["tekton.dev/pipelineRunUID"] != "uid-1"
+
+
+def test_steady_arrivals_are_one_run_every_cadence_with_its_own_pods() -> None:
+    batch = sb.plain_batch("plain-0", PLAN, cadence_s=0.2)
+    assert batch.kind == "plain:steady"
+    [work] = [step({}) for step in batch.steps]
+    plan = sb.arrivals(batch.runs, work.create, batch.cadence_s)
+    assert [(at, run) for at, run, _ in plan] == [(0.0, "pr-00"), (0.2, "pr-01"), (0.4, "pr-02")]
+    for _, run, pods in plan:
+        assert [p["metadata"]["name"] for p in pods] == batch.runs[run]
+    assert sum(len(pods) for _, _, pods in plan) == len(work.create)
+
+
+def test_a_runs_first_pod_bound_is_counted_from_its_own_start() -> None:
+    runs = {"a": ["a-1", "a-2"], "b": ["b-1"], "c": ["c-1"]}
+    bound_at = {"a-2": 10.5, "a-1": 11.0, "b-1": 12.0}
+    # A burst: every run starts when the scheduler is continued.
+    assert sb.first_bound(runs, bound_at, dict.fromkeys(runs, 10.0)) == [0.5, 2.0]
+    # Steady: each run from its own arrival; a run with no pod bound is left out.
+    assert sb.first_bound(runs, bound_at, {"a": 10.2, "b": 11.9, "c": 12.0}) == pytest.approx(
+        [0.3, 0.1]
+    )
+
+
+def test_each_scenario_is_compared_with_plain_pods_made_the_same_way() -> None:
+    """Burst scenarios against the burst plain batches, steady against plain pods arriving
+    at the same rate; the table names the scenario and the share pinned at admission."""
+    plan = replace(PLAN, encodings=(sb.DEPLOYED_GATED, sb.DEPLOYED_STEADY))
+    gated = sb.BatchResult(sb.DEPLOYED_GATED, 50, 0.2, 1.0, 5, 5, holder_nodes=5, gated=50)
+    gated.webhook_cpu_s, gated.reconciler_cpu_s = 0.1, 0.3
+    gated.lift = [0.2, 0.4, 1.0]
+    gated.first_bound = [0.5, 0.7]
+    steady = sb.BatchResult(sb.DEPLOYED_STEADY, 50, 0.06, 6.0, 5, 5, holder_nodes=5, gated=10)
+    steady.first_bound = [0.1, 0.2]
+    plain_steady = sb.BatchResult("plain:steady", 50, 0.03, 6.0)
+    plain_steady.first_bound = [0.01, 0.02]
+    rows = [
+        sb.BatchResult("plain", 50, 0.1, 0.5),
+        gated,
+        sb.BatchResult(f"beside:{sb.DEPLOYED_GATED}", 50, 0.1, 0.5),
+        plain_steady,
+        steady,
+        sb.BatchResult(f"beside:{sb.DEPLOYED_STEADY}", 50, 0.03, 6.0),
+    ]
+    result = sb.summarize(50, plan, rows, 1.0, 0.0, 0.0)
+    by_name = {row["name"]: row for row in result["encodings"]}
+    burst, arriving = by_name[sb.DEPLOYED_GATED], by_name[sb.DEPLOYED_STEADY]
+    assert burst["cpu_ratios"] == [2.0]
+    assert arriving["cpu_ratios"] == [2.0]
+    assert burst["throughput_ratios"] == [0.5]
+    assert arriving["throughput_ratios"] == [1.0]
+    assert burst["plain"]["pods"] == 50
+    assert arriving["plain"]["first_bound_p99_s"] == 0.02
+    assert burst["pinned_at_admission"] == "0/50"
+    assert arriving["pinned_at_admission"] == "40/50"
+    # Scheduler 4 ms + webhook 2 ms + reconciler 6 ms per pod, over plain's 2 ms.
+    assert burst["control_plane_ratio"] == 6.0
+    assert burst["lift_p50_s"] == 0.4
+    assert burst["lift_p99_s"] == 1.0
+    assert result["plain_steady"]["cpu_ms_per_pod"] == 0.6
+    table = sb.render([result])
+    assert "| 50 | burst, gated | 2.00x (2.00-2.00) | 0.50x (0.50-0.50) |" in table
+    assert "| 50 | steady | 2.00x (2.00-2.00) | 1.00x (1.00-1.00) |" in table
+    assert "| 1.00x | 0/50 |" in table
+    assert "| 1.00x | 40/50 |" in table
+    assert "50 nodes, burst, gated, reconciler: placeholder bound -> gate lifted p50 0.40 s" in (
+        table
+    )
