@@ -88,24 +88,31 @@ def plan_admit(
 
 def read_tests(stored: Mapping[str, Any]) -> list[jsonpatch.Op]:
     """``test`` ops that hold a patch to what a run decision read: the run (its uid), its
-    labels, its annotations and its spec (params, start state), each as read. Not the
-    resourceVersion: the engine writes a new run at once (Tekton writes a pending run's
-    status), which changes none of these, and a test of the version failed the first admit
-    of a held run with 422 whenever the engine wrote between the GET and the patch. A part
-    the run lacks cannot be tested as absent (kube-apiserver's ``test`` of a missing path
-    is not RFC 6902's): then the version is tested too."""
+    labels and its annotations, each as read, and its spec by its ``generation`` (which only
+    a spec change moves). Not the resourceVersion: the engine writes a new run at once
+    (Tekton writes a pending run's status), which changes none of these, and a test of the
+    version failed the first admit of a held run with 422 whenever the engine wrote between
+    the GET and the patch. Not the spec compared whole: kube-apiserver compared a real
+    Tekton run's spec, as read, unequal to itself (its ``taskSpec.spec: null`` entries), so
+    that admit failed every time. A part the run lacks cannot be tested as absent
+    (kube-apiserver's ``test`` of a missing path is not RFC 6902's): then the version is
+    tested too."""
     meta = stored.get("metadata")
     meta = meta if isinstance(meta, Mapping) else {}
     ops = [jsonpatch.test("/metadata/uid", str(meta.get("uid") or ""))]
-    parts = {
-        "/metadata/labels": meta.get("labels"),
-        "/metadata/annotations": meta.get("annotations"),
-        "/spec": stored.get("spec"),
-    }
-    for path, value in parts.items():
+    complete = True
+    for path, key in (("/metadata/labels", "labels"), ("/metadata/annotations", "annotations")):
+        value = meta.get(key)
         if isinstance(value, Mapping):
             ops.append(jsonpatch.test(path, dict(value)))
-    if len(ops) < 1 + len(parts):
+        else:
+            complete = False
+    generation = meta.get("generation")
+    if isinstance(generation, int) and not isinstance(generation, bool):
+        ops.append(jsonpatch.test("/metadata/generation", generation))
+    else:
+        complete = False
+    if not complete:
         version = str(meta.get("resourceVersion") or "")
         ops.append(jsonpatch.test("/metadata/resourceVersion", version))
     return ops

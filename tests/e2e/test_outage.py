@@ -248,13 +248,13 @@ def test_a_held_runs_admit_holds_to_what_it_read_not_to_the_runs_version(
     e2e: E2E, namespace: Callable[..., str]
 ) -> None:
     """kube-apiserver's own JSON patch ``test`` of the admit's guards (``read_tests``: the
-    run's uid, labels, annotations and spec as read, compared whole): a status write after
+    run's uid, labels and annotations as read, its spec by its generation): a status write after
     the read (Tekton's Pending condition on a new run) does not refuse the patch, as a test
     of the resourceVersion did (422, retried: 5 times in one real-stack scenario); a label
     written after the read does (422), and nothing is changed."""
     api = e2e.api
     ns = namespace(prefix="admit-guards")
-    for name in ("r1", "r2"):  # labels, annotations and spec, as a held run has them
+    for name in ("r1", "r2", "r3"):  # labels, annotations and spec, as a held run has them
         manifest = run_manifest("PipelineRun", ns, name, {"branch": "main"}, pending=True)
         manifest["metadata"]["annotations"] = {"note": "kept"}
         api.create(manifest)
@@ -281,6 +281,15 @@ def test_a_held_runs_admit_holds_to_what_it_read_not_to_the_runs_version(
     assert "decided" not in (
         api.must_get("PipelineRun", "r2", ns)["metadata"].get("annotations") or {}
     )
+
+    # A param changed after the read (the key a control groups by): the spec's generation
+    # moved, so the patch is refused too.
+    stored = api.must_get("PipelineRun", "r3", ns)
+    params = [{"name": "branch", "value": "dev"}]
+    api.patch("PipelineRun", "r3", {"spec": {"params": params}}, ns)
+    with pytest.raises(ApiError) as refused:
+        api.patch("PipelineRun", "r3", [*read_tests(stored), decided], ns, patch_type=json_patch)
+    assert refused.value.status == 422
 
 
 def _policy_held(api: Api, ns: str, name: str) -> bool:

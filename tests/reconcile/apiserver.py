@@ -233,6 +233,14 @@ class MiniApi:
         meta.setdefault("uid", str(uuid.uuid4()))
         meta.setdefault("creationTimestamp", "2026-11-21T06:00:00Z")
         meta["resourceVersion"] = self._next_rv()
+        # As kube-apiserver keeps it: 1 at creation, moved by a change of anything but the
+        # metadata and the status (a test may set one of its own).
+        if old is None:
+            meta.setdefault("generation", 1)
+        elif meta.get("generation") == old["metadata"].get("generation"):
+            meta["generation"] = (old["metadata"].get("generation") or 1) + (
+                _spec_part(obj) != _spec_part(old)
+            )
         self.objects[key] = obj
         self._publish(plural, "MODIFIED" if old is not None else "ADDED", obj, old)
         return obj
@@ -428,3 +436,8 @@ class MiniApi:
                     self.watches.remove(watch)
 
         return stream()
+
+
+def _spec_part(obj: Obj) -> Obj:
+    """What a change of moves ``metadata.generation``."""
+    return {k: v for k, v in obj.items() if k not in ("metadata", "status", "apiVersion", "kind")}

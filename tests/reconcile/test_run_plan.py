@@ -207,6 +207,7 @@ def policy_held(kind: Kind, name: str) -> Obj:
         run = workflow(name, params={"branch": "main"}, suspend=True, rv="7")
     run["metadata"]["labels"]["coschedule.dev/concurrency"] = "grouped"
     run["metadata"]["annotations"] = dict(POLICY_MARKS)
+    run["metadata"]["generation"] = 2
     return run
 
 
@@ -239,15 +240,15 @@ def test_a_policy_held_run_is_admitted_in_one_conditional_patch(
     (action,) = result.actions
     assert isinstance(action, AdmitHeldRun)
     assert (action.run.kind, action.run.namespace, action.run.name) == (kind, "ci", "r1")
-    # First tests of what the decision read: a run whose labels, annotations or spec changed
-    # since (or another run of the name) is not decided on (422); its version is not tested,
-    # so the engine's status writes meanwhile cost nothing.
+    # First tests of what the decision read: a run whose labels, annotations or spec (its
+    # generation) changed since (or another run of the name) is not decided on (422); its
+    # version is not tested, so the engine's status writes meanwhile cost nothing.
     meta = stored["metadata"]
     assert action.ops[:4] == (
         {"op": "test", "path": "/metadata/uid", "value": meta["uid"]},
         {"op": "test", "path": "/metadata/labels", "value": meta["labels"]},
         {"op": "test", "path": "/metadata/annotations", "value": meta["annotations"]},
-        {"op": "test", "path": "/spec", "value": stored["spec"]},
+        {"op": "test", "path": "/metadata/generation", "value": 2},
     )
     assert all(op["op"] != "test" for op in action.ops[4:])
     assert len(action.ops) > 4
@@ -267,10 +268,24 @@ def test_a_held_run_without_a_labels_map_is_held_to_its_version_too() -> None:
     assert [op["path"] for op in tests] == [
         "/metadata/uid",
         "/metadata/annotations",
-        "/spec",
+        "/metadata/generation",
         "/metadata/resourceVersion",
     ]
     assert tests[-1]["value"] == "7"
+
+
+def test_a_held_run_without_a_generation_is_held_to_its_version_too() -> None:
+    stored = policy_held(Kind.PIPELINE_RUN, "r1")
+    del stored["metadata"]["generation"]
+    (action,) = plan_admit(Kind.PIPELINE_RUN, "ci", stored, [CI]).actions
+    assert isinstance(action, AdmitHeldRun)
+    tests = [op for op in action.ops if op["op"] == "test"]
+    assert [op["path"] for op in tests] == [
+        "/metadata/uid",
+        "/metadata/labels",
+        "/metadata/annotations",
+        "/metadata/resourceVersion",
+    ]
 
 
 @pytest.mark.parametrize(
