@@ -37,7 +37,9 @@ def test_what_lives_at_settle_is_no_longer_walked_and_young_cycles_are_still_col
     old = Node()
     assert _tracked(old)
     frozen = heap.settle()
-    assert frozen == gc.get_freeze_count() > 0
+    # What settle froze, as it counted it (not read again: other threads of the test process
+    # free frozen objects of their own meanwhile).
+    assert frozen > 0
     assert not _tracked(old)  # no collection walks it any more
     young = Node()
     assert _tracked(young)
