@@ -258,34 +258,28 @@ def test_a_policy_held_run_is_admitted_in_one_conditional_patch(
     )
 
 
-def test_a_held_run_without_a_labels_map_is_held_to_its_version_too() -> None:
+@pytest.mark.parametrize(
+    ("missing", "tested"),
+    [
+        pytest.param("labels", ["annotations", "generation"], id="no labels map"),
+        pytest.param("generation", ["labels", "annotations"], id="no generation"),
+    ],
+)
+def test_a_held_run_lacking_a_tested_part_is_held_to_its_version_too(
+    missing: str, tested: list[str]
+) -> None:
     """A part of the run it lacks cannot be tested as absent: the version is tested then."""
     stored = policy_held(Kind.PIPELINE_RUN, "r1")
-    del stored["metadata"]["labels"]
+    del stored["metadata"][missing]
     (action,) = plan_admit(Kind.PIPELINE_RUN, "ci", stored, [CI]).actions
     assert isinstance(action, AdmitHeldRun)
     tests = [op for op in action.ops if op["op"] == "test"]
     assert [op["path"] for op in tests] == [
         "/metadata/uid",
-        "/metadata/annotations",
-        "/metadata/generation",
+        *(f"/metadata/{part}" for part in tested),
         "/metadata/resourceVersion",
     ]
     assert tests[-1]["value"] == "7"
-
-
-def test_a_held_run_without_a_generation_is_held_to_its_version_too() -> None:
-    stored = policy_held(Kind.PIPELINE_RUN, "r1")
-    del stored["metadata"]["generation"]
-    (action,) = plan_admit(Kind.PIPELINE_RUN, "ci", stored, [CI]).actions
-    assert isinstance(action, AdmitHeldRun)
-    tests = [op for op in action.ops if op["op"] == "test"]
-    assert [op["path"] for op in tests] == [
-        "/metadata/uid",
-        "/metadata/labels",
-        "/metadata/annotations",
-        "/metadata/resourceVersion",
-    ]
 
 
 @pytest.mark.parametrize(

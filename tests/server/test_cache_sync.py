@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import subprocess
 import time
 from collections.abc import AsyncIterator, Callable, MutableMapping
 from pathlib import Path
@@ -36,7 +35,7 @@ from tests.concurrency.test_runs_https import (
     readyz,
     until,
 )
-from tests.conftest import RunningServer, launch_server, write_kubeconfig
+from tests.conftest import RunningServer, launch_server, stop_server, write_kubeconfig
 from tests.fixtures import admission_review, load_pod
 from tests.reconcile.apiserver import MiniApi
 
@@ -64,12 +63,7 @@ async def cold(api: MiniApi, tmp_path: Path) -> AsyncIterator[Callable[[], Runni
     yield start
     api.holds[("GET", "namespaces")].set()
     for running in started:
-        running.process.terminate()
-        try:
-            await asyncio.to_thread(running.process.wait, 30)
-        except subprocess.TimeoutExpired:
-            running.process.kill()
-            await asyncio.to_thread(running.process.wait)
+        await asyncio.to_thread(stop_server, running)
 
 
 async def listening(server: RunningServer) -> bool:
