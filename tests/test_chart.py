@@ -351,7 +351,11 @@ def test_tag_and_default_image() -> None:
 def test_another_namespace_is_followed_everywhere() -> None:
     docs = render_chart(_values("cert-manager"), namespace="platform-coschedule")
     for obj in docs:
-        if "namespace" in obj["metadata"]:
+        if obj["metadata"].get("namespace") == "kube-node-lease":  # the kubelets' Leases
+            assert obj["kind"] in ("Role", "RoleBinding"), ident(obj)
+            for subject in obj.get("subjects", ()):
+                assert subject["namespace"] == "platform-coschedule", ident(obj)
+        elif "namespace" in obj["metadata"]:
             assert obj["metadata"]["namespace"] == "platform-coschedule", ident(obj)
     assert not objects(docs, "Namespace")
     hook = _webhook(docs)

@@ -55,6 +55,7 @@ from coschedule.reconcile.model import (
     PlaceholderPod,
     Plan,
 )
+from coschedule.reconcile.node_leases import NodeLeases
 from coschedule.reconcile.placeholder import group_spec
 from coschedule.reconcile.reconciler_metrics import ReconcileMetrics
 from coschedule.reconcile.resolver import OwnerLookupFailed, OwnerResolver
@@ -120,6 +121,7 @@ class Controller:
         self.owner_recheck = owner_recheck
         self.queue = WorkQueue() if retry_base is None else WorkQueue(retry_base=retry_base)
         self.owners = OwnerResolver(client, clock)
+        self.node_leases = NodeLeases(client, clock)
         self.pods = self._informer(
             "/api/v1/pods",
             "pods",
@@ -419,6 +421,9 @@ class Controller:
             for p in ppods
             if p.node_name and (obj := self.nodes.get(p.node_name)) is not None
         }
+        renewed = await self.node_leases.renewed(
+            name for name, node in nodes.items() if kubelet_silent(node)
+        )
         seed, run_created = self._seed(key, pods, now)
         live = seed is not None or any(p.live for p in pods)
         if not pods and sts is None and not ppods and seed is None:
@@ -451,6 +456,7 @@ class Controller:
             claims_gone=gone,
             all_nodes_silent=any(kubelet_silent(n) for n in nodes.values())
             and all(kubelet_silent(parse_node(obj)) for obj in self.nodes.values()),
+            node_renewed=renewed,
             seed=seed.pod if seed is not None else None,
             seed_until=seed.expires if seed is not None else 0.0,
             run_created=run_created,

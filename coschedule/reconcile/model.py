@@ -155,6 +155,11 @@ class Observed:
     # disruption, the control plane's problem, not the nodes'. Read only while a
     # placeholder pod is on a silent node.
     all_nodes_silent: bool = False
+    # When each silent node's kubelet last renewed its Lease (``kube-node-lease``; seconds
+    # since the epoch): a kubelet that renews is alive, its Ready status only behind (after a
+    # control-plane outage, under load, it can take longer than ``NODE_DOWN_SECONDS`` to
+    # post). Read only while a placeholder pod is on a silent node; absent: not read.
+    node_renewed: Mapping[str, float] = field(default_factory=dict)
     # A PipelineRun's first pod as the run says it (``run_seed``), while the run holds a
     # placeholder before any pod of it exists; None: no seed.
     seed: MarkedPod | None = None

@@ -64,8 +64,9 @@ OWNER_RETRY_SECONDS = 5.0
 # A placeholder pod still there this long after its grace period ended, on a node whose
 # kubelet reports it not ready: that kubelet will not finish the delete; force it.
 STRANDED_DELETE_SECONDS = 5.0
-# A node silent (Ready Unknown) this long is taken for dead: its placeholder pod is forced
-# off. Kubelets post again within about 10 s of a control plane's return.
+# A node silent (Ready Unknown) this long, whose kubelet has not renewed its Lease for as
+# long either, is taken for dead: its placeholder pod is forced off. Kubelets renew their
+# Lease every 10 s and post again within about 10 s of a control plane's return.
 NODE_DOWN_SECONDS = 20.0
 NODE_DOWN = "node-down"  # the evictions metric label of a force-delete
 
@@ -232,6 +233,14 @@ def evictions(observed: Observed, now: float) -> Plan:
         if node is None:  # a vanished node's pods are the pod garbage collector's (~40 s)
             continue
         silent = kubelet_silent(node)
+        renewed = observed.node_renewed.get(node.name)
+        if silent and renewed is not None and now - renewed < NODE_DOWN_SECONDS:
+            # Its kubelet renews its Lease: alive, only its Ready status behind (a control
+            # plane back from an outage marks nodes Unknown until they post again, which
+            # under load takes longer than NODE_DOWN_SECONDS). Nothing moves for that.
+            alive_for = renewed + NODE_DOWN_SECONDS - now
+            soonest = alive_for if soonest is None else min(soonest, alive_for)
+            continue
         if silent or (pod.deleting and not_ready(node)):
             action, wait = _off_dead_node(observed, pod, node, silent, now)
             if action is not None:

@@ -113,3 +113,66 @@ def test_placeholder_stuck_terminating_on_a_dead_node_is_forced_off(
     # Later pods follow the placeholder to the live node.
     run.create_pod("report", fixture="tekton-taskrun-no-workspace")
     wait_bound(api, ns, run.pod_name("report"), node=new_node)
+
+
+def test_a_silent_node_whose_kubelet_renews_its_lease_keeps_its_placeholder(
+    e2e: E2E, namespace: Callable[..., str]
+) -> None:
+    """After a kube-apiserver outage the node lifecycle controller marks nodes Unknown, and
+    under load a kubelet may post Ready again later than the reconciler's 20 s; it renews its
+    Lease all the same. A node silent for a minute whose Lease was renewed just now keeps
+    its placeholder (read through the shipped RBAC: a Role in kube-node-lease); once that
+    renewal is 20 s old the node is dead and the placeholder is forced off."""
+    e2e.require("scheduler", "controller-manager", "reconciler")
+    api = e2e.api
+    ns = namespace(mode="pipelineruns")
+    bound_claim(api, ns, "source")  # a "network" volume: usable on any node
+    run = TektonRun(api, ns, unique("pr")).create()
+    run.create_pod("build", claims={"pvc-1f1344866c": "source"})
+    placeholder = run_placeholder(ns, run.name)
+    first = wait_placeholder_bound(api, ns, placeholder)
+    old_node = node(first)
+    wait_bound(api, ns, run.pod_name("build"), node=old_node)
+
+    renewed = time.time()
+    lease = {
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": {"name": old_node, "namespace": "kube-node-lease"},
+        "spec": {
+            "holderIdentity": old_node,
+            "leaseDurationSeconds": 40,
+            "renewTime": time.strftime("%Y-%m-%dT%H:%M:%S.000000Z", time.gmtime(renewed)),
+        },
+    }
+    with contextlib.suppress(ApiError):
+        api.delete("Lease", old_node, "kube-node-lease")
+    api.create(lease)
+    try:
+        silent_since = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(renewed - 60))
+        condition = {
+            "type": "Ready",
+            "status": "Unknown",
+            "reason": "NodeStatusUnknown",
+            "message": "Kubelet stopped posting node status.",
+            "lastHeartbeatTime": silent_since,
+            "lastTransitionTime": silent_since,
+        }
+        api.patch("Node", old_node, {"status": {"conditions": [condition]}}, subresource="status")
+        api.patch("Node", old_node, {"spec": {"taints": UNREACHABLE}})
+        time.sleep(max(0.0, renewed + 12 - time.time()))
+        kept = api.must_get("Pod", placeholder_pod_name(placeholder), ns)
+        assert kept["metadata"]["uid"] == first["metadata"]["uid"], describe_namespace(api, ns)
+        assert not kept["metadata"].get("deletionTimestamp"), describe_namespace(api, ns)
+        # No renewal since: 20 s after the last one the node is taken for dead.
+        moved = wait_placeholder_bound(
+            api, ns, placeholder, not_uid=first["metadata"]["uid"], not_node=old_node, timeout=60
+        )
+        assert time.time() - renewed >= 19.0
+        assert node(moved) != old_node
+    finally:
+        with contextlib.suppress(ApiError):
+            api.delete("Lease", old_node, "kube-node-lease")
+        with contextlib.suppress(ApiError):
+            _ready(api, old_node, "True")
+            reset_node(api, old_node)

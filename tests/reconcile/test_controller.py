@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator, Callable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 
 from coschedule.config.settings import Settings
-from coschedule.k8s.timefmt import rfc3339
+from coschedule.k8s.timefmt import micro_time, rfc3339
 from coschedule.kube.client import KubeClient
 from coschedule.marks import LABEL_ENABLED, LABEL_MODE, Mode, run_placeholder
 from coschedule.reconcile.controller import Controller
@@ -258,6 +259,53 @@ async def test_a_dead_nodes_terminating_placeholder_pod_is_force_deleted_by_uid(
     api.put("pods", placeholder_pod(name, "worker-2"))
     await asyncio.sleep(0.2)
     assert len(api.deletes) == 1
+
+
+async def test_a_silent_node_whose_kubelet_renews_its_lease_keeps_its_placeholder(
+    api: MiniApi, make: Callable[..., Any]
+) -> None:
+    """worker-1 has said Ready Unknown for a minute (a control plane back from an outage,
+    its kubelet slow to post) but its kubelet renews its Lease: the placeholder stays. Once
+    the Lease is as old as the silence, the node is dead and the placeholder is forced off
+    (read again after the reconciler's short keep)."""
+    controller = await make()
+    pod = marked_pod("tekton-taskrun", node="worker-1")
+    name = placeholder_of(pod)
+    api.put("pods", pod)
+    await eventually(lambda: api.get("statefulsets", "ci", name) is not None)
+    api.put("pods", placeholder_pod(name, "worker-1"))
+    lease = {"metadata": {"name": "worker-1", "namespace": "kube-node-lease"}}
+    api.put("leases", {**lease, "spec": {"renewTime": micro_time()}})
+    silent_since = rfc3339(datetime.now(UTC) - timedelta(seconds=60))
+    api.edit(
+        "nodes",
+        None,
+        "worker-1",
+        {
+            "spec": {"taints": [{"key": "node.kubernetes.io/unreachable", "effect": "NoExecute"}]},
+            "status": {
+                "conditions": [
+                    {"type": "Ready", "status": "Unknown", "lastTransitionTime": silent_since}
+                ]
+            },
+        },
+    )
+    await eventually(lambda: api.count("GET", "leases") >= 1)
+    await asyncio.sleep(0.3)
+    assert api.count("DELETE", "pods") == 0
+    assert metric(controller, "coschedule_placeholder_evictions_total", reason="node-down") == 0
+
+    old = micro_time(time.time() - 120)
+    api.put("leases", {**lease, "spec": {"renewTime": old}})
+    await asyncio.sleep(2.1)  # past the reconciler's keep of its last read
+    both = [
+        {"key": "node.kubernetes.io/unreachable", "effect": "NoSchedule"},
+        {"key": "node.kubernetes.io/unreachable", "effect": "NoExecute"},
+    ]
+    api.edit("nodes", None, "worker-1", {"spec": {"taints": both}})  # a look, as KCM's pass
+    await eventually(lambda: api.get("pods", "ci", f"{name}-0") is None)
+    [(_, _, _, options)] = api.deletes
+    assert options["gracePeriodSeconds"] == 0
 
 
 async def test_hand_scaled_statefulset_is_patched_back_after_a_conflict(

@@ -717,6 +717,62 @@ def test_a_node_silent_for_a_moment_is_left_alone_until_it_has_been_silent_long(
     assert forced.force
 
 
+@pytest.mark.parametrize("deleting", [False, True])
+@pytest.mark.parametrize("taints", [(UNREACHABLE_NOSCHEDULE, UNREACHABLE), ()])
+def test_a_silent_node_whose_kubelet_renews_its_lease_is_alive_nothing_moves(
+    deleting: bool, taints: tuple[Taint, ...]
+) -> None:
+    """After a kube-apiserver restart under load a kubelet can take longer than
+    NODE_DOWN_SECONDS to post Ready again, while it renews its Lease as always (found by the
+    sustained load: three runs' placeholders forced off live nodes, each run's next task
+    on another node). A kubelet that renews is alive: no force, no move, no hold; looked
+    at again when the renewal would be old."""
+    node = Node("worker-1", False, taints, ready="Unknown", ready_since=SILENT_SINCE - 30)
+    observed, _ = _on_dead_node(node, deleting=deleting, deletion_due=NOW - 60)
+    observed = replace(observed, node_renewed={"worker-1": NOW - 4})
+    result = plan(observed, SETTINGS, NOW)
+    assert not only(result, DeletePlaceholderPod)
+    assert not only(result, HoldPinnedPlaceholder)
+    assert result.requeue is not None
+    assert result.requeue.after == pytest.approx(NODE_DOWN_SECONDS - 4)
+    # The same node, once its kubelet has not renewed for NODE_DOWN_SECONDS: dead, forced.
+    later = NOW + NODE_DOWN_SECONDS
+    [forced] = only(plan(observed, SETTINGS, later), DeletePlaceholderPod)
+    assert (forced.force, forced.reason) == (True, "node-down")
+
+
+@pytest.mark.parametrize(
+    "renewed",
+    [
+        {"worker-1": NOW - NODE_DOWN_SECONDS},  # renewed last as long ago as it is silent
+        {"worker-1": SILENT_SINCE - 40},  # before it went silent: the usual dead node
+        {"worker-2": NOW},  # another node's
+        {},  # not read (no Role, a refused read)
+    ],
+)
+def test_a_silent_node_whose_lease_is_old_or_unread_is_dead_as_before(
+    renewed: dict[str, float],
+) -> None:
+    node = Node("worker-1", False, (UNREACHABLE,), ready="Unknown", ready_since=SILENT_SINCE)
+    observed, ppod = _on_dead_node(node)
+    [forced] = only(
+        plan(replace(observed, node_renewed=renewed), SETTINGS, NOW), DeletePlaceholderPod
+    )
+    assert (forced.name, forced.force) == (ppod.name, True)
+
+
+def test_a_renewing_kubelet_on_a_node_holding_the_runs_data_raises_no_warning() -> None:
+    """A node-local volume's placeholder on a silent node is held and explained; on a node
+    whose kubelet renews, there is nothing to explain yet."""
+    node = Node("worker-1", False, (UNREACHABLE,), ready="Unknown", ready_since=SILENT_SINCE)
+    observed, _ = _on_dead_node(node)
+    local = _pinned("pv-local-1", "kubernetes.io/hostname", "worker-1")
+    held = replace(observed, placeholder_volumes=(("source", local),))
+    assert only(plan(held, SETTINGS, NOW), HoldPinnedPlaceholder)
+    renewing = replace(held, node_renewed={"worker-1": NOW - 1})
+    assert not only(plan(renewing, SETTINGS, NOW), HoldPinnedPlaceholder)
+
+
 def test_every_node_silent_is_the_control_planes_problem_nothing_is_forced() -> None:
     node = Node("worker-1", False, (UNREACHABLE,), ready="Unknown", ready_since=SILENT_SINCE)
     observed, _ = _on_dead_node(node)
