@@ -484,9 +484,12 @@ class KubeClient:
         *,
         content_type: str = "application/merge-patch+json",
         params: Mapping[str, Any] | None = None,
+        accept: str | None = None,
     ) -> dict[str, Any]:
+        """``accept``: the answer's representation (``METADATA_ACCEPT``: the patched
+        object's metadata alone, for a caller that does not read the rest)."""
         return await self._request(
-            "PATCH", path, body=body, content_type=content_type, params=params
+            "PATCH", path, body=body, content_type=content_type, params=params, accept=accept
         )
 
     async def delete(
