@@ -1,7 +1,8 @@
 """Metadata-only caches on the real kube-apiserver: the webhook's marked-pod and namespace
 caches list and watch PartialObjectMetadata (no spec, no status: a fraction of a Tekton
 pod to read and decode), with the webhook's own ServiceAccount (no new RBAC), and still
-answer: the first pod's claim decision, a namespace's labels."""
+answer: the first pod's claim decision, a namespace's labels. A patch asking for metadata
+(the reconciler's release) is answered with it."""
 
 from __future__ import annotations
 
@@ -11,7 +12,13 @@ from collections.abc import Callable
 import pytest
 
 from coschedule.kube.claim_cache import ClaimCache
-from coschedule.kube.client import KubeClient, from_kubeconfig
+from coschedule.kube.client import (
+    JSON_PATCH,
+    METADATA_ACCEPT,
+    KubeClient,
+    from_kubeconfig,
+    object_path,
+)
 from coschedule.kube.informer import Informer, Obj
 from coschedule.kube.namespace_cache import NamespaceCache
 from coschedule.marks import (
@@ -57,6 +64,8 @@ def test_marked_pods_and_namespaces_are_watched_as_metadata_and_answer(
     api.create(marked_pod(ns, "first"))
     assert e2e.product.webhook_kubeconfig is not None
     creds = from_kubeconfig(e2e.product.webhook_kubeconfig)
+    assert e2e.product.reconciler_kubeconfig is not None
+    reconciler = from_kubeconfig(e2e.product.reconciler_kubeconfig)
     seen: list[Obj] = []
 
     def raw(obj: Obj) -> Obj:
@@ -65,6 +74,7 @@ def test_marked_pods_and_namespaces_are_watched_as_metadata_and_answer(
 
     async def watch() -> None:
         client = KubeClient(creds, user_agent="coschedule-webhook")
+        releaser = KubeClient(reconciler, user_agent="coschedule-reconciler")
         claims = ClaimCache(client)
         namespaces = NamespaceCache(Informer(client, "/api/v1/namespaces", name="namespaces"))
         # What the API server sends the marked-pod cache, before its transform.
@@ -103,11 +113,28 @@ def test_marked_pods_and_namespaces_are_watched_as_metadata_and_answer(
             await eventually(lambda: (namespaces.get(ns) or info).labels.get(LABEL) == "after")
             # The list's first pod, the watch's second, then the first's status change.
             await eventually(lambda: len(seen) >= 3)
+            # A patch (the reconciler's release) answered with the pod's metadata alone.
+            answer = await releaser.patch(
+                object_path("v1", "pods", ns, "second"),
+                [
+                    {
+                        "op": "add",
+                        "path": "/metadata/labels/e2e.coschedule.dev~1patched",
+                        "value": "y",
+                    }
+                ],
+                content_type=JSON_PATCH,
+                accept=METADATA_ACCEPT,
+            )
+            assert answer["kind"] == "PartialObjectMetadata", answer
+            assert "spec" not in answer
+            assert answer["metadata"]["labels"]["e2e.coschedule.dev/patched"] == "y"
         finally:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             await client.aclose()
+            await releaser.aclose()
 
     asyncio.run(watch())
     assert {o["metadata"]["name"] for o in seen} == {"first", "second"}
