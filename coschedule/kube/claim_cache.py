@@ -88,6 +88,8 @@ class ClaimCache:
             transform=_sts_transform,
         )
         # Marked pods: the run's claim decision, taken by its first pod, binds the rest.
+        # Read from labels and annotations alone: every event of every run pod comes, so
+        # the watch sends metadata only, not whole pods.
         self.pods = Informer(
             client,
             "/api/v1/pods",
@@ -95,6 +97,7 @@ class ClaimCache:
             label_selector=LABEL_PLACEHOLDER,
             transform=_pod_transform,
             indexers={"placeholder": decision_placeholder},
+            metadata_only=True,
         )
         self._waiters: dict[str, list[asyncio.Event]] = defaultdict(list)
         self.claims.add_handler(self._on_claim)

@@ -30,6 +30,12 @@ from coschedule.k8s.timefmt import parse_time
 from coschedule.kube.reachability import ApiReachability, is_unreachable
 
 JSON_PATCH = "application/json-patch+json"  # the content type of a JSON patch (RFC 6902)
+# Metadata only (client-go's metadata informer): the API server answers a list or a watch
+# with PartialObjectMetadata(List), each object's metadata and nothing else; a server that
+# does not convert answers the plain JSON after the comma (the same objects, whole).
+_AS_METADATA = "application/json;as=PartialObjectMetadata{};g=meta.k8s.io;v=v1,application/json"
+METADATA_LIST_ACCEPT = _AS_METADATA.format("List")
+METADATA_ACCEPT = _AS_METADATA.format("")
 SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 TOKEN_REREAD_SECONDS = 60.0
 
@@ -430,9 +436,12 @@ class KubeClient:
         params: Mapping[str, Any] | None = None,
         body: Any = None,
         content_type: str = "application/json",
+        accept: str | None = None,
     ) -> dict[str, Any]:
         content = orjson.dumps(body) if body is not None else None
-        headers = {"Content-Type": content_type} if content is not None else None
+        headers = {"Content-Type": content_type} if content is not None else {}
+        if accept is not None:
+            headers["Accept"] = accept
         try:
             response = await self._http.request(
                 method, path, params=params, content=content, headers=headers
@@ -455,8 +464,11 @@ class KubeClient:
                 return None
             raise
 
-    async def list(self, path: str, params: Mapping[str, Any] | None = None) -> dict[str, Any]:
-        return await self._request("GET", path, params=params)
+    async def list(
+        self, path: str, params: Mapping[str, Any] | None = None, *, accept: str | None = None
+    ) -> dict[str, Any]:
+        """One page of a list; ``accept``: another representation (``METADATA_LIST_ACCEPT``)."""
+        return await self._request("GET", path, params=params, accept=accept)
 
     async def create(self, path: str, body: Mapping[str, Any]) -> dict[str, Any]:
         return await self._request("POST", path, body=body)
@@ -472,9 +484,12 @@ class KubeClient:
         *,
         content_type: str = "application/merge-patch+json",
         params: Mapping[str, Any] | None = None,
+        accept: str | None = None,
     ) -> dict[str, Any]:
+        """``accept``: the answer's representation (``METADATA_ACCEPT``: the patched
+        object's metadata alone, for a caller that does not read the rest)."""
         return await self._request(
-            "PATCH", path, body=body, content_type=content_type, params=params
+            "PATCH", path, body=body, content_type=content_type, params=params, accept=accept
         )
 
     async def delete(
@@ -497,12 +512,14 @@ class KubeClient:
         params: Mapping[str, Any],
         *,
         opened: Callable[[], None] | None = None,
+        accept: str | None = None,
     ) -> AsyncIterator[dict[str, Any]]:
         """Stream watch events (``{"type": ..., "object": {...}}``) until the server ends it;
-        ``opened()`` once the server accepted the watch (before any event)."""
+        ``opened()`` once the server accepted the watch (before any event); ``accept``: the
+        objects' representation (``METADATA_ACCEPT``)."""
         query = {**params, "watch": "true"}
         timeout = httpx.Timeout(None, connect=5.0)  # a watch is long by design
-        async with self._stream(path, query, timeout) as response:
+        async with self._stream(path, query, timeout, accept) as response:
             if response.status_code >= 300:
                 await response.aread()
                 raise _error(response)
@@ -517,10 +534,13 @@ class KubeClient:
 
     @contextlib.asynccontextmanager
     async def _stream(
-        self, path: str, query: Mapping[str, Any], limits: httpx.Timeout
+        self, path: str, query: Mapping[str, Any], limits: httpx.Timeout, accept: str | None
     ) -> AsyncIterator[httpx.Response]:
+        headers = {"Accept": accept} if accept is not None else None
         try:
-            async with self._http.stream("GET", path, params=query, timeout=limits) as response:
+            async with self._http.stream(
+                "GET", path, params=query, timeout=limits, headers=headers
+            ) as response:
                 self.reachability.answered()
                 yield response
         except httpx.TransportError as exc:

@@ -9,6 +9,10 @@ Handlers see every change once, in order, as ``(event_type, obj, old)`` (``old``
 object as the cache held it before, None if new). Indexes (controller-runtime's
 ``IndexField``, kopf's ``@kopf.index``) are kept by the informer on every change, before
 handlers run: ``Informer(indexers={"run": fn})`` then ``by_index("run", value)``.
+A cache whose transform reads only metadata is ``metadata_only`` (client-go's metadata
+informer): the API server sends each object's metadata alone (PartialObjectMetadata), far
+less to read and decode than a whole pod; a server that does not convert sends the whole
+object, which the transform reads the same. The same list and watch verbs: no new RBAC.
 """
 
 from __future__ import annotations
@@ -21,7 +25,12 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
-from coschedule.kube.client import ApiError, KubeClient
+from coschedule.kube.client import (
+    METADATA_ACCEPT,
+    METADATA_LIST_ACCEPT,
+    ApiError,
+    KubeClient,
+)
 from coschedule.kube.reachability import describe, is_unreachable
 
 log = logging.getLogger("coschedule.informer")
@@ -75,8 +84,11 @@ class Informer:
         on_relist: Callable[[], None] | None = None,
         page_size: int = 500,
         indexers: Mapping[str, IndexFunc] | None = None,
+        metadata_only: bool = False,
     ) -> None:
         self.client = client
+        # Only for a transform that reads nothing but ``metadata``.
+        self.metadata_only = metadata_only
         self.path = path
         self.name = name
         self.selectors: dict[str, str] = {}
@@ -196,7 +208,9 @@ class Informer:
         items: dict[str, Obj] = {}
         params: dict[str, Any] = {**self.selectors, "limit": self.page_size}
         while True:
-            page = await self.client.list(self.path, params)
+            page = await self.client.list(
+                self.path, params, accept=METADATA_LIST_ACCEPT if self.metadata_only else None
+            )
             for item in page.get("items") or ():
                 if isinstance(item, dict):
                     obj = self.transform(item)
@@ -235,7 +249,8 @@ class Informer:
             "allowWatchBookmarks": "true",
             "timeoutSeconds": WATCH_TIMEOUT_SECONDS,
         }
-        async for event in self.client.watch(self.path, params, opened=self._opened):
+        accept = METADATA_ACCEPT if self.metadata_only else None
+        async for event in self.client.watch(self.path, params, opened=self._opened, accept=accept):
             self._heard()
             event_type = event.get("type")
             obj = event.get("object")

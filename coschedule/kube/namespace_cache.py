@@ -22,6 +22,7 @@ class NamespaceCache:
     def __init__(self, informer: Informer) -> None:
         self.informer = informer
         informer.transform = _labels_only
+        informer.metadata_only = True  # labels are all it reads
 
     def get(self, name: str) -> NamespaceInfo | None:
         obj = self.informer.get(name)

@@ -296,6 +296,15 @@ class Controller:
         if event == "DELETED":
             self._bad_logged.pop(object_key(obj), None)
             self.executor.forget_pod(object_key(obj))
+        elif (
+            old is not None
+            and event_keys.same_but_version(old, obj)
+            and node_pin.gate_index(obj.get("spec") or {}) is None
+        ):
+            # Nothing a pass reads changed (the cache, which keeps only that, is updated):
+            # most events of a running pod, its containers starting, its probes. A gated
+            # pod's every event still starts one (a release refused as stale waits on it).
+            return
         for key in event_keys.marked_pod_keys(event, obj, old):
             # A run whose placeholder is still to make goes first (its pods wait on it).
             self.queue.add(key, urgent=self.statefulsets.get(key) is None)

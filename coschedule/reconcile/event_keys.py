@@ -59,6 +59,17 @@ def marked_pod_keys(event: str, obj: Obj, old: Obj | None) -> list[str]:
     return list(dict.fromkeys(keys))
 
 
+def same_but_version(old: Obj, obj: Obj) -> bool:
+    """Whether two cached (slim) objects differ in their resourceVersion alone: the change
+    was to nothing the cache keeps (a running pod's container statuses, a probe)."""
+    if old.keys() != obj.keys():
+        return False
+    meta, old_meta = obj.get("metadata") or {}, old.get("metadata") or {}
+    if {**meta, "resourceVersion": None} != {**old_meta, "resourceVersion": None}:
+        return False
+    return all(value == old[key] for key, value in obj.items() if key != "metadata")
+
+
 def placeholder_pod_keys(event: str, obj: Obj, old: Obj | None) -> list[str]:
     return placeholder_pod_key(obj) or (placeholder_pod_key(old) if old is not None else [])
 

@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, Never, NoReturn
 
 from coschedule.concurrency.runs import Run
-from coschedule.kube.client import JSON_PATCH, ApiError, KubeClient, object_path
+from coschedule.kube.client import JSON_PATCH, METADATA_ACCEPT, ApiError, KubeClient, object_path
 from coschedule.kube.events import record_event
 from coschedule.kube.informer import Obj
 from coschedule.marks import LABEL_INSTANCE
@@ -339,7 +339,10 @@ class Executor:
             return
         path = object_path("v1", "pods", action.namespace, action.name)
         try:
-            await self.client.patch(path, list(action.ops), content_type=JSON_PATCH)
+            # The answer is not read: its metadata alone, not the whole pod, to decode.
+            await self.client.patch(
+                path, list(action.ops), content_type=JSON_PATCH, accept=METADATA_ACCEPT
+            )
         except ApiError as exc:
             if exc.status not in STALE:
                 raise

@@ -197,3 +197,36 @@ async def test_indexes_follow_adds_updates_deletes_and_relists(
     assert names(informer, "r1") == ["d"]
     assert names(informer, "r2") == []
     assert informer.index_values("run") == {"r1"}
+
+
+async def test_a_metadata_only_informer_asks_for_metadata_and_takes_whole_objects(
+    api: MiniApi, client: KubeClient, running: list[asyncio.Task[None]]
+) -> None:
+    """The list and the watch ask for PartialObjectMetadata (with plain JSON as the
+    fallback); the emulator answers whole pods, as a server that does not convert does, and
+    the transform reads them the same. A plain informer asks for plain JSON."""
+    whole = pod("a", run="r1")
+    whole["spec"] = {"containers": [{"name": "step", "image": "busybox"}]}
+    whole["status"] = {"phase": "Running"}
+    api.put("pods", whole)
+    metadata = Informer(
+        client,
+        "/api/v1/pods",
+        name="marked",
+        transform=lambda obj: {"metadata": obj["metadata"]},
+        indexers={"run": by_run},
+        metadata_only=True,
+    )
+    plain = Informer(client, "/api/v1/nodes", name="nodes")
+    start(metadata, running)
+    start(plain, running)
+    await asyncio.wait_for(metadata.synced.wait(), 3)
+    await eventually(lambda: api.count("WATCH", "pods") == 1 and api.count("WATCH", "nodes") == 1)
+    api.put("pods", pod("b", run="r1"))
+    await eventually(lambda: names(metadata, "r1") == ["a", "b"])
+
+    accepts = {(verb, plural): accept for verb, plural, accept in api.accepts}
+    as_meta = "application/json;as=PartialObjectMetadata{};g=meta.k8s.io;v=v1,application/json"
+    assert accepts[("GET", "pods")] == as_meta.format("List")
+    assert accepts[("WATCH", "pods")] == as_meta.format("")
+    assert accepts[("GET", "nodes")] == accepts[("WATCH", "nodes")] == "application/json"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-from coschedule.kube.client import KubeClient
+from coschedule.kube.client import METADATA_ACCEPT, METADATA_LIST_ACCEPT, KubeClient
 from coschedule.kube.informer import Informer
 from coschedule.kube.namespace_cache import NamespaceCache
 from tests.reconcile.apiserver import MiniApi
@@ -44,6 +44,11 @@ async def test_labels_are_listed_then_followed_through_the_watch(
         [(_, _, query)] = api.calls("WATCH", "namespaces")
         assert query["watch"] == "true"
         assert api.count("GET", "namespaces") == 1  # followed, never relisted
+        # Labels are all it reads: asked for as metadata (whole objects answered here).
+        assert [(verb, accept) for verb, _, accept in api.accepts] == [
+            ("GET", METADATA_LIST_ACCEPT),
+            ("WATCH", METADATA_ACCEPT),
+        ]
     finally:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):

@@ -173,6 +173,9 @@ class MiniApi:
         self.url = ""
         # (verb, plural, namespace, name, query): verb is WATCH for watches, else the method.
         self.requests: list[tuple[str, str, str | None, str | None, dict[str, str]]] = []
+        # (verb, plural, the Accept header): answered as plain JSON whatever it asks, as a
+        # server that does not convert to PartialObjectMetadata does.
+        self.accepts: list[tuple[str, str, str]] = []
         self.deletes: list[tuple[str, str | None, str, Any]] = []  # with the DeleteOptions
         self.delays: dict[tuple[str, str], float] = {}  # (VERB, plural) -> seconds to hang
         self.faults: dict[tuple[str, str], list[int]] = {}  # (METHOD, plural) -> statuses
@@ -290,6 +293,7 @@ class MiniApi:
         method = str(request.method.value)
         verb = "WATCH" if request.action == kmock.action.WATCH else method
         self.requests.append((verb, plural, request.namespace, request.name, dict(request.params)))
+        self.accepts.append((verb, plural, str(request.headers.get("Accept") or "")))
         if self.tokens is not None:
             sent = str(request.headers.get("Authorization") or "").removeprefix("Bearer ")
             if sent not in self.tokens:

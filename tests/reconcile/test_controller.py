@@ -792,3 +792,59 @@ async def test_owner_lookup_outage_does_not_delay_the_placeholder(
     )
     refs = (api.get("statefulsets", "ci", name) or {})["metadata"]["ownerReferences"]
     assert refs[0]["uid"] == PIPELINERUN_UID
+
+
+async def test_a_running_pods_status_only_events_start_no_pass_its_end_does(
+    api: MiniApi, client: KubeClient
+) -> None:
+    """The kubelet's many writes to a running pod (containers started, ready, probes) change
+    nothing a pass reads: the cache follows them, no pass starts. The pod's end does."""
+    seed_cluster(api)
+    manager, controller = placeholder_controller(client, SETTINGS, owner_recheck=3600)
+    try:
+        await start(manager)
+        pod = marked_pod("tekton-taskrun", node="worker-1")
+        name = placeholder_of(pod)
+        api.put("pods", pod)
+        await eventually(lambda: api.get("statefulsets", "ci", name) is not None)
+        api.put("pods", placeholder_pod(name, "worker-1"))
+        pod_key = f"ci/{pod['metadata']['name']}"
+
+        def cached_version(key: str) -> str:
+            return str(
+                ((controller.pods.get(key) or {}).get("metadata") or {}).get("resourceVersion")
+            )
+
+        def passes() -> float:
+            return metric(controller, "coschedule_reconcile_total", controller="placeholder")
+
+        async def settled() -> float:
+            while True:  # no pass for 0.3 s, none queued
+                seen = passes()
+                await asyncio.sleep(0.3)
+                if passes() == seen and not controller.queue.busy:
+                    return seen
+
+        before = await settled()
+        for ready in (False, True, False):
+            status = {
+                "containerStatuses": [
+                    {"name": "step", "ready": ready, "state": {"running": {"startedAt": "x"}}}
+                ],
+                "conditions": [{"type": "Ready", "status": str(ready)}],
+            }
+            stored = api.edit("pods", "ci", pod["metadata"]["name"], {"status": status})
+            version = str(stored["metadata"]["resourceVersion"])
+            await eventually(lambda v=version: cached_version(pod_key) == v)  # type: ignore[misc]
+        assert await settled() == before
+
+        done = {
+            "phase": "Succeeded",
+            "containerStatuses": [
+                {"name": "step", "state": {"terminated": {"finishedAt": "2026-11-21T06:05:00Z"}}}
+            ],
+        }
+        api.edit("pods", "ci", pod["metadata"]["name"], {"status": done})
+        await eventually(lambda: passes() > before)
+    finally:
+        await manager.stop()

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import copy
+from collections.abc import Callable
 from typing import Any, cast
 
 from coschedule.kube.client import KubeClient
 from coschedule.kube.informer import Informer, Obj
-from coschedule.reconcile import shapes
+from coschedule.reconcile import shapes, stuck
 from coschedule.reconcile.event_keys import (
     BY_NODE,
     BY_PLACEHOLDER,
@@ -15,7 +17,9 @@ from coschedule.reconcile.event_keys import (
     marked_pod_keys,
     node_keys,
     placeholder_pod_keys,
+    same_but_version,
 )
+from tests.reconcile.pods import marked_pod
 
 # The informers are fed by hand (``apply``, as their watch does): no API is reached.
 NO_CLIENT = cast(KubeClient, None)
@@ -149,3 +153,48 @@ def test_pods_that_are_not_our_placeholders_are_ignored() -> None:
     stranger["metadata"]["labels"]["app.kubernetes.io/managed-by"] = "helm"
     assert index.placeholder_pod("ADDED", stranger) == []
     assert index.node_pods == {}
+
+
+def _slim(pod: dict[str, Any]) -> Obj:
+    """The marked pod as the reconciler's cache keeps it."""
+    return stuck.with_scheduling(shapes.slim_marked_pod)(copy.deepcopy(pod))
+
+
+def test_a_running_pods_status_only_change_is_the_same_but_its_version() -> None:
+    pod = marked_pod("tekton-taskrun", node="worker-1")
+    before = _slim(pod)
+    # Containers starting, readiness, a probe: what the kubelet writes all run long.
+    pod["metadata"]["resourceVersion"] = "101"
+    pod["status"]["containerStatuses"] = [
+        {"name": "step", "ready": True, "state": {"running": {"startedAt": "2026-11-21T06:00:01Z"}}}
+    ]
+    pod["status"]["conditions"] = [{"type": "Ready", "status": "True"}]
+    after = _slim(pod)
+    assert after["metadata"]["resourceVersion"] != before["metadata"]["resourceVersion"]
+    assert same_but_version(before, after)
+
+    # What a pass reads: its phase, its end, its node, its marks, its deletion.
+    changes: list[Callable[[dict[str, Any]], None]] = [
+        lambda p: p["status"].update(phase="Succeeded"),
+        lambda p: p["status"].update(
+            containerStatuses=[
+                {"name": "step", "state": {"terminated": {"finishedAt": "2026-11-21T06:01:00Z"}}}
+            ]
+        ),
+        lambda p: p["spec"].update(nodeName="worker-2"),
+        lambda p: p["metadata"]["annotations"].update({"coschedule.dev/pinned-node": "worker-2"}),
+        lambda p: p["metadata"].update(deletionTimestamp="2026-11-21T06:02:00Z"),
+    ]
+    for change in changes:
+        changed = copy.deepcopy(pod)
+        change(changed)
+        assert not same_but_version(after, _slim(changed))
+
+
+def test_a_pending_pods_scheduling_condition_is_not_the_same() -> None:
+    pod = marked_pod("tekton-taskrun")
+    before = _slim(pod)
+    pod["status"]["conditions"] = [
+        {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "no"}
+    ]
+    assert not same_but_version(before, _slim(pod))

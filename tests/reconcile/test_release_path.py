@@ -13,7 +13,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from coschedule.config.settings import Settings
-from coschedule.kube.client import KubeClient
+from coschedule.kube.client import METADATA_ACCEPT, KubeClient
 from coschedule.marks import GATE_PLACEHOLDER, Mode
 from coschedule.placement import node_pin
 from coschedule.reconcile.executor import Executor
@@ -72,6 +72,12 @@ async def test_every_release_of_a_pass_takes_effect_and_a_stale_one_stops_none(
         pinned = node_pin.pinned_node(stored["metadata"])
         assert pinned == (None if index == 2 else NODE), index
     assert api.count("PATCH", "pods") == 5
+    # The answers are not read: each asks for the pod's metadata alone (the emulator, like a
+    # server that does not convert, answers the whole pod, which is taken the same).
+    patches = [
+        accept for verb, plural, accept in api.accepts if (verb, plural) == ("PATCH", "pods")
+    ]
+    assert patches == [METADATA_ACCEPT] * 5
 
 
 async def test_a_release_is_not_sent_again_from_the_version_it_was_planned_from(
