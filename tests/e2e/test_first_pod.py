@@ -1,8 +1,10 @@
 """The first pod sooner: a PipelineRun's placeholder is made when the run is created, so it
 is bound before Tekton creates the first TaskRun's pod, and the webhook pins that pod at
 admission (no scheduling gate, no release patch). A held run gets no placeholder until it is
-started; a run deleted at once leaves none behind. Real kube-apiserver, scheduler and
-controller-manager; the test plays Tekton (the run, then its first TaskRun's pod)."""
+started; a run deleted at once leaves none behind. A first pod that beats the placeholder's
+binding (the scheduler paused) waits for it at admission and is pinned, or, past the wait's
+bound, is gated as before. Real kube-apiserver, scheduler and controller-manager; the test
+plays Tekton (the run, then its first TaskRun's pod)."""
 
 from __future__ import annotations
 
