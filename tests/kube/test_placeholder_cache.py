@@ -13,6 +13,7 @@ from coschedule.kube.client import KubeClient
 from coschedule.kube.placeholder_cache import SELECTOR, PlaceholderCache
 from coschedule.marks import placeholder_labels
 from coschedule.mutate.bind_wait import PendingPod, PlaceholderProgress
+from tests.kube.test_informer import running as running
 from tests.reconcile.apiserver import MiniApi
 from tests.reconcile.conftest import eventually
 
@@ -139,7 +140,7 @@ async def test_a_relist_after_a_compacted_watch_catches_up(
 
 
 async def test_an_unbound_placeholders_progress_and_a_wait_woken_by_the_binding(
-    api: MiniApi, client: KubeClient
+    api: MiniApi, client: KubeClient, running: list[asyncio.Task[None]]
 ) -> None:
     """What a run's first pod's admission reads of a placeholder on its way (when its
     StatefulSet and its pod were made, whether the scheduler cannot place it), and the wait
@@ -156,39 +157,30 @@ async def test_an_unbound_placeholders_progress_and_a_wait_woken_by_the_binding(
         "spec": {"replicas": 1},
     }
     api.put("statefulsets", sts)
-    tasks = [asyncio.create_task(i.run()) for i in (cache.informer, claims.statefulsets)]
-    try:
-        await asyncio.wait_for(cache.informer.synced.wait(), 3)
-        await asyncio.wait_for(claims.statefulsets.synced.wait(), 3)
-        assert cache.progress("ci", "affinity-assistant-aaa") == PlaceholderProgress(
-            parse_time("2026-11-27T13:00:05Z"), ()
-        )
-        assert cache.progress("ci", "affinity-assistant-zzz") == PlaceholderProgress()
-        # The StatefulSet's pod, made by kube-controller-manager; then said Unschedulable.
-        made = placeholder_pod("ci", "affinity-assistant-aaa")
-        made["metadata"]["creationTimestamp"] = "2026-11-27T13:00:06Z"
-        api.put("pods", made)
-        pending = PendingPod(parse_time("2026-11-27T13:00:06Z"), False)
-        await eventually(lambda: cache.progress("ci", "affinity-assistant-aaa").pods == (pending,))
-        condition = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}
-        api.edit("pods", "ci", "affinity-assistant-aaa-0", {"status": {"conditions": [condition]}})
-        await eventually(
-            lambda: cache.progress("ci", "affinity-assistant-aaa").pods[0].unschedulable
-        )
+    running += [asyncio.create_task(i.run()) for i in (cache.informer, claims.statefulsets)]
+    await asyncio.wait_for(cache.informer.synced.wait(), 3)
+    await asyncio.wait_for(claims.statefulsets.synced.wait(), 3)
+    assert cache.progress("ci", "affinity-assistant-aaa") == PlaceholderProgress(
+        parse_time("2026-11-27T13:00:05Z"), ()
+    )
+    assert cache.progress("ci", "affinity-assistant-zzz") == PlaceholderProgress()
+    # The StatefulSet's pod, made by kube-controller-manager; then said Unschedulable.
+    made = placeholder_pod("ci", "affinity-assistant-aaa")
+    made["metadata"]["creationTimestamp"] = "2026-11-27T13:00:06Z"
+    api.put("pods", made)
+    pending = PendingPod(parse_time("2026-11-27T13:00:06Z"), False)
+    await eventually(lambda: cache.progress("ci", "affinity-assistant-aaa").pods == (pending,))
+    condition = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}
+    api.edit("pods", "ci", "affinity-assistant-aaa-0", {"status": {"conditions": [condition]}})
+    await eventually(lambda: cache.progress("ci", "affinity-assistant-aaa").pods[0].unschedulable)
 
-        # A wait over at its bound, and one woken by the binding as the watch delivers it.
-        assert not await cache.wait_bound("ci", "affinity-assistant-aaa", 0.1)
-        waiting = asyncio.create_task(cache.wait_bound("ci", "affinity-assistant-aaa", 10))
-        await asyncio.sleep(0.05)
-        assert not waiting.done()
-        api.edit("pods", "ci", "affinity-assistant-aaa-0", {"spec": {"nodeName": "node-a"}})
-        assert await asyncio.wait_for(waiting, 3)
-        assert cache.progress("ci", "affinity-assistant-aaa").pods == ()  # bound: not pending
-        assert await cache.wait_bound("ci", "affinity-assistant-aaa", 0)  # bound already
-        assert cache._waiters == {}  # nothing left behind by either wait
-    finally:
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+    # A wait over at its bound, and one woken by the binding as the watch delivers it.
+    assert not await cache.wait_bound("ci", "affinity-assistant-aaa", 0.1)
+    waiting = asyncio.create_task(cache.wait_bound("ci", "affinity-assistant-aaa", 10))
+    await asyncio.sleep(0.05)
+    assert not waiting.done()
+    api.edit("pods", "ci", "affinity-assistant-aaa-0", {"spec": {"nodeName": "node-a"}})
+    assert await asyncio.wait_for(waiting, 3)
+    assert cache.progress("ci", "affinity-assistant-aaa").pods == ()  # bound: not pending
+    assert await cache.wait_bound("ci", "affinity-assistant-aaa", 0)  # bound already
+    assert cache._waiters == {}  # nothing left behind by either wait

@@ -124,6 +124,20 @@ async def watched(api: MiniApi, server: RunningServer, http: httpx.AsyncClient) 
     await until(server, pinned)
 
 
+async def unbound(
+    api: MiniApi, start: Callable[[], Awaitable[RunningServer]]
+) -> tuple[RunningServer, Obj, str]:
+    """The webhook ready, then the run's placeholder made just now (its StatefulSet, and its
+    pod by kube-controller-manager), not bound yet (kube-scheduler's turn): worth a wait.
+    Returns the server, the run's first pod and its placeholder."""
+    server = await start()
+    pod = load_pod(POD)
+    placeholder = placeholder_of(pod)
+    api.put("statefulsets", statefulset(placeholder))
+    api.put("pods", young_pod(placeholder))
+    return server, pod, placeholder
+
+
 async def timed_admit(http: httpx.AsyncClient, review: Obj) -> tuple[Obj, float]:
     began = time.monotonic()
     response = await admit_pod(http, review)
@@ -133,11 +147,7 @@ async def timed_admit(http: httpx.AsyncClient, review: Obj) -> tuple[Obj, float]
 async def test_a_pod_before_its_placeholder_is_bound_waits_and_is_pinned_at_admission(
     api: MiniApi, start: Callable[[], Awaitable[RunningServer]]
 ) -> None:
-    server = await start()
-    pod = load_pod(POD)
-    placeholder = placeholder_of(pod)
-    api.put("statefulsets", statefulset(placeholder))
-    api.put("pods", young_pod(placeholder))  # made by kube-controller-manager just now
+    server, pod, placeholder = await unbound(api, start)
     async with https(server) as http:
         await watched(api, server, http)
         review = admission_review(pod)
@@ -176,13 +186,7 @@ async def test_a_pod_before_its_placeholder_is_bound_waits_and_is_pinned_at_admi
 async def test_not_bound_within_the_bound_the_pod_is_gated_and_the_runs_next_pod_waits_not(
     api: MiniApi, start: Callable[[], Awaitable[RunningServer]]
 ) -> None:
-    server = await start()
-    pod = load_pod(POD)
-    placeholder = placeholder_of(pod)
-    # Made a moment ago, not bound yet (kube-scheduler's turn): worth a wait; here nobody
-    # binds it.
-    api.put("statefulsets", statefulset(placeholder))
-    api.put("pods", young_pod(placeholder))
+    server, pod, _ = await unbound(api, start)  # and nobody binds it
     async with https(server) as http:
         await watched(api, server, http)
         review = admission_review(pod)
