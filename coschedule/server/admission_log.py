@@ -80,7 +80,7 @@ def decided(
     }
     if bind_wait is not None:
         extra["bind_wait_ms"] = round(bind_wait * 1000, 3)
-        extra["pinned"] = decision.allowed and decision.by_node_name and not decision.held
+        extra["pinned"] = decision.allowed and decision.by_node_name and not decision.unbound
     if review.dry_run:
         extra["dry_run"] = True
     if decision.warnings:

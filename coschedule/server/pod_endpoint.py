@@ -218,7 +218,8 @@ class PodEndpoint(AdmissionEndpoint):
     def _count_bind_wait(self, decision: Decision, began: float) -> float:
         """Count a decision made after a wait for the binding; return the seconds waited."""
         seconds = time.monotonic() - began
-        pinned = decision.allowed and decision.by_node_name and not decision.held
+        # A first admission placed by node name and not unbound: pinned.
+        pinned = decision.allowed and decision.by_node_name and not decision.unbound
         self.metrics.bind_waits.labels("pinned" if pinned else "gated").inc()
         self.metrics.bind_wait_seconds.observe(seconds)
         return seconds

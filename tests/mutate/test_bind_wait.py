@@ -76,7 +76,7 @@ def test_a_first_admission_held_only_because_the_placeholder_is_unbound_is_marke
     assert decision.placeholder is not None
     view.nodes[("ci", decision.placeholder)] = "node-a"
     pinned, _ = admit(load_pod(name), context(view))
-    assert not pinned.held
+    assert pinned.by_node_name
     assert not pinned.unbound
     # Reinvoked on its own gated output: stays as decided, never waits again.
     again, same = admit(patched, context(view))
