@@ -96,8 +96,9 @@ class PodEndpoint(AdmissionEndpoint):
         self._bind_timed_out: dict[tuple[str, str], float] = {}
 
     def admit(self, review: Review, start: float, may_wait: bool) -> Answer:
-        """With ``may_wait``, a pod denied only for claims the cache has not seen yet comes
-        back with a wait for them (and is not logged: the door decides again)."""
+        """With ``may_wait``, a pod denied only for claims the cache has not seen yet, or
+        gated only because its placeholder, on its way, is not bound yet, comes back with a
+        wait for them (and is not logged: the door decides again)."""
         record = self.metrics.admissions.record
         if not review.is_pod_create:
             # Only Pod CREATE is ours; anything else (a broad rule, a typo in the webhook
