@@ -53,6 +53,13 @@ DEFAULT_PLACEHOLDER_RESOURCES: Mapping[str, Mapping[str, str]] = {
 }
 DEFAULT_IDLE_GRACE_SECONDS = 300
 DEFAULT_STUCK_GRACE_SECONDS = 30
+# How long a run's first pod's admission may wait for its placeholder, made a moment ago,
+# to be bound (then it is pinned at admission, not gated). The seed's chain (StatefulSet ->
+# its pod -> bound -> the webhook's watch) measured on the quiet real stack: see
+# docs/benchmarks.md "The first pod sooner". The cap keeps it well inside the webhook's
+# 5 s timeoutSeconds, beside the other wait a request may have instead (caches, claims: 2 s).
+DEFAULT_PLACEHOLDER_BIND_WAIT_SECONDS = 2.0
+MAX_PLACEHOLDER_BIND_WAIT_SECONDS = 3.0
 
 # The keys this version understands. An unknown key is an error rather than silently
 # ignored: a typo in a ConfigMap must not fall back to a default nobody asked for.
@@ -68,6 +75,7 @@ KNOWN_KEYS: frozenset[str] = frozenset(
         "placeholder-priority-class",
         "idle-grace-seconds",
         "stuck-grace-seconds",
+        "placeholder-bind-wait-seconds",
         "rewrite-claims",
         "group-shared-claims",
         "scheduling-defaults",
@@ -136,6 +144,9 @@ class Settings:
     # How long a run's pod may stay Unschedulable because of the run's node before the
     # reconciler moves the run (when that loses nothing) or explains why not.
     stuck_grace_seconds: int = DEFAULT_STUCK_GRACE_SECONDS
+    # How long the webhook may hold a run's pod's admission for its placeholder, on its way
+    # but not bound yet, to be bound (then pinned at admission); 0: never, gate at once.
+    placeholder_bind_wait_seconds: float = DEFAULT_PLACEHOLDER_BIND_WAIT_SECONDS
     # Claim rewrite (opt-in): the run's engine-made unbound claims become the placeholder's
     # volumeClaimTemplates. Off (the default), the placeholder mounts the engine's claims:
     # one volume per workspace whatever the binding mode. It needs the reconciler to build
@@ -407,6 +418,20 @@ def _parse_seconds(key: str, text: str) -> int:
     return seconds
 
 
+def _parse_bind_wait(text: str) -> float:
+    key = "placeholder-bind-wait-seconds"
+    try:
+        seconds = float(text.strip())
+    except ValueError:
+        raise ConfigError(f'config key "{key}": {text.strip()!r} is not a number') from None
+    if not 0 <= seconds <= MAX_PLACEHOLDER_BIND_WAIT_SECONDS:  # also refuses nan and inf
+        raise ConfigError(
+            f'config key "{key}": {seconds:g} is not between 0 and '
+            f"{MAX_PLACEHOLDER_BIND_WAIT_SECONDS:g} (seconds; the webhook's timeout is 5 s)"
+        )
+    return seconds
+
+
 def parse_settings(raw: Mapping[str, str]) -> Settings:
     """Build settings from ``{key: text}``; raise ConfigError naming every offending key.
 
@@ -452,6 +477,8 @@ def parse_settings(raw: Mapping[str, str]) -> Settings:
     for key in ("idle-grace-seconds", "stuck-grace-seconds"):
         if (seconds := raw.get(key)) is not None and seconds.strip():
             kwargs[key.replace("-", "_")] = check(partial(_parse_seconds, key, seconds))
+    if (wait := raw.get("placeholder-bind-wait-seconds")) is not None and wait.strip():
+        kwargs["placeholder_bind_wait_seconds"] = check(partial(_parse_bind_wait, wait))
     for key, attr in (
         ("rewrite-claims", "rewrite_claims"),
         ("group-shared-claims", "group_shared_claims"),

@@ -11,6 +11,7 @@ import asyncio
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 
+from coschedule.k8s.timefmt import parse_time
 from coschedule.kube.client import KubeClient
 from coschedule.kube.informer import Informer, Obj
 from coschedule.marks import (
@@ -47,7 +48,17 @@ def _keeping(field: str, derive: Callable[[Obj], object]) -> Callable[[Obj], Obj
 
 
 _claim_transform = _keeping("info", claim_info)
-_sts_transform = _keeping("templates", statefulset_templates)
+_sts_templates = _keeping("templates", statefulset_templates)
+
+
+def _sts_transform(obj: Obj) -> Obj:
+    """A placeholder StatefulSet: its templates, and when it was made (the placeholder cache
+    reads that for a run's first pod: is its placeholder on its way?)."""
+    slim = _sts_templates(obj)
+    slim["created"] = parse_time((obj.get("metadata") or {}).get("creationTimestamp"))
+    return slim
+
+
 _pod_transform = _keeping("decision", pod_decision)
 
 

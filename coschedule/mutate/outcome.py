@@ -42,6 +42,9 @@ class Decision:
     # to pin: ``held``).
     by_node_name: bool = False
     held: bool = False
+    # Held on a first admission only because the placeholder's pod is not bound yet (it
+    # would be pinned were it bound): the webhook may wait for the binding and decide again.
+    unbound: bool = False
     trace: bool = True  # the steps write ``reasons`` (the context's ``explain``)
 
     @property

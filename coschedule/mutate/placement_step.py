@@ -87,6 +87,8 @@ def node_placement_ops(
             )
         return node
     decision.held = True
+    # Not on a reinvocation (the pod carries our earlier decision), nor without a view.
+    decision.unbound = node is None and previous is None and view is not None
     if gated:
         if trace:
             decision.reasons.append(

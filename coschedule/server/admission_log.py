@@ -5,7 +5,8 @@ built for an allowed pod unless DEBUG is on.
 The fields (``extra``, so the JSON formatter makes them keys): ``uid``, ``namespace``,
 ``pod`` (its name, or its generateName while it has none), ``run``, ``mode``,
 ``placeholder``, ``rule`` and ``latency_ms`` (body read to answer encoded), plus
-``warnings`` and ``ops`` where there are any; a refused request has ``endpoint``, ``status``,
+``warnings`` and ``ops`` where there are any, and ``bind_wait_ms`` and ``pinned`` after a
+wait for the placeholder's binding; a refused request has ``endpoint``, ``status``,
 ``error`` and ``client`` and no decision fields. The formatters (``coschedule.logs``) cap
 every field, so a request's oversized name cannot make an oversized line. The reconciler's
 action lines use the same names for ``run``, ``namespace`` and ``placeholder``.
@@ -47,8 +48,17 @@ def _latency_ms(start: float) -> float:
     return round((time.perf_counter() - start) * 1000, 3)
 
 
-def decided(review: Review, pod: Any, decision: Decision, settings: Settings, start: float) -> None:
-    """A decided pod: INFO when denied or warned, DEBUG when allowed as it is."""
+def decided(
+    review: Review,
+    pod: Any,
+    decision: Decision,
+    settings: Settings,
+    start: float,
+    bind_wait: float | None = None,
+) -> None:
+    """A decided pod: INFO when denied or warned, DEBUG when allowed as it is. After a wait
+    for the placeholder's binding (``bind_wait`` seconds), ``bind_wait_ms`` and ``pinned``
+    (bound in time: pinned at admission) say so."""
     if not decision.allowed:
         level, message = logging.INFO, "admission denied"
     elif decision.warnings:
@@ -68,6 +78,9 @@ def decided(review: Review, pod: Any, decision: Decision, settings: Settings, st
         "latency_ms": _latency_ms(start),
         "ops": len(decision.ops),
     }
+    if bind_wait is not None:
+        extra["bind_wait_ms"] = round(bind_wait * 1000, 3)
+        extra["pinned"] = decision.allowed and decision.by_node_name and not decision.unbound
     if review.dry_run:
         extra["dry_run"] = True
     if decision.warnings:

@@ -57,13 +57,15 @@ class ClusterLink:
             return cls()
         client = KubeClient(creds, user_agent="coschedule-webhook")
         informer = Informer(client, "/api/v1/namespaces", name="namespaces")
+        claims = ClaimCache(client)
         return cls(
             client,
             NamespaceCache(informer),
-            ClaimCache(client),
+            claims,
             VolumeCache(client),
             ControlCache(client),
-            PlaceholderCache(client),
+            # The StatefulSets are watched once, by the claim cache; both read them.
+            PlaceholderCache(client, claims.statefulsets),
         )
 
     @property

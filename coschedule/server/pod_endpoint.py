@@ -3,7 +3,15 @@
 decoder (``wire.lean``); an allowed pod's answer is joined from bytes, and nothing is logged
 for it unless DEBUG is on. Until the caches it decides from have been read once
 (``server.cache_gate``), a pod waits for them, bounded, and is decided then; still not read,
-the call fails (HTTP 503) and the webhook's failurePolicy applies."""
+the call fails (HTTP 503) and the webhook's failurePolicy applies.
+
+A run's pod that would be gated only because its placeholder is not bound yet, while that
+placeholder is on its way (``mutate.bind_wait``: made a moment ago, not reported
+Unschedulable), waits, bounded by ``placeholder-bind-wait-seconds``, for the placeholder
+cache's watch to deliver the binding, and is decided once more: pinned at admission, or,
+after the bound, gated as without the wait (the reconciler pins it). A placeholder that made
+one pod wait in vain makes its run's later pods wait no more (for a minute). A request waits
+once at most: after a wait for the caches or for a claim it is decided without another."""
 
 from __future__ import annotations
 
@@ -12,9 +20,12 @@ import time
 from collections.abc import Sequence
 from typing import Protocol
 
+from coschedule.config.settings import Settings
 from coschedule.config.store import SettingsStore
+from coschedule.mutate.bind_wait import PlaceholderProgress, on_its_way
 from coschedule.mutate.claim_rewrite import ClaimView
 from coschedule.mutate.decision import AdmissionContext, PlaceholderView, VolumeView, decide
+from coschedule.mutate.outcome import Decision
 from coschedule.server import admission_log
 from coschedule.server.admission import (
     AdmissionEndpoint,
@@ -40,6 +51,18 @@ class ClaimCacheView(ClaimView, Protocol):
     async def wait_for(self, namespace: str, names: Sequence[str], seconds: float) -> bool: ...
 
 
+class BindingWatch(Protocol):
+    """The placeholder cache, as a wait for a placeholder's binding reads it."""
+
+    def progress(self, namespace: str, placeholder: str) -> PlaceholderProgress: ...
+
+    async def wait_bound(self, namespace: str, placeholder: str, seconds: float) -> bool: ...
+
+
+class PlaceholderCacheView(PlaceholderView, BindingWatch, Protocol):
+    """The placeholder cache: the node each placeholder is bound to, and a wait for it."""
+
+
 class PodEndpoint(AdmissionEndpoint):
     def __init__(
         self,
@@ -50,6 +73,7 @@ class PodEndpoint(AdmissionEndpoint):
         volumes: VolumeView | None = None,
         placeholders: PlaceholderView | None = None,
         caches: CacheGate | None = None,
+        bindings: BindingWatch | None = None,
     ) -> None:
         super().__init__(metrics, lean.decode, mode="none", path="/mutate", object_field="pod")
         self.settings = settings
@@ -63,10 +87,18 @@ class PodEndpoint(AdmissionEndpoint):
         self.synced = caches is None or not caches.waiting()
         # namespace -> the context of its last admission (one entry per namespace seen).
         self._contexts: dict[str, AdmissionContext] = {}
+        self.bindings = bindings
+        # Request uid -> when its wait for a binding began (monotonic), until the door's
+        # second decision reads it: one entry per request waiting now.
+        self._bind_waits: dict[str, float] = {}
+        # (namespace, placeholder) -> when a wait for it ended unbound (monotonic): its
+        # run's later pods do not wait again for a while.
+        self._bind_timed_out: dict[tuple[str, str], float] = {}
 
     def admit(self, review: Review, start: float, may_wait: bool) -> Answer:
-        """With ``may_wait``, a pod denied only for claims the cache has not seen yet comes
-        back with a wait for them (and is not logged: the door decides again)."""
+        """With ``may_wait``, a pod denied only for claims the cache has not seen yet, or
+        gated only because its placeholder, on its way, is not bound yet, comes back with a
+        wait for them (and is not logged: the door decides again)."""
         record = self.metrics.admissions.record
         if not review.is_pod_create:
             # Only Pod CREATE is ours; anything else (a broad rule, a typo in the webhook
@@ -77,6 +109,8 @@ class PodEndpoint(AdmissionEndpoint):
             return b"", wait  # the door waits, then decides once more
         pod = review.object
         settings = self.settings.current
+        # The second decision of a request that waited for its placeholder's binding.
+        waited = self._bind_waits.pop(review.uid, None) if self._bind_waits else None
         try:
             namespace = review.namespace
             namespaces = self.namespaces
@@ -116,13 +150,21 @@ class PodEndpoint(AdmissionEndpoint):
                 "coschedule: internal error while deciding this pod; it was not changed. "
                 "Retry; if it persists, see the coschedule webhook logs.",
             ), None
+        if waited is not None:
+            waited = self._count_bind_wait(decision, waited)
         if decision.allowed:
+            if (
+                decision.unbound
+                and may_wait
+                and (wait := self._bind_wait(review, decision, settings)) is not None
+            ):
+                return b"", wait  # the door waits, then decides once more
             payload = allowed(review.uid, decision.ops, decision.warnings)
             seconds = time.perf_counter() - start
             record((decision.mode_label, "true", "200"), seconds, len(decision.ops))
             # Allowed without warnings: DEBUG, and nothing built unless DEBUG is on.
             if decision.warnings or log.isEnabledFor(logging.DEBUG):
-                admission_log.decided(review, pod, decision, settings, start)
+                admission_log.decided(review, pod, decision, settings, start, waited)
             return payload, None
         payload = denied(review.uid, decision.message or "", decision.warnings)
         record((decision.mode_label, "false", "403"), time.perf_counter() - start)
@@ -132,8 +174,56 @@ class PodEndpoint(AdmissionEndpoint):
             # for the watch (no API call), then decide once more.
             wait = claims.wait_for(review.namespace, decision.missing_claims, CLAIM_WAIT_SECONDS)
             return payload, wait
-        admission_log.decided(review, pod, decision, settings, start)
+        admission_log.decided(review, pod, decision, settings, start, waited)
         return payload, None
+
+    def _bind_wait(self, review: Review, decision: Decision, settings: Settings) -> Wait | None:
+        """A wait for the placeholder's binding when it is worth one (on its way, no wait
+        for it timed out lately, the bound not 0); None: gate now."""
+        watch = self.bindings
+        seconds = settings.placeholder_bind_wait_seconds
+        placeholder = decision.placeholder
+        if watch is None or seconds <= 0 or placeholder is None:
+            return None
+        key = (review.namespace, placeholder)
+        timed_out = self._bind_timed_out
+        if timed_out and (ended := timed_out.get(key)) is not None:
+            if time.monotonic() - ended < TIMED_OUT_MEMORY_SECONDS:
+                return None
+            del timed_out[key]
+        if not on_its_way(watch.progress(*key), time.time()):
+            return None
+        return self._wait_bound(watch, key, review.uid, seconds)
+
+    async def _wait_bound(
+        self, watch: BindingWatch, key: tuple[str, str], uid: str, seconds: float
+    ) -> None:
+        self._bind_waits[uid] = time.monotonic()
+        try:
+            bound = await watch.wait_bound(key[0], key[1], seconds)
+        except BaseException:
+            self._bind_waits.pop(uid, None)  # cancelled (the client went away): no decision
+            raise
+        if not bound:
+            timed_out = self._bind_timed_out
+            now = time.monotonic()
+            if len(timed_out) >= _MAX_TIMED_OUT:  # placeholders come from requests: bounded
+                for old in [
+                    k for k, at in timed_out.items() if now - at >= TIMED_OUT_MEMORY_SECONDS
+                ]:
+                    del timed_out[old]
+                if len(timed_out) >= _MAX_TIMED_OUT:
+                    timed_out.clear()
+            timed_out[key] = now
+
+    def _count_bind_wait(self, decision: Decision, began: float) -> float:
+        """Count a decision made after a wait for the binding; return the seconds waited."""
+        seconds = time.monotonic() - began
+        # A first admission placed by node name and not unbound: pinned.
+        pinned = decision.allowed and decision.by_node_name and not decision.unbound
+        self.metrics.bind_waits.labels("pinned" if pinned else "gated").inc()
+        self.metrics.bind_wait_seconds.observe(seconds)
+        return seconds
 
     def _unsynced(self, review: Review, start: float, may_wait: bool) -> Wait | None:
         """Before every cache has been read once: None when they now are (decide), a wait
@@ -165,6 +255,11 @@ class PodEndpoint(AdmissionEndpoint):
 
 
 _MAX_CONTEXTS = 4096
+# How long a placeholder that made a pod wait in vain makes its run's later pods not wait
+# (past ``bind_wait.ON_ITS_WAY_SECONDS`` it no longer counts as on its way anyway, unless
+# its pod is made again), and how many such placeholders are remembered.
+TIMED_OUT_MEMORY_SECONDS = 60.0
+_MAX_TIMED_OUT = 4096
 _NOT_SYNCED = ("none", "false", "503")
 _NOT_OURS = ("none", "true", "200")
 _INTERNAL_ERROR = ("none", "false", "500")

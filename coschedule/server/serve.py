@@ -16,14 +16,14 @@ import uvicorn
 
 from coschedule.config.store import SettingsStore, reload_loop
 from coschedule.listen import EVERY_ADDRESS, ListenError, describe, listen_socket
-from coschedule.mutate.decision import PlaceholderView, VolumeView
+from coschedule.mutate.decision import VolumeView
 from coschedule.probes import Probes, probes_app
 from coschedule.server import heap
 from coschedule.server.admission import NamespaceLookup
 from coschedule.server.cache_gate import CacheGate
 from coschedule.server.drain import Drain
 from coschedule.server.https_app import HttpsApp
-from coschedule.server.pod_endpoint import ClaimCacheView, PodEndpoint
+from coschedule.server.pod_endpoint import ClaimCacheView, PlaceholderCacheView, PodEndpoint
 from coschedule.server.run_endpoint import ControlLookup, RunEndpoint
 from coschedule.server.tls import ServingCertificate
 from coschedule.server.webhook_metrics import WebhookMetrics
@@ -109,7 +109,7 @@ def build_webhook(
     claims: ClaimCacheView | None = None,
     volumes: VolumeView | None = None,
     controls: ControlLookup | None = None,
-    placeholders: PlaceholderView | None = None,
+    placeholders: PlaceholderCacheView | None = None,
     *,
     pod_caches: CacheGate | None = None,
     run_caches: CacheGate | None = None,
@@ -131,7 +131,9 @@ def build_webhook(
     probes.checks["certificate"] = cert_check
     probes.checks["config"] = config_check
     probes.checks["shutdown"] = drain.readiness
-    pods = PodEndpoint(settings, metrics, namespaces, claims, volumes, placeholders, pod_caches)
+    pods = PodEndpoint(
+        settings, metrics, namespaces, claims, volumes, placeholders, pod_caches, placeholders
+    )
     runs = RunEndpoint(metrics, controls, namespaces, run_caches)
     return Webhook(settings, metrics, certificate, probes, pods, runs, drain)
 

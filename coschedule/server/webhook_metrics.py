@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, disable_created_metrics
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+)
 
 from coschedule.config.store import last_reload_gauge, reload_errors_counter
 from coschedule.probes import cache_stale_gauge
 from coschedule.server.admission_metrics import AdmissionMetrics
+
+BIND_WAIT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 1.5, 2.0, 3.0)
 
 
 class WebhookMetrics:
@@ -30,6 +38,20 @@ class WebhookMetrics:
         self.cert_not_after = Gauge(
             "coschedule_certificate_expiry_timestamp_seconds",
             "notAfter of the serving certificate in use, as a Unix time.",
+            registry=self.registry,
+        )
+        # A run's pod held at admission until its placeholder, on its way, was bound.
+        self.bind_waits = Counter(
+            "coschedule_placeholder_bind_waits_total",
+            "Admissions that waited for the pod's placeholder to be bound, by outcome: "
+            "pinned (bound in time: pinned at admission) or gated (not: gated as before).",
+            ["outcome"],
+            registry=self.registry,
+        )
+        self.bind_wait_seconds = Histogram(
+            "coschedule_placeholder_bind_wait_seconds",
+            "How long an admission waited for the pod's placeholder to be bound.",
+            buckets=BIND_WAIT_BUCKETS,
             registry=self.registry,
         )
 

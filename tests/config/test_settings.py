@@ -52,6 +52,17 @@ def test_defaults_are_tektons() -> None:
     assert settings.group_labels[0] == "coschedule.dev/group"
     assert settings.idle_grace_seconds == 300
     assert settings.stuck_grace_seconds == 30
+    assert settings.placeholder_bind_wait_seconds == 2.0
+
+
+def test_the_placeholder_bind_wait_takes_decimals_and_zero(tmp_path: Path) -> None:
+    assert (
+        parse_settings({"placeholder-bind-wait-seconds": "0.75"}).placeholder_bind_wait_seconds
+        == 0.75
+    )
+    assert parse_settings({"placeholder-bind-wait-seconds": "0"}).placeholder_bind_wait_seconds == 0
+    environ = {"COSCHEDULE_PLACEHOLDER_BIND_WAIT_SECONDS": "1.5"}
+    assert load_settings(None, environ).placeholder_bind_wait_seconds == 1.5
 
 
 def test_stuck_grace_from_the_environment_and_the_folder(tmp_path: Path) -> None:
@@ -78,6 +89,13 @@ def test_deprecated_key_alone_uses_default_coschedule() -> None:
         ({"idle-grace-seconds": "-1"}, "idle-grace-seconds"),
         ({"stuck-grace-seconds": "half a minute"}, "stuck-grace-seconds"),
         ({"stuck-grace-seconds": "-5"}, "stuck-grace-seconds"),
+        ({"placeholder-bind-wait-seconds": "soon"}, "placeholder-bind-wait-seconds.* not a number"),
+        (
+            {"placeholder-bind-wait-seconds": "-1"},
+            "placeholder-bind-wait-seconds.* between 0 and 3",
+        ),
+        ({"placeholder-bind-wait-seconds": "5"}, "timeout is 5 s"),
+        ({"placeholder-bind-wait-seconds": "nan"}, "placeholder-bind-wait-seconds"),
         ({"placeholder-resources": "requests: {cpu: lots}"}, "quantity"),
         ({"placeholder-resources": "limits: [1]"}, "mapping"),
         ({"placeholder-resources": "burst: {cpu: 1m}"}, "unknown section"),

@@ -1,19 +1,26 @@
 """The first pod sooner: a PipelineRun's placeholder is made when the run is created, so it
 is bound before Tekton creates the first TaskRun's pod, and the webhook pins that pod at
 admission (no scheduling gate, no release patch). A held run gets no placeholder until it is
-started; a run deleted at once leaves none behind. Real kube-apiserver, scheduler and
-controller-manager; the test plays Tekton (the run, then its first TaskRun's pod)."""
+started; a run deleted at once leaves none behind. A first pod that beats the placeholder's
+binding (the scheduler paused) waits for it at admission and is pinned, or, past the wait's
+bound, is gated as before. Real kube-apiserver, scheduler and controller-manager; the test
+plays Tekton (the run, then its first TaskRun's pod)."""
 
 from __future__ import annotations
 
+import concurrent.futures
+import contextlib
+import os
+import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import pytest
 
+from coschedule.config.settings import DEFAULT_PLACEHOLDER_BIND_WAIT_SECONDS
 from coschedule.marks import ANNOTATION_PINNED_NODE, run_placeholder
 from tests.e2e.conftest import E2E
-from tests.e2e.kube import dump
+from tests.e2e.kube import Api, Obj, dump, wait_for
 from tests.e2e.runs import node, wait_bound, wait_placeholder_bound, wait_statefulset_gone
 from tests.e2e.test_placement import admitted_pinned, gated, pinned_to
 from tests.e2e.world import NODES, TektonRun, unique
@@ -101,3 +108,94 @@ def test_a_run_deleted_at_once_leaves_no_placeholder(
     time.sleep(2)
     for run in runs:
         assert api.get("StatefulSet", run_placeholder(ns, run.name), ns) is None
+
+
+@contextlib.contextmanager
+def scheduler_paused(e2e: E2E) -> Iterator[Callable[[], None]]:
+    """kube-scheduler stopped (SIGSTOP: it binds nothing, nor says a pod is Unschedulable)
+    until the yielded ``resume`` is called or the block ends: the placeholder's pod is
+    made and stays unbound, as when Tekton's first pod beats the scheduler."""
+    proc = e2e.plane.procs["kube-scheduler"]
+    os.kill(proc.pid, signal.SIGSTOP)
+    resumed = False
+
+    def resume() -> None:
+        nonlocal resumed
+        if not resumed:
+            resumed = True
+            os.kill(proc.pid, signal.SIGCONT)
+
+    try:
+        yield resume
+    finally:
+        resume()
+
+
+def placeholder_pod_made(api: Api, ns: str, placeholder: str) -> Obj:
+    """The placeholder's pod as kube-controller-manager made it (not bound: paused)."""
+    return wait_for(
+        f"kube-controller-manager to make {placeholder}'s pod",
+        lambda: api.get("Pod", f"{placeholder}-0", ns),
+        timeout=30,
+    )
+
+
+def test_a_first_pod_that_beats_its_placeholders_binding_waits_and_is_pinned_at_admission(
+    e2e: E2E, namespace: Callable[..., str]
+) -> None:
+    """The race the seed loses at times: Tekton's first pod comes while the placeholder's
+    pod is made but not bound yet. The webhook holds the admission, and the binding (the
+    scheduler resumed 0.6 s later) arrives through its watch: pinned at admission."""
+    e2e.require("scheduler", "controller-manager", "reconciler")
+    api = e2e.api
+    ns = namespace(mode="pipelineruns")
+    with scheduler_paused(e2e) as resume:
+        run = TektonRun(api, ns, unique("pr"), started=True).create()
+        placeholder = run_placeholder(ns, run.name)
+        made = placeholder_pod_made(api, ns, placeholder)
+        assert not made["spec"].get("nodeName"), dump(made)
+        time.sleep(0.3)  # the webhook's watch has the pod by then
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            began = time.monotonic()
+            creating = pool.submit(run.create_pod, "build", fixture=NO_WORKSPACE)
+            time.sleep(0.6)
+            assert not creating.done(), "admitted before the placeholder was bound"
+            resume()
+            first = creating.result(timeout=30)
+            took = time.monotonic() - began
+    there = node(wait_placeholder_bound(api, ns, placeholder))
+    assert not gated(first), dump(first)
+    assert pinned_to(first) == [there], dump(first)
+    assert first["metadata"]["annotations"][ANNOTATION_PINNED_NODE] == there
+    assert 0.6 <= took < 5, took  # held for the binding, inside the webhook's timeout
+    now = wait_bound(api, ns, run.pod_name("build"), node=there)
+    assert now["metadata"]["uid"] == first["metadata"]["uid"], dump(now)
+
+
+def test_a_placeholder_not_bound_within_the_wait_leaves_the_first_pod_gated(
+    e2e: E2E, namespace: Callable[..., str]
+) -> None:
+    """The same, the scheduler paused past the bound: the pod is gated after the wait, as
+    without it, and the run's next pod is gated at once; resumed, the reconciler releases
+    the first onto the placeholder's node."""
+    e2e.require("scheduler", "controller-manager", "reconciler")
+    api = e2e.api
+    ns = namespace(mode="pipelineruns")
+    with scheduler_paused(e2e):
+        run = TektonRun(api, ns, unique("pr"), started=True).create()
+        placeholder = run_placeholder(ns, run.name)
+        placeholder_pod_made(api, ns, placeholder)
+        time.sleep(0.3)
+        began = time.monotonic()
+        first = run.create_pod("build", fixture=NO_WORKSPACE)
+        took = time.monotonic() - began
+        assert gated(first), dump(first)
+        assert pinned_to(first) == [], dump(first)
+        assert DEFAULT_PLACEHOLDER_BIND_WAIT_SECONDS * 0.9 <= took < 5, took
+        began = time.monotonic()
+        later = run.create_pod("test", fixture=NO_WORKSPACE)
+        assert gated(later), dump(later)
+        assert time.monotonic() - began < DEFAULT_PLACEHOLDER_BIND_WAIT_SECONDS * 0.5
+    there = node(wait_placeholder_bound(api, ns, placeholder))
+    released = wait_bound(api, ns, run.pod_name("build"), node=there)
+    assert released["metadata"]["uid"] == first["metadata"]["uid"], dump(released)

@@ -7,9 +7,13 @@ import asyncio
 import contextlib
 from typing import Any
 
+from coschedule.k8s.timefmt import parse_time
+from coschedule.kube.claim_cache import ClaimCache
 from coschedule.kube.client import KubeClient
 from coschedule.kube.placeholder_cache import SELECTOR, PlaceholderCache
 from coschedule.marks import placeholder_labels
+from coschedule.mutate.bind_wait import PendingPod, PlaceholderProgress
+from tests.kube.test_informer import running as running
 from tests.reconcile.apiserver import MiniApi
 from tests.reconcile.conftest import eventually
 
@@ -133,3 +137,50 @@ async def test_a_relist_after_a_compacted_watch_catches_up(
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+
+
+async def test_an_unbound_placeholders_progress_and_a_wait_woken_by_the_binding(
+    api: MiniApi, client: KubeClient, running: list[asyncio.Task[None]]
+) -> None:
+    """What a run's first pod's admission reads of a placeholder on its way (when its
+    StatefulSet and its pod were made, whether the scheduler cannot place it), and the wait
+    for its binding: woken by the watch's event, or over at its bound."""
+    claims = ClaimCache(client)
+    cache = PlaceholderCache(client, claims.statefulsets)
+    sts = {
+        "metadata": {
+            "name": "affinity-assistant-aaa",
+            "namespace": "ci",
+            "labels": placeholder_labels("affinity-assistant-aaa"),
+            "creationTimestamp": "2026-11-27T13:00:05Z",
+        },
+        "spec": {"replicas": 1},
+    }
+    api.put("statefulsets", sts)
+    running += [asyncio.create_task(i.run()) for i in (cache.informer, claims.statefulsets)]
+    await asyncio.wait_for(cache.informer.synced.wait(), 3)
+    await asyncio.wait_for(claims.statefulsets.synced.wait(), 3)
+    assert cache.progress("ci", "affinity-assistant-aaa") == PlaceholderProgress(
+        parse_time("2026-11-27T13:00:05Z"), ()
+    )
+    assert cache.progress("ci", "affinity-assistant-zzz") == PlaceholderProgress()
+    # The StatefulSet's pod, made by kube-controller-manager; then said Unschedulable.
+    made = placeholder_pod("ci", "affinity-assistant-aaa")
+    made["metadata"]["creationTimestamp"] = "2026-11-27T13:00:06Z"
+    api.put("pods", made)
+    pending = PendingPod(parse_time("2026-11-27T13:00:06Z"), False)
+    await eventually(lambda: cache.progress("ci", "affinity-assistant-aaa").pods == (pending,))
+    condition = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}
+    api.edit("pods", "ci", "affinity-assistant-aaa-0", {"status": {"conditions": [condition]}})
+    await eventually(lambda: cache.progress("ci", "affinity-assistant-aaa").pods[0].unschedulable)
+
+    # A wait over at its bound, and one woken by the binding as the watch delivers it.
+    assert not await cache.wait_bound("ci", "affinity-assistant-aaa", 0.1)
+    waiting = asyncio.create_task(cache.wait_bound("ci", "affinity-assistant-aaa", 10))
+    await asyncio.sleep(0.05)
+    assert not waiting.done()
+    api.edit("pods", "ci", "affinity-assistant-aaa-0", {"spec": {"nodeName": "node-a"}})
+    assert await asyncio.wait_for(waiting, 3)
+    assert cache.progress("ci", "affinity-assistant-aaa").pods == ()  # bound: not pending
+    assert await cache.wait_bound("ci", "affinity-assistant-aaa", 0)  # bound already
+    assert cache._waiters == {}  # nothing left behind by either wait

@@ -1,0 +1,113 @@
+"""When a run's pod is worth holding at admission until its placeholder is bound: the
+decision marks a pod held only because its placeholder is not bound yet (``unbound``), and
+``bind_wait.on_its_way`` says whether that placeholder is likely to be bound soon. Pure."""
+
+from __future__ import annotations
+
+import pytest
+
+from coschedule.marks import Mode, Placement
+from coschedule.mutate.bind_wait import (
+    ON_ITS_WAY_SECONDS,
+    PendingPod,
+    PlaceholderProgress,
+    on_its_way,
+)
+from tests.fixtures import load_pod
+from tests.mutate.test_placement import (
+    TEKTON,
+    Placeholders,
+    admit,
+    context,
+    gates,
+    policy_gated,
+)
+
+NOW = 1_800_000_000.0
+
+
+def pod(age: float | None, unschedulable: bool = False) -> PendingPod:
+    return PendingPod(None if age is None else NOW - age, unschedulable)
+
+
+@pytest.mark.parametrize(
+    ("progress", "worth"),
+    [
+        # Nothing seen: the reconciler has not made the placeholder (a held run, or not yet).
+        (PlaceholderProgress(), False),
+        # The StatefulSet made a moment ago, its pod not yet: kube-controller-manager's turn.
+        (PlaceholderProgress(NOW - 0.4), True),
+        (PlaceholderProgress(NOW + 0.5), True),  # the API server's clock a little ahead
+        (PlaceholderProgress(NOW - ON_ITS_WAY_SECONDS), True),
+        # Made long ago and still no pod: no controller makes it (or a quota refuses it).
+        (PlaceholderProgress(NOW - ON_ITS_WAY_SECONDS - 0.1), False),
+        # Its pod made a moment ago, not bound yet: kube-scheduler's turn.
+        (PlaceholderProgress(NOW - 60, (pod(0.2),)), True),
+        # The scheduler said it cannot place it: nothing will bind it soon.
+        (PlaceholderProgress(NOW - 0.5, (pod(0.3, unschedulable=True),)), False),
+        # Unbound for longer than a placeholder takes: waiting for a node, not coming.
+        (PlaceholderProgress(NOW - 1, (pod(ON_ITS_WAY_SECONDS + 1),)), False),
+        (PlaceholderProgress(NOW - 1, (pod(None),)), False),  # no readable creation time
+        # The StatefulSet's new pod beside an old one that cannot be placed: the new decides.
+        (PlaceholderProgress(NOW - 60, (pod(40, unschedulable=True), pod(0.1))), True),
+    ],
+)
+def test_a_placeholder_is_on_its_way_when_made_a_moment_ago_and_not_unschedulable(
+    progress: PlaceholderProgress, worth: bool
+) -> None:
+    assert on_its_way(progress, NOW) is worth
+
+
+def test_how_young_is_a_parameter() -> None:
+    progress = PlaceholderProgress(NOW - 3)
+    assert on_its_way(progress, NOW, young=5)
+    assert not on_its_way(progress, NOW, young=2)
+
+
+@pytest.mark.parametrize("name", TEKTON)
+def test_a_first_admission_held_only_because_the_placeholder_is_unbound_is_marked(
+    name: str,
+) -> None:
+    view = Placeholders()
+    decision, patched = admit(load_pod(name), context(view))
+    assert decision.held
+    assert decision.unbound
+    # Bound by the time it is decided again: pinned, nothing to wait for.
+    assert decision.placeholder is not None
+    view.nodes[("ci", decision.placeholder)] = "node-a"
+    pinned, _ = admit(load_pod(name), context(view))
+    assert pinned.by_node_name
+    assert not pinned.unbound
+    # Reinvoked on its own gated output: stays as decided, never waits again.
+    again, same = admit(patched, context(view))
+    assert again.held
+    assert not again.unbound
+    assert same == patched
+
+
+def test_a_pod_the_admission_policy_gated_may_wait_too() -> None:
+    decision, patched = admit(policy_gated(load_pod("tekton-taskrun")), context(Placeholders()))
+    assert decision.held
+    assert decision.unbound
+    assert gates(patched) == [{"name": "coschedule.dev/placeholder"}]
+
+
+def test_without_a_cluster_view_nothing_is_waited_for() -> None:
+    decision, _ = admit(load_pod("tekton-taskrun"), context(None))
+    assert decision.held
+    assert not decision.unbound
+
+
+@pytest.mark.parametrize(
+    ("name", "placement", "mode"),
+    [
+        ("argo-workflow-pod", Placement.AUTO, Mode.PIPELINERUNS),  # keeps pod affinity
+        ("tekton-taskrun", Placement.POD_AFFINITY, Mode.PIPELINERUNS),
+    ],
+)
+def test_pods_not_placed_by_node_name_never_wait(
+    name: str, placement: Placement, mode: Mode
+) -> None:
+    decision, _ = admit(load_pod(name), context(Placeholders(), placement=placement, mode=mode))
+    assert not decision.by_node_name
+    assert not decision.unbound
