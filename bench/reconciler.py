@@ -18,7 +18,7 @@ import asyncio
 import gc
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
 from typing import Any, cast
 
@@ -178,7 +178,9 @@ class FakeApi:
             return self.shapes.statefulset(item)
         return self.shapes.placeholder_pod(item, self.placeholder_names[item], self.node_of(item))
 
-    async def list(self, path: str, params: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    async def list(
+        self, path: str, params: Mapping[str, Any] | None = None, *, accept: str | None = None
+    ) -> dict[str, Any]:
         params = params or {}
         kind = self._kind(path, params)
         self.calls[f"LIST {kind}"] += 1
@@ -191,7 +193,16 @@ class FakeApi:
             meta["continue"] = str(start + limit)
         return {"metadata": meta, "items": page}
 
-    async def watch(self, path: str, params: Mapping[str, Any]) -> AsyncIterator[dict[str, Any]]:
+    async def watch(
+        self,
+        path: str,
+        params: Mapping[str, Any],
+        *,
+        opened: Callable[[], None] | None = None,
+        accept: str | None = None,
+    ) -> AsyncIterator[dict[str, Any]]:
+        if opened is not None:
+            opened()
         kind = self._kind(path, params)
         queue = self.watches.setdefault(kind, asyncio.Queue())
         while True:
@@ -207,6 +218,8 @@ class FakeApi:
     async def get(self, path: str) -> dict[str, Any] | None:
         self._record("GET", path)
         name = path.rsplit("/", 1)[-1]
+        if "/taskruns/" not in path and "/pipelineruns/" not in path:
+            return None  # owners only; anything else (a claim, discovery) is not there: 404
         if "/taskruns/" in path:
             run = name.split("-task")[0]
             index = int(run.removeprefix("pr-"))

@@ -18,7 +18,7 @@ import asyncio
 import gc
 import resource
 import tracemalloc
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
 from coschedule.kube.claim_cache import ClaimCache
@@ -127,7 +127,9 @@ class FakeApi:
     def __init__(self, claims: int) -> None:
         self.claims = claims
 
-    async def list(self, path: str, params: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    async def list(
+        self, path: str, params: Mapping[str, Any] | None = None, *, accept: str | None = None
+    ) -> dict[str, Any]:
         params = params or {}
         make = claim if path.endswith("/persistentvolumeclaims") else volume
         count = (
@@ -140,7 +142,16 @@ class FakeApi:
             meta["continue"] = str(start + PAGE)
         return {"metadata": meta, "items": items}
 
-    async def watch(self, path: str, params: Mapping[str, Any]) -> AsyncIterator[dict[str, Any]]:
+    async def watch(
+        self,
+        path: str,
+        params: Mapping[str, Any],
+        *,
+        opened: Callable[[], None] | None = None,
+        accept: str | None = None,
+    ) -> AsyncIterator[dict[str, Any]]:
+        if opened is not None:
+            opened()
         await asyncio.Event().wait()  # quiet: the caches hold what the list gave
         yield {}
 
