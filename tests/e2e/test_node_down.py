@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
+from coschedule.k8s.timefmt import micro_time
 from coschedule.marks import run_placeholder
 from tests.e2e.conftest import E2E
 from tests.e2e.kube import Api, ApiError, wait_for
@@ -25,10 +26,10 @@ UNREACHABLE = [
 ]
 
 
-def _ready(api: Api, name: str, status: str) -> None:
+def _ready(api: Api, name: str, status: str, since: float | None = None) -> None:
     """The node's Ready condition, as its kubelet (True) or the node lifecycle controller
-    (Unknown: the kubelet stopped posting) sets it."""
-    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    (Unknown: the kubelet stopped posting) sets it; ``since``: when it changed (now)."""
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(since))
     condition = {
         "type": "Ready",
         "status": status,
@@ -142,23 +143,14 @@ def test_a_silent_node_whose_kubelet_renews_its_lease_keeps_its_placeholder(
         "spec": {
             "holderIdentity": old_node,
             "leaseDurationSeconds": 40,
-            "renewTime": time.strftime("%Y-%m-%dT%H:%M:%S.000000Z", time.gmtime(renewed)),
+            "renewTime": micro_time(renewed),
         },
     }
     with contextlib.suppress(ApiError):
         api.delete("Lease", old_node, "kube-node-lease")
     api.create(lease)
     try:
-        silent_since = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(renewed - 60))
-        condition = {
-            "type": "Ready",
-            "status": "Unknown",
-            "reason": "NodeStatusUnknown",
-            "message": "Kubelet stopped posting node status.",
-            "lastHeartbeatTime": silent_since,
-            "lastTransitionTime": silent_since,
-        }
-        api.patch("Node", old_node, {"status": {"conditions": [condition]}}, subresource="status")
+        _ready(api, old_node, "Unknown", since=renewed - 60)
         api.patch("Node", old_node, {"spec": {"taints": UNREACHABLE}})
         time.sleep(max(0.0, renewed + 12 - time.time()))
         kept = api.must_get("Pod", placeholder_pod_name(placeholder), ns)
