@@ -199,3 +199,57 @@ def test_a_placeholder_not_bound_within_the_wait_leaves_the_first_pod_gated(
     there = node(wait_placeholder_bound(api, ns, placeholder))
     released = wait_bound(api, ns, run.pod_name("build"), node=there)
     assert released["metadata"]["uid"] == first["metadata"]["uid"], dump(released)
+
+
+@contextlib.contextmanager
+def reconcilers_paused(e2e: E2E) -> Iterator[Callable[[], None]]:
+    """Every reconciler replica stopped (SIGSTOP: it makes no placeholder) until the yielded
+    ``resume`` is called or the block ends: the run's first pod comes before its
+    placeholder's StatefulSet, as when Tekton is quicker than the reconciler."""
+    procs = [e2e.plane.procs[name] for name in e2e.product.reconcilers]
+    for proc in procs:
+        os.kill(proc.pid, signal.SIGSTOP)
+    resumed = False
+
+    def resume() -> None:
+        nonlocal resumed
+        if not resumed:
+            resumed = True
+            for proc in procs:
+                os.kill(proc.pid, signal.SIGCONT)
+
+    try:
+        yield resume
+    finally:
+        resume()
+
+
+def test_a_first_pod_before_its_placeholder_is_made_waits_and_is_pinned_at_admission(
+    e2e: E2E, namespace: Callable[..., str]
+) -> None:
+    """The other race: Tekton's first pod comes before the reconciler made the placeholder
+    at all. The webhook admitted the run a moment ago (its run webhook), so the pod is held;
+    the reconciler resumed, the StatefulSet, its pod and the binding arrive through the
+    webhook's watches: pinned at admission."""
+    e2e.require("scheduler", "controller-manager", "reconciler")
+    api = e2e.api
+    ns = namespace(mode="pipelineruns")
+    with reconcilers_paused(e2e) as resume:
+        run = TektonRun(api, ns, unique("pr"), started=True).create()
+        placeholder = run_placeholder(ns, run.name)
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            began = time.monotonic()
+            creating = pool.submit(run.create_pod, "build", fixture=NO_WORKSPACE)
+            time.sleep(0.2)
+            assert not creating.done(), "admitted before the placeholder was made"
+            assert api.get("StatefulSet", placeholder, ns) is None
+            resume()
+            first = creating.result(timeout=30)
+            took = time.monotonic() - began
+    there = node(wait_placeholder_bound(api, ns, placeholder))
+    assert not gated(first), dump(first)
+    assert pinned_to(first) == [there], dump(first)
+    assert first["metadata"]["annotations"][ANNOTATION_PINNED_NODE] == there
+    assert 0.2 <= took < 5, took
+    now = wait_bound(api, ns, run.pod_name("build"), node=there)
+    assert now["metadata"]["uid"] == first["metadata"]["uid"], dump(now)
