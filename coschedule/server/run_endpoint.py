@@ -4,7 +4,8 @@ front door (``server.admission``). Until both caches have been read once
 (``server.cache_gate``), a run waits for them, bounded, and is decided then; a run it still
 cannot decide on is refused in a 200 review that says why and whether to retry. A run is
 logged only when refused (at the door, as a bad request, not decidable yet, or an internal
-error); an admitted run is counted, not logged."""
+error); an admitted run is counted, not logged. A PipelineRun admitted started is remembered
+for a moment (``server.young_runs``): its first pod may come before its placeholder."""
 
 from __future__ import annotations
 
@@ -132,6 +133,7 @@ class RunEndpoint(AdmissionEndpoint):
         if (
             young is not None
             and kind is Kind.PIPELINE_RUN
+            and not review.dry_run  # never stored: no placeholder comes
             and decision.outcome in _STARTED
             and seedable_run(review.object, started=decision.outcome is Outcome.RELEASED)
         ):

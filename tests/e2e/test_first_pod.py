@@ -3,8 +3,9 @@ is bound before Tekton creates the first TaskRun's pod, and the webhook pins tha
 admission (no scheduling gate, no release patch). A held run gets no placeholder until it is
 started; a run deleted at once leaves none behind. A first pod that beats the placeholder's
 binding (the scheduler paused) waits for it at admission and is pinned, or, past the wait's
-bound, is gated as before. Real kube-apiserver, scheduler and controller-manager; the test
-plays Tekton (the run, then its first TaskRun's pod)."""
+bound, is gated as before. A first pod that beats the reconciler (no placeholder made yet)
+waits too, its run admitted by the webhook a moment ago. Real kube-apiserver, scheduler and
+controller-manager; the test plays Tekton (the run, then its first TaskRun's pod)."""
 
 from __future__ import annotations
 

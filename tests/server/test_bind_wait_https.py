@@ -326,8 +326,9 @@ async def test_a_run_admitted_here_whose_placeholder_never_comes_gates_its_pod_a
         run_review("pr-other"),  # another run
         run_review("pr-7f3", generate=True),  # a prefix that does not make this name
         run_review(status="PipelineRunPending"),  # held: no placeholder until started
+        admission_review(pipeline_run("pr-7f3k2"), kind="PipelineRun", dry_run=True),
     ],
-    ids=["other namespace", "other run", "other prefix", "held"],
+    ids=["other namespace", "other run", "other prefix", "held", "dry run"],
 )
 async def test_a_run_admitted_here_that_is_not_the_pods_seeded_run_is_no_reason_to_wait(
     api: MiniApi, start: Callable[[], Awaitable[RunningServer]], run: Obj
