@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime
@@ -344,6 +345,51 @@ async def test_a_run_admitted_here_that_is_not_the_pods_seeded_run_is_no_reason_
     assert "coschedule_placeholder_bind_waits_total{" not in await metrics(server)
 
 
+@contextlib.asynccontextmanager
+async def serving(
+    api: MiniApi, tmp_path: Path, config: dict[str, str], *, ready: bool = True
+) -> AsyncIterator[RunningServer]:
+    """``serve`` with ``config``, once ready (or, not ``ready``, once it listens: a cache
+    list the test holds keeps it unready); stopped after the block."""
+    api.put("namespaces", namespace("ci", ENABLED))
+    kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", api.url)
+    server = launch_server(tmp_path, kubeconfig=kubeconfig, config=config)
+    try:
+        await until(server, lambda: is_ready(server) if ready else listening(server))
+        yield server
+    finally:
+        for hold in api.holds.values():
+            hold.set()
+        await asyncio.to_thread(stop_server, server)
+
+
+async def on_its_way_now(api: MiniApi) -> str:
+    """The run's placeholder made just now (its StatefulSet and its unbound pod)."""
+    placeholder = placeholder_of(load_pod(POD))
+    api.put("statefulsets", statefulset(placeholder))
+    api.put("pods", young_pod(placeholder))
+    return placeholder
+
+
+async def pinned_once_bound(
+    api: MiniApi,
+    server: RunningServer,
+    placeholder: str,
+    review: Obj,
+    posted: asyncio.Task[tuple[Obj, float]],
+) -> float:
+    """The placeholder's pod bound now: the waiting pod is pinned there at admission, and
+    counted so; returns how long its request took."""
+    api.edit("pods", "ci", f"{placeholder}-0", {"spec": {"nodeName": "node-b"}})
+    response, waited = await posted
+    first = patched(review, response)
+    assert node_pin(first) == ["node-b"]
+    assert not first["spec"].get("schedulingGates")
+    text = await metrics(server)
+    assert 'coschedule_placeholder_bind_waits_total{outcome="pinned"} 1.0' in text
+    return waited
+
+
 # A request that waited for something else first (here: the caches, at the webhook's
 # start) may then wait for the binding too, within the request's total bound.
 
@@ -351,65 +397,90 @@ async def test_a_run_admitted_here_that_is_not_the_pods_seeded_run_is_no_reason_
 async def test_after_a_wait_for_the_caches_a_pod_waits_for_the_binding_too(
     api: MiniApi, tmp_path: Path
 ) -> None:
-    api.put("namespaces", namespace("ci", ENABLED))
     hold = api.holds[("GET", "namespaces")] = asyncio.Event()
-    kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", api.url)
-    server = launch_server(tmp_path, kubeconfig=kubeconfig, config=CONFIG)
-    try:
-        await until(server, lambda: listening(server))
-        pod = load_pod(POD)
-        placeholder = placeholder_of(pod)
-        api.put("statefulsets", statefulset(placeholder))
-        api.put("pods", young_pod(placeholder))
+    async with serving(api, tmp_path, CONFIG, ready=False) as server:
+        placeholder = await on_its_way_now(api)
         async with https(server) as http:
             await asyncio.sleep(0.3)  # the placeholder pod's watch delivers it
-            review = admission_review(pod)
+            review = admission_review(load_pod(POD))
             posted = asyncio.create_task(timed_admit(http, review))
             await asyncio.sleep(0.4)
             assert not posted.done()  # waiting for the namespaces
             hold.set()
             await asyncio.sleep(0.4)
             assert not posted.done()  # decided once more: now waiting for the binding
-            api.edit("pods", "ci", f"{placeholder}-0", {"spec": {"nodeName": "node-b"}})
-            response, waited = await posted
+            waited = await pinned_once_bound(api, server, placeholder, review, posted)
             assert 0.75 <= waited < TOTAL_WAIT_SECONDS
-            first = patched(review, response)
-            assert node_pin(first) == ["node-b"]
-            assert not first["spec"].get("schedulingGates")
-        text = await metrics(server)
-        assert 'coschedule_placeholder_bind_waits_total{outcome="pinned"} 1.0' in text
-    finally:
-        hold.set()
-        await asyncio.to_thread(stop_server, server)
 
 
 async def test_after_a_wait_for_the_caches_the_bind_wait_is_cut_to_the_total_bound(
     api: MiniApi, tmp_path: Path
 ) -> None:
-    """The caches read only after 2 s, the placeholder never bound: the bind wait gets what
-    is left of the request's total bound, not its own 3 s."""
-    api.put("namespaces", namespace("ci", ENABLED))
+    """The caches read only after 1.8 s, the placeholder never bound: the bind wait gets
+    what is left of the request's total bound, not its own 3 s."""
     hold = api.holds[("GET", "namespaces")] = asyncio.Event()
-    kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", api.url)
     config = {**CONFIG, "placeholder-bind-wait-seconds": "3"}
-    server = launch_server(tmp_path, kubeconfig=kubeconfig, config=config)
-    try:
-        await until(server, lambda: listening(server))
-        pod = load_pod(POD)
-        placeholder = placeholder_of(pod)
-        api.put("statefulsets", statefulset(placeholder))
-        api.put("pods", young_pod(placeholder))
+    async with serving(api, tmp_path, config, ready=False) as server:
+        await on_its_way_now(api)
         async with https(server) as http:
             await asyncio.sleep(0.3)
-            review = admission_review(pod)
+            review = admission_review(load_pod(POD))
             posted = asyncio.create_task(timed_admit(http, review))
             await asyncio.sleep(1.8)
             hold.set()
             response, waited = await posted
             assert 2.5 <= waited < TOTAL_WAIT_SECONDS + 0.5  # not 1.8 + 3
-            assert patched(review, response)["spec"]["schedulingGates"] == [
-                {"name": GATE_PLACEHOLDER}
-            ]
-    finally:
-        hold.set()
-        await asyncio.to_thread(stop_server, server)
+            gated = patched(review, response)
+            assert gated["spec"]["schedulingGates"] == [{"name": GATE_PLACEHOLDER}]
+
+
+def run_claim(name: str) -> Obj:
+    """The claim Tekton makes from the run's volumeClaimTemplate just before its pod."""
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {
+            "name": name,
+            "namespace": "ci",
+            "ownerReferences": [
+                {
+                    "apiVersion": "tekton.dev/v1",
+                    "kind": "PipelineRun",
+                    "name": "pr-7f3k2",
+                    "uid": "u",
+                }
+            ],
+        },
+        "spec": {
+            "accessModes": ["ReadWriteOnce"],
+            "resources": {"requests": {"storage": "1Gi"}},
+            "storageClassName": "wait-for-first-consumer",
+        },
+    }
+
+
+async def test_after_a_wait_for_a_late_claim_a_pod_waits_for_the_binding_too(
+    api: MiniApi, tmp_path: Path
+) -> None:
+    """rewrite-claims: a pod whose claim the cache has not seen yet waits for it; decided
+    once more, its placeholder on its way but not bound, it waits for the binding as well
+    (before, it was gated then), and is pinned at admission, all within the total bound."""
+    pod = load_pod("tekton-taskrun")  # of the same run; mounts its claim pvc-1f1344866c
+    [claim] = [
+        v["persistentVolumeClaim"]["claimName"]
+        for v in pod["spec"]["volumes"]
+        if "persistentVolumeClaim" in v
+    ]
+    config = {**CONFIG, "rewrite-claims": "true"}
+    async with serving(api, tmp_path, config) as server, https(server) as http:
+        await watched(api, server, http)
+        placeholder = await on_its_way_now(api)
+        review = admission_review(pod)
+        posted = asyncio.create_task(timed_admit(http, review))
+        await asyncio.sleep(0.3)
+        assert not posted.done()  # waiting for the claim
+        api.put("persistentvolumeclaims", run_claim(claim))
+        await asyncio.sleep(0.3)
+        assert not posted.done()  # decided once more: now waiting for the binding
+        waited = await pinned_once_bound(api, server, placeholder, review, posted)
+        assert 0.55 <= waited < TOTAL_WAIT_SECONDS
