@@ -96,6 +96,10 @@ class AdmissionEndpoint(ABC):
     every request refused here is logged (``admission_log.refused``) with the endpoint's
     ``path`` and its object's name as ``object_field``."""
 
+    # Whether the decision after a wait may ask for one more (the endpoint keeps the
+    # request's waits together well inside the webhook's timeoutSeconds); else one at most.
+    chained_waits = False
+
     def __init__(
         self,
         metrics: WebhookMetrics,
