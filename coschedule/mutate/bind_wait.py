@@ -95,7 +95,7 @@ def seedable_run(run: Mapping[str, Any], started: bool = False) -> bool:
     spec = run.get("spec")
     if not isinstance(spec, Mapping) or (spec.get("status") and not started):
         return False
-    specs = spec.get("taskRunSpecs") or ()
+    specs = spec.get("taskRunSpecs") or []
     if not isinstance(specs, list):
         return False
     return not any(not isinstance(e, Mapping) or e.get("podTemplate") for e in specs)
