@@ -9,17 +9,34 @@ StatefulSet was made a moment ago, or its pod was and the scheduler has not said
 place it. A placeholder the scheduler cannot place, or one that has been unbound for
 longer than a placeholder takes to be bound, is not coming soon: the pod is gated at once
 and the reconciler pins it, as without the wait.
+
+A pod may also come before the reconciler has made the StatefulSet (0.1-0.3 s after the
+run): nothing of the placeholder is seen yet. When this webhook admitted the pod's run a
+moment ago (``/mutate-runs``), and the reconciler seeds a placeholder for such a run
+(``seeded_run``, ``seedable_run``), the placeholder counts as on its way too.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
+
+from coschedule.marks import Mode
 
 # How long after its creation a placeholder (StatefulSet, or its pod) still counts as on its
 # way to being bound. The seed's chain takes about a second on a quiet cluster (see
 # docs/benchmarks.md); past this it is waiting for something (a node, a quota, a
 # controller) that an admission's wait will not see arrive.
 ON_ITS_WAY_SECONDS = 5.0
+
+# The label Tekton puts on every pod of a PipelineRun: the run's name. Only PipelineRuns get
+# a placeholder seeded at their creation (``reconcile.run_seed``).
+PIPELINE_RUN_LABEL = "tekton.dev/pipelineRun"
+# kube-apiserver makes a name from ``generateName`` as the prefix (cut to 58 characters)
+# and 5 random characters (apiserver's ``names.SimpleNameGenerator``).
+GENERATED_SUFFIX = 5
+GENERATE_PREFIX_MAX = 63 - GENERATED_SUFFIX
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,17 +54,53 @@ class PlaceholderProgress:
     # Its StatefulSet's creationTimestamp (None: not in the cache, or unreadable).
     statefulset_created: float | None = None
     pods: tuple[PendingPod, ...] = ()
+    # When this webhook admitted the pod's run, if a moment ago and the reconciler seeds a
+    # placeholder for it (None: not known here).
+    run_admitted: float | None = None
 
 
 def on_its_way(
     progress: PlaceholderProgress, now: float, young: float = ON_ITS_WAY_SECONDS
 ) -> bool:
     """Whether the placeholder is likely to be bound within a short wait: one of its pods is
-    young and not reported Unschedulable, or, with no pod yet, its StatefulSet is young."""
+    young and not reported Unschedulable, or, with no pod yet, its StatefulSet is young, or,
+    with nothing of it seen yet, its run was admitted a moment ago (the reconciler is about
+    to make it)."""
     if progress.pods:
         return any(
             not pod.unschedulable and pod.created is not None and now - pod.created <= young
             for pod in progress.pods
         )
     created = progress.statefulset_created
+    if created is None:
+        created = progress.run_admitted
     return created is not None and now - created <= young
+
+
+def seeded_run(mode: Mode | None, labels: Mapping[str, str], rewrite_claims: bool) -> str | None:
+    """The PipelineRun whose placeholder the reconciler makes at the run's creation, of a
+    pod with these labels in this mode; None when none is (another engine's run, a claim's
+    placeholder, or ``rewrite-claims`` on: then the placeholder waits for the first pod)."""
+    if mode is None or not mode.per_run or rewrite_claims:
+        return None
+    return labels.get(PIPELINE_RUN_LABEL) or None
+
+
+def seedable_run(run: Mapping[str, Any], started: bool = False) -> bool:
+    """Whether the reconciler may seed a placeholder for a PipelineRun as created: not held
+    (``spec.status``, unless ``started``: cleared at this admission) and no ``taskRunSpecs``
+    entry with a podTemplate of its own (the first pod's constraints would depend on which
+    task comes first). Errs towards False: a run not counted here only means that its first
+    pod does not wait, as before."""
+    spec = run.get("spec")
+    if not isinstance(spec, Mapping) or (spec.get("status") and not started):
+        return False
+    specs = spec.get("taskRunSpecs") or []
+    if not isinstance(specs, list):
+        return False
+    return not any(not isinstance(e, Mapping) or e.get("podTemplate") for e in specs)
+
+
+def generated_prefix(name: str) -> str:
+    """The ``generateName`` a generated name may have been made from (its last 5 cut)."""
+    return name[:-GENERATED_SUFFIX] if len(name) > GENERATED_SUFFIX else ""

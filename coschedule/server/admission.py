@@ -96,6 +96,10 @@ class AdmissionEndpoint(ABC):
     every request refused here is logged (``admission_log.refused``) with the endpoint's
     ``path`` and its object's name as ``object_field``."""
 
+    # Whether the decision after a wait may ask for one more (the endpoint keeps the
+    # request's waits together well inside the webhook's timeoutSeconds); else one at most.
+    chained_waits = False
+
     def __init__(
         self,
         metrics: WebhookMetrics,
@@ -117,7 +121,8 @@ class AdmissionEndpoint(ABC):
         """Decide one decoded review (``start``: when its body was read). Raise one of
         ``BAD_REQUEST`` for a malformed object, ``CachesNotSynced`` (counted and logged) for
         a request that cannot be decided yet; with ``may_wait``, an answer may come with a
-        wait, after which the door decides the body once more."""
+        wait, after which the door decides the body once more (with ``may_wait`` again
+        only where ``chained_waits``: at most two waits)."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["method"] != "POST":
@@ -172,7 +177,12 @@ class AdmissionEndpoint(ABC):
             status = 200
             if wait is not None:
                 await wait
-                status, payload = self.handle(body)
+                # Decided once more; an endpoint that chains waits may ask one more (it
+                # bounds the request's waiting as a whole), then the last decision waits not.
+                status, payload, wait = self._decide(body, self.chained_waits)
+                if wait is not None:
+                    await wait
+                    status, payload, _ = self._decide(body, False)
         await send(
             {
                 "type": "http.response.start",
@@ -185,16 +195,22 @@ class AdmissionEndpoint(ABC):
     def handle(self, body: bytes) -> tuple[int, bytes]:
         """Decide one review body: (HTTP status, response body), never waiting. Never
         raises."""
+        status, payload, _ = self._decide(body, False)
+        return status, payload
+
+    def _decide(self, body: bytes, may_wait: bool) -> tuple[int, bytes, Wait | None]:
+        """Decide one review body after a wait: (HTTP status, response body, a further
+        wait only with ``may_wait``). Never raises."""
         start = time.perf_counter()
         review = None
         try:
             review = self.decode(body)
-            payload, _ = self.admit(review, start, False)
+            payload, wait = self.admit(review, start, may_wait)
         except BAD_REQUEST as exc:
-            return 400, self._bad_request(exc, review, start)
+            return 400, self._bad_request(exc, review, start), None
         except CachesNotSynced as exc:
-            return 503, unavailable_body(str(exc))
-        return 200, payload
+            return 503, unavailable_body(str(exc)), None
+        return 200, payload, wait if may_wait else None
 
     def _bad_request(self, exc: Exception, review: Review | None, start: float) -> bytes:
         self.metrics.admissions.record(self._bad_request_key)

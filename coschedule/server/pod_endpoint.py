@@ -10,19 +10,25 @@ placeholder is on its way (``mutate.bind_wait``: made a moment ago, not reported
 Unschedulable), waits, bounded by ``placeholder-bind-wait-seconds``, for the placeholder
 cache's watch to deliver the binding, and is decided once more: pinned at admission, or,
 after the bound, gated as without the wait (the reconciler pins it). A placeholder that made
-one pod wait in vain makes its run's later pods wait no more (for a minute). A request waits
-once at most: after a wait for the caches or for a claim it is decided without another."""
+one pod wait in vain makes its run's later pods wait no more (for a minute). A pod that
+comes before the reconciler has made the placeholder at all counts as on its way when this
+webhook admitted its PipelineRun a moment ago (``server.young_runs``).
+
+A request waits twice at most: a wait for the caches or for a claim may be followed by a
+wait for the binding, shortened so that all of one request's waits stay within
+``TOTAL_WAIT_SECONDS`` (the webhook's ``timeoutSeconds`` is 5)."""
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
+from dataclasses import replace
 from typing import Protocol
 
 from coschedule.config.settings import Settings
 from coschedule.config.store import SettingsStore
-from coschedule.mutate.bind_wait import PlaceholderProgress, on_its_way
+from coschedule.mutate.bind_wait import PlaceholderProgress, on_its_way, seeded_run
 from coschedule.mutate.claim_rewrite import ClaimView
 from coschedule.mutate.decision import AdmissionContext, PlaceholderView, VolumeView, decide
 from coschedule.mutate.outcome import Decision
@@ -38,13 +44,20 @@ from coschedule.server.admission import (
 )
 from coschedule.server.cache_gate import RULE, SYNC_WAIT_SECONDS, CacheGate, CachesNotSynced
 from coschedule.server.webhook_metrics import WebhookMetrics
+from coschedule.server.young_runs import YoungRuns
 from coschedule.wire import lean
+from coschedule.wire import pod_fields as podview
 from coschedule.wire.pod_fields import MalformedPod
 from coschedule.wire.review import Review
 
 log = admission_log.log
 
 CLAIM_WAIT_SECONDS = 2.0  # well inside the webhook's 5 s timeout
+# All the waits of one request together (a claim's or the caches', then the binding's):
+# the answer comes well inside the webhook's 5 s timeoutSeconds.
+TOTAL_WAIT_SECONDS = 3.5
+# A bind wait shorter than this, after another wait, is not worth its bookkeeping.
+_SHORTEST_BIND_WAIT = 0.05
 
 
 class ClaimCacheView(ClaimView, Protocol):
@@ -64,6 +77,8 @@ class PlaceholderCacheView(PlaceholderView, BindingWatch, Protocol):
 
 
 class PodEndpoint(AdmissionEndpoint):
+    chained_waits = True  # a wait for a claim or the caches, then for the binding
+
     def __init__(
         self,
         settings: SettingsStore,
@@ -74,6 +89,7 @@ class PodEndpoint(AdmissionEndpoint):
         placeholders: PlaceholderView | None = None,
         caches: CacheGate | None = None,
         bindings: BindingWatch | None = None,
+        young: YoungRuns | None = None,
     ) -> None:
         super().__init__(metrics, lean.decode, mode="none", path="/mutate", object_field="pod")
         self.settings = settings
@@ -94,6 +110,11 @@ class PodEndpoint(AdmissionEndpoint):
         # (namespace, placeholder) -> when a wait for it ended unbound (monotonic): its
         # run's later pods do not wait again for a while.
         self._bind_timed_out: dict[tuple[str, str], float] = {}
+        # The PipelineRuns the run endpoint admitted a moment ago (shared with it).
+        self.young = young
+        # Request uid -> when its wait for the caches or a claim began (monotonic), until
+        # its next decision reads it: a later wait for the binding gets what is left.
+        self._first_waits: dict[str, float] = {}
 
     def admit(self, review: Review, start: float, may_wait: bool) -> Answer:
         """With ``may_wait``, a pod denied only for claims the cache has not seen yet, or
@@ -105,7 +126,12 @@ class PodEndpoint(AdmissionEndpoint):
             # configuration) is allowed untouched.
             record(_NOT_OURS)
             return allowed(review.uid), None
-        if not self.synced and (wait := self._unsynced(review, start, may_wait)) is not None:
+        # The decision after a wait for the caches or a claim: no such wait again.
+        earlier = self._first_waits.pop(review.uid, None) if self._first_waits else None
+        if (
+            not self.synced
+            and (wait := self._unsynced(review, start, may_wait and earlier is None)) is not None
+        ):
             return b"", wait  # the door waits, then decides once more
         pod = review.object
         settings = self.settings.current
@@ -156,7 +182,8 @@ class PodEndpoint(AdmissionEndpoint):
             if (
                 decision.unbound
                 and may_wait
-                and (wait := self._bind_wait(review, decision, settings)) is not None
+                and waited is None
+                and (wait := self._bind_wait(review, decision, settings, earlier)) is not None
             ):
                 return b"", wait  # the door waits, then decides once more
             payload = allowed(review.uid, decision.ops, decision.warnings)
@@ -169,31 +196,67 @@ class PodEndpoint(AdmissionEndpoint):
         payload = denied(review.uid, decision.message or "", decision.warnings)
         record((decision.mode_label, "false", "403"), time.perf_counter() - start)
         claims = self.claims
-        if may_wait and claims is not None and decision.rule == "claim-unknown":
+        if (
+            may_wait
+            and earlier is None
+            and waited is None
+            and claims is not None
+            and decision.rule == "claim-unknown"
+        ):
             # A claim the engine made a moment ago may not have reached the cache yet: wait
             # for the watch (no API call), then decide once more.
             wait = claims.wait_for(review.namespace, decision.missing_claims, CLAIM_WAIT_SECONDS)
-            return payload, wait
+            return payload, self._first_wait(review.uid, wait)
         admission_log.decided(review, pod, decision, settings, start, waited)
         return payload, None
 
-    def _bind_wait(self, review: Review, decision: Decision, settings: Settings) -> Wait | None:
+    def _bind_wait(
+        self, review: Review, decision: Decision, settings: Settings, earlier: float | None
+    ) -> Wait | None:
         """A wait for the placeholder's binding when it is worth one (on its way, no wait
-        for it timed out lately, the bound not 0); None: gate now."""
+        for it timed out lately, the bound not 0), shortened to what is left of the
+        request's waiting after an ``earlier`` wait; None: gate now."""
         watch = self.bindings
-        seconds = settings.placeholder_bind_wait_seconds
+        seconds = float(settings.placeholder_bind_wait_seconds)
         placeholder = decision.placeholder
         if watch is None or seconds <= 0 or placeholder is None:
             return None
+        if earlier is not None:
+            seconds = min(seconds, TOTAL_WAIT_SECONDS - (time.monotonic() - earlier))
+            if seconds < _SHORTEST_BIND_WAIT:
+                return None
         key = (review.namespace, placeholder)
         timed_out = self._bind_timed_out
         if timed_out and (ended := timed_out.get(key)) is not None:
             if time.monotonic() - ended < TIMED_OUT_MEMORY_SECONDS:
                 return None
             del timed_out[key]
-        if not on_its_way(watch.progress(*key), time.time()):
+        now = time.time()
+        progress = watch.progress(*key)
+        young = self.young
+        if (
+            young is not None
+            and progress.statefulset_created is None
+            and not progress.pods
+            and len(young)
+        ):
+            # Nothing of the placeholder seen yet: the reconciler may be about to make it.
+            labels = podview.string_map(podview.metadata(review.object), "labels")
+            run = seeded_run(decision.mode, labels, settings.rewrite_claims)
+            if run is not None:
+                progress = replace(progress, run_admitted=young.admitted(key[0], run, now))
+        if not on_its_way(progress, now):
             return None
         return self._wait_bound(watch, key, review.uid, seconds)
+
+    async def _first_wait(self, uid: str, wait: Awaitable[object]) -> None:
+        """A wait for the caches or a claim, remembered for the request's next decision."""
+        self._first_waits[uid] = time.monotonic()
+        try:
+            await wait
+        except BaseException:
+            self._first_waits.pop(uid, None)  # cancelled (the client went away): no decision
+            raise
 
     async def _wait_bound(
         self, watch: BindingWatch, key: tuple[str, str], uid: str, seconds: float
@@ -234,7 +297,7 @@ class PodEndpoint(AdmissionEndpoint):
             self.synced = True
             return None
         if may_wait and caches is not None:
-            return caches.wait(SYNC_WAIT_SECONDS)
+            return self._first_wait(review.uid, caches.wait(SYNC_WAIT_SECONDS))
         names = ", ".join(waiting)
         self.metrics.admissions.record(_NOT_SYNCED, time.perf_counter() - start)
         admission_log.refused(

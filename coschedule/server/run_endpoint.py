@@ -4,7 +4,8 @@ front door (``server.admission``). Until both caches have been read once
 (``server.cache_gate``), a run waits for them, bounded, and is decided then; a run it still
 cannot decide on is refused in a 200 review that says why and whether to retry. A run is
 logged only when refused (at the door, as a bad request, not decidable yet, or an internal
-error); an admitted run is counted, not logged."""
+error); an admitted run is counted, not logged. A PipelineRun admitted started is remembered
+for a moment (``server.young_runs``): its first pod may come before its placeholder."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ from typing import Protocol
 
 from coschedule.concurrency.admission import Outcome, admit_run, policy_held
 from coschedule.concurrency.control import Control
-from coschedule.engines import run_kind_of
+from coschedule.engines import Kind, run_kind_of
+from coschedule.mutate.bind_wait import seedable_run
 from coschedule.server import admission_log
 from coschedule.server.admission import (
     AdmissionEndpoint,
@@ -27,6 +29,7 @@ from coschedule.server.admission import (
 )
 from coschedule.server.cache_gate import SYNC_WAIT_SECONDS, CacheGate
 from coschedule.server.webhook_metrics import WebhookMetrics
+from coschedule.server.young_runs import YoungRuns
 from coschedule.wire.review import BadReview, Review, decode_review
 
 log = logging.getLogger("coschedule.admission.runs")
@@ -51,6 +54,7 @@ class RunEndpoint(AdmissionEndpoint):
         controls: ControlLookup | None = None,
         namespaces: NamespaceLookup | None = None,
         caches: CacheGate | None = None,
+        young: YoungRuns | None = None,
     ) -> None:
         super().__init__(
             metrics, decode_review, mode=METRIC_MODE, path="/mutate-runs", object_field="run"
@@ -59,6 +63,9 @@ class RunEndpoint(AdmissionEndpoint):
         self.namespaces = namespaces
         self.caches = caches
         self.synced = caches is None  # every cache read once: then never asked again
+        # The PipelineRuns admitted a moment ago, for the pod endpoint's wait for a
+        # placeholder the reconciler is about to make (``server.young_runs``).
+        self.young = young
 
     def admit(self, review: Review, start: float, may_wait: bool) -> Answer:
         count = self.metrics.count_request
@@ -122,7 +129,28 @@ class RunEndpoint(AdmissionEndpoint):
                 f"coschedule: grouped by ConcurrencyControl {names}; created pending by its "
                 "author, so coschedule will never start it"
             ]
+        young = self.young
+        if (
+            young is not None
+            and kind is Kind.PIPELINE_RUN
+            and not review.dry_run  # never stored: no placeholder comes
+            and decision.outcome in _STARTED
+            and seedable_run(review.object, started=decision.outcome is Outcome.RELEASED)
+        ):
+            meta = review.object.get("metadata")
+            if isinstance(meta, Mapping):
+                young.record(
+                    review.namespace,
+                    str(meta.get("name") or ""),
+                    str(meta.get("generateName") or ""),
+                    time.time(),
+                )
         self.metrics.admissions.record(
             (METRIC_MODE, "true", "200"), time.perf_counter() - start, len(decision.ops)
         )
         return allowed(review.uid, decision.ops, warnings), None
+
+
+# The outcomes that leave a run started at its creation (the reconciler seeds its
+# placeholder then); the others hold it, or leave that to Kueue.
+_STARTED = (Outcome.UNTOUCHED, Outcome.RELEASED)

@@ -27,6 +27,7 @@ from coschedule.server.pod_endpoint import ClaimCacheView, PlaceholderCacheView,
 from coschedule.server.run_endpoint import ControlLookup, RunEndpoint
 from coschedule.server.tls import ServingCertificate
 from coschedule.server.webhook_metrics import WebhookMetrics
+from coschedule.server.young_runs import YoungRuns
 
 log = logging.getLogger("coschedule.serve")
 
@@ -131,10 +132,20 @@ def build_webhook(
     probes.checks["certificate"] = cert_check
     probes.checks["config"] = config_check
     probes.checks["shutdown"] = drain.readiness
+    # The runs admitted a moment ago: a run's first pod may come before its placeholder.
+    young = YoungRuns()
     pods = PodEndpoint(
-        settings, metrics, namespaces, claims, volumes, placeholders, pod_caches, placeholders
+        settings,
+        metrics,
+        namespaces,
+        claims,
+        volumes,
+        placeholders,
+        pod_caches,
+        placeholders,
+        young,
     )
-    runs = RunEndpoint(metrics, controls, namespaces, run_caches)
+    runs = RunEndpoint(metrics, controls, namespaces, run_caches, young)
     return Webhook(settings, metrics, certificate, probes, pods, runs, drain)
 
 

@@ -184,3 +184,36 @@ async def test_an_unbound_placeholders_progress_and_a_wait_woken_by_the_binding(
     assert cache.progress("ci", "affinity-assistant-aaa").pods == ()  # bound: not pending
     assert await cache.wait_bound("ci", "affinity-assistant-aaa", 0)  # bound already
     assert cache._waiters == {}  # nothing left behind by either wait
+
+
+async def test_a_wait_for_a_placeholder_unknown_when_it_began_wakes_when_it_is_bound(
+    api: MiniApi, client: KubeClient, running: list[asyncio.Task[None]]
+) -> None:
+    """A run's first pod may wait before the reconciler made the placeholder at all: the
+    StatefulSet and its pod appear during the wait, then the binding wakes it."""
+    claims = ClaimCache(client)
+    cache = PlaceholderCache(client, claims.statefulsets)
+    running += [asyncio.create_task(i.run()) for i in (cache.informer, claims.statefulsets)]
+    await asyncio.wait_for(cache.informer.synced.wait(), 3)
+    await asyncio.wait_for(claims.statefulsets.synced.wait(), 3)
+    assert cache.progress("ci", "affinity-assistant-new") == PlaceholderProgress()
+    waiting = asyncio.create_task(cache.wait_bound("ci", "affinity-assistant-new", 10))
+    await asyncio.sleep(0.05)
+    api.put(
+        "statefulsets",
+        {
+            "metadata": {
+                "name": "affinity-assistant-new",
+                "namespace": "ci",
+                "labels": placeholder_labels("affinity-assistant-new"),
+            },
+            "spec": {"replicas": 1},
+        },
+    )
+    api.put("pods", placeholder_pod("ci", "affinity-assistant-new"))
+    await eventually(lambda: len(cache.progress("ci", "affinity-assistant-new").pods) == 1)
+    assert not waiting.done()  # made, not bound: still waiting
+    api.edit("pods", "ci", "affinity-assistant-new-0", {"spec": {"nodeName": "node-b"}})
+    assert await asyncio.wait_for(waiting, 3)
+    assert cache.node("ci", "affinity-assistant-new") == "node-b"
+    assert cache._waiters == {}

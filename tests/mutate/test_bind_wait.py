@@ -11,7 +11,10 @@ from coschedule.mutate.bind_wait import (
     ON_ITS_WAY_SECONDS,
     PendingPod,
     PlaceholderProgress,
+    generated_prefix,
     on_its_way,
+    seedable_run,
+    seeded_run,
 )
 from tests.fixtures import load_pod
 from tests.mutate.test_placement import (
@@ -56,6 +59,82 @@ def test_a_placeholder_is_on_its_way_when_made_a_moment_ago_and_not_unschedulabl
     progress: PlaceholderProgress, worth: bool
 ) -> None:
     assert on_its_way(progress, NOW) is worth
+
+
+@pytest.mark.parametrize(
+    ("progress", "worth"),
+    [
+        # Nothing of the placeholder seen, but its run admitted a moment ago: the reconciler
+        # makes the StatefulSet 0.1-0.3 s after the run.
+        (PlaceholderProgress(run_admitted=NOW - 0.1), True),
+        (PlaceholderProgress(run_admitted=NOW - ON_ITS_WAY_SECONDS), True),
+        # Admitted longer ago and still nothing: the reconciler did not seed it.
+        (PlaceholderProgress(run_admitted=NOW - ON_ITS_WAY_SECONDS - 0.1), False),
+        # Once the StatefulSet or its pod is seen, they decide, not the run.
+        (PlaceholderProgress(NOW - 60, run_admitted=NOW - 0.1), False),
+        (PlaceholderProgress(None, (pod(0.1, unschedulable=True),), NOW - 0.2), False),
+        (PlaceholderProgress(None, (pod(0.1),), NOW - 60), True),
+    ],
+)
+def test_a_run_admitted_a_moment_ago_puts_its_unseen_placeholder_on_its_way(
+    progress: PlaceholderProgress, worth: bool
+) -> None:
+    assert on_its_way(progress, NOW) is worth
+
+
+TEKTON_LABELS = {"tekton.dev/pipelineRun": "pr-7f3k2", "tekton.dev/taskRun": "pr-7f3k2-build"}
+
+
+@pytest.mark.parametrize(
+    ("mode", "labels", "rewrite_claims", "run"),
+    [
+        (Mode.PIPELINERUNS, TEKTON_LABELS, False, "pr-7f3k2"),
+        (Mode.ISOLATE_PIPELINERUN, TEKTON_LABELS, False, "pr-7f3k2"),
+        # A claim's placeholder (workspaces) is never seeded from the run.
+        (Mode.WORKSPACES, TEKTON_LABELS, False, None),
+        (None, TEKTON_LABELS, False, None),
+        # rewrite-claims: the placeholder's templates wait for the first pod.
+        (Mode.PIPELINERUNS, TEKTON_LABELS, True, None),
+        # Argo, Shipwright, a Job: their runs are not seeded.
+        (Mode.PIPELINERUNS, {"workflows.argoproj.io/workflow": "wf-1"}, False, None),
+        (Mode.PIPELINERUNS, {"tekton.dev/taskRun": "tr-1"}, False, None),
+    ],
+)
+def test_only_a_pipelineruns_pod_in_a_per_run_mode_has_a_seeded_run(
+    mode: Mode | None, labels: dict[str, str], rewrite_claims: bool, run: str | None
+) -> None:
+    assert seeded_run(mode, labels, rewrite_claims) == run
+
+
+@pytest.mark.parametrize(
+    ("spec", "started", "seedable"),
+    [
+        ({"pipelineRef": {"name": "build"}}, False, True),
+        ({"status": "PipelineRunPending"}, False, False),  # held: no seed until started
+        ({"status": "PipelineRunPending"}, True, True),  # the hold lifted at admission
+        ({"taskRunSpecs": [{"pipelineTaskName": "a", "serviceAccountName": "x"}]}, False, True),
+        # A task with its own podTemplate: which task comes first decides the constraints.
+        (
+            {"taskRunSpecs": [{"pipelineTaskName": "a", "podTemplate": {"nodeSelector": {}}}]},
+            False,
+            False,
+        ),
+        ({"taskRunSpecs": "bad"}, False, False),
+        (None, False, False),
+    ],
+)
+def test_a_run_is_seedable_when_started_and_without_per_task_pod_templates(
+    spec: object, started: bool, seedable: bool
+) -> None:
+    assert seedable_run({"metadata": {"name": "pr"}, "spec": spec}, started) is seedable
+
+
+@pytest.mark.parametrize(
+    ("name", "prefix"),
+    [("pr-x7k2q", "pr-"), ("build-run-abcde", "build-run-"), ("abcde", ""), ("ab", "")],
+)
+def test_a_generated_name_is_its_prefix_and_five_characters(name: str, prefix: str) -> None:
+    assert generated_prefix(name) == prefix
 
 
 def test_how_young_is_a_parameter() -> None:
