@@ -6,10 +6,13 @@ did not come from it; ``MalformedPod`` names the field so the answer is a clear 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
+from itertools import compress, count, repeat
+from operator import is_not
 from typing import Any, overload
 
 _EMPTY: Mapping[str, Any] = {}
+_PVC = "persistentVolumeClaim"
 
 
 class MalformedPod(ValueError):
@@ -38,11 +41,28 @@ def string_map(meta: Mapping[str, Any], key: str) -> Mapping[str, str]:
 
 def claim_volumes(pod_spec: Mapping[str, Any]) -> list[tuple[int, str, str]]:
     """(index in spec.volumes, volume name, claimName) of every PVC volume."""
+    volumes = sub_list(pod_spec, "volumes", "pod.spec")
+    if not volumes:
+        return []
+    try:
+        # Every volume's claim source in C (a Tekton pod has a dozen volumes, one a claim);
+        # ``dict.get`` refuses a volume that is not an object: the loop below names it.
+        sources = list(map(dict.get, volumes, repeat(_PVC, len(volumes))))
+    except TypeError:
+        return _claim_volumes(volumes, range(len(volumes)))
+    if sources.count(None) == len(sources):
+        return []
+    return _claim_volumes(volumes, compress(count(), map(is_not, sources, repeat(None))))
+
+
+def _claim_volumes(volumes: list[Any], indexes: Iterable[int]) -> list[tuple[int, str, str]]:
+    """The checked claims of the volumes at ``indexes`` (in order: the first bad one is named)."""
     found = []
-    for index, volume in enumerate(sub_list(pod_spec, "volumes", "pod.spec") or ()):
+    for index in indexes:
+        volume = volumes[index]
         if not isinstance(volume, dict):
             raise MalformedPod(f"pod.spec.volumes[{index}] must be an object")
-        source = volume.get("persistentVolumeClaim")
+        source = volume.get(_PVC)
         if source is None:
             continue
         if not isinstance(source, dict):

@@ -188,6 +188,26 @@ TRICKY = [
     _tekton_body().replace(b'"uid":"', b'"uid":1,"x":"', 1),
     _tekton_body().replace(b'"dryRun":false', b'"dryRun":"no"', 1),
     _tekton_body().replace(b'"operation":"CREATE"', b'"operation":null', 1),
+    # The review's own fields, each of another type or absent (typed in the fast decoder).
+    _tekton_body().replace(b'"kind":"AdmissionReview"', b'"kind":"AdmissionReviewList"', 1),
+    _tekton_body().replace(b'"version":"v1"', b'"version":1', 1),
+    _tekton_body().replace(b'"group":""', b'"group":0', 1),
+    _tekton_body().replace(b'"group":""', b'"group":null', 1),
+    _tekton_body().replace(b'"kind":"Pod"', b'"kind":["Pod"]', 1),
+    _tekton_body().replace(b'"namespace":"ci"', b'"namespace":5', 1),
+    _tekton_body().replace(b'"namespace":"ci"', b'"namespace":null', 1),
+    _tekton_body().replace(b'"dryRun":false', b'"dryRun":null', 1),
+    _tekton_body().replace(b'"uid":"', b'"uid":"","x":"', 1),
+    _tekton_body().replace(b'"operation":"CREATE"', b'"x":"CREATE"', 1),
+    orjson.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview"}),
+    orjson.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": None}),
+    orjson.dumps(
+        {
+            "apiVersion": "admission.k8s.io/v1",
+            "kind": "AdmissionReview",
+            "request": {"uid": "u", "kind": None, "operation": "CREATE"},
+        }
+    ),
     orjson.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": []}),
     orjson.dumps(
         {
