@@ -24,6 +24,11 @@ matches only coschedule's ServiceAccounts, less its idle rate); recovery after e
 the runs that were on the dead node and their verdicts; what broke. Exit status 1 when an
 invariant broke, a coscheduled run not on the dead node did not succeed, or something was
 left.
+
+The stack's logs (the control plane's and coschedule's processes', Tekton's, the kubelets'
+and containerds') are copied to ``build/load-logs/COMMIT-TIME/`` (printed) when the run
+failed or raised, so that what broke can be read afterwards; on a clean run they go with the
+stack, unless ``--keep-logs``.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ import datetime as dt
 import shutil
 import sys
 import tempfile
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -41,6 +47,58 @@ from bench.servers import loadavg, write_results
 from bench.suite import source
 from tests.real import stack
 from tests.real.load import LANES, Outcome, Plan, latency, run_load
+
+ROOT = Path(__file__).resolve().parent.parent
+LOGS_DIR = ROOT / "build" / "load-logs"  # gitignored
+
+
+def problems(outcome: Outcome) -> list[str]:
+    """What makes the run a failure (exit status 1), a line each: an invariant that broke,
+    a coscheduled run not on the dead node that did not succeed, something left. Pure."""
+    lost = set(outcome.node_loss.runs) if outcome.node_loss else set()
+    failed = sorted(
+        k for k, r in outcome.records.items()
+        if r.lane != "off" and k not in lost and r.verdict != ("True", "Succeeded")
+    )  # fmt: skip
+    left = {k: v for k, v in outcome.left.items() if v}
+    found = [f"invariant broke: {why}" for why in outcome.broken]
+    if failed:
+        found.append(f"coscheduled runs not Succeeded: {', '.join(failed)}")
+    if left:
+        found.append(f"left behind: {left}")
+    return found
+
+
+def why_keep_logs(found: Sequence[str], *, finished: bool, asked: bool) -> str | None:
+    """Why the stack's logs are kept (None: they go with the stack): the run raised before
+    its outcome, something in it failed (``problems``), or ``--keep-logs``. Pure."""
+    if not finished:
+        return "the run did not finish"
+    if found:
+        return found[0] + (f" (and {len(found) - 1} more)" if len(found) > 1 else "")
+    return "--keep-logs" if asked else None
+
+
+def stack_logs(folder: Path) -> dict[str, Path]:
+    """The log folders in a realstack's work ``folder``, by the name they are kept under:
+    Tekton's, and each node's kubelet and containerd (``logs.prev`` too: a node brought back
+    up moved its logs from before there); not the pods' own (the bulk, and the runs' steps,
+    not coschedule's)."""
+    found = {"tekton": folder / "tekton" / "logs"}
+    for logs in sorted((folder / "nodes").glob("*/logs*")):
+        found[f"nodes/{logs.parent.name}/{logs.name}"] = logs
+    return found
+
+
+def save_logs(sources: Mapping[str, Path], dest: Path) -> list[Path]:
+    """Copy each folder of ``sources`` that exists to ``dest``/its name; the copies made."""
+    made = []
+    for name, folder in sources.items():
+        if folder.is_dir():
+            target = dest / name
+            shutil.copytree(folder, target, dirs_exist_ok=True)
+            made.append(target)
+    return made
 
 
 def figures(outcome: Outcome, plan: Plan) -> dict[str, Any]:
@@ -146,6 +204,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-faults", action="store_true")
     parser.add_argument("--no-node-down", action="store_true", help="the other four faults")
     parser.add_argument("--json", type=Path, help="also write the figures here")
+    parser.add_argument(
+        "--keep-logs",
+        action="store_true",
+        help=f"keep the stack's logs (under {LOGS_DIR.relative_to(ROOT)}) after a clean run too",
+    )
     args = parser.parse_args(argv)
     why = stack.unavailable()
     if why:
@@ -160,17 +223,34 @@ def main(argv: list[str] | None = None) -> int:
     code = source()
     started_at = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
     workdir = Path(tempfile.mkdtemp(prefix="coschedule-bench-load-"))
+    # The control plane's and coschedule's processes' logs (tests/e2e/cluster.py).
+    own_logs = {"processes": workdir / "logs"}
+    kept = LOGS_DIR / f"{code['commit']}-{dt.datetime.now(dt.UTC):%Y%m%dT%H%M%SZ}"
     notes: list[str] = []
-    cluster = stack.start(workdir, notes)
+    try:
+        cluster = stack.start(workdir, notes)
+    except BaseException:
+        if save_logs(own_logs, kept):
+            print(f"the stack did not start; its logs are kept in {kept}", flush=True)
+        shutil.rmtree(workdir, ignore_errors=True)
+        raise
 
     def log(text: str) -> None:
         load.append(loadavg())
         print(f"{dt.datetime.now(dt.UTC):%H:%M:%S} {text} (load {load[-1]:.1f})", flush=True)
 
+    outcome: Outcome | None = None
     try:
         outcome = run_load(cluster, plan, log=log)
     finally:
+        found = problems(outcome) if outcome is not None else []
+        why = why_keep_logs(found, finished=outcome is not None, asked=args.keep_logs)
+        if why is not None:
+            save_logs(stack_logs(cluster.workdir), kept)  # before the stack (and its folder) goes
         stack.stop(cluster)
+        if why is not None:
+            save_logs(own_logs, kept)  # once the processes stopped: whole
+            print(f"kept the stack's logs in {kept}: {why}", flush=True)
         shutil.rmtree(workdir, ignore_errors=True)
     load.append(loadavg())
     result = figures(outcome, plan)
@@ -178,13 +258,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         lanes = [asdict(lane) for lane in LANES]
         write_results(args.json, started_at, code, load, lanes=lanes, **result)
-    lost = set(outcome.node_loss.runs) if outcome.node_loss else set()
-    failed = [
-        k for k, r in outcome.records.items()
-        if r.lane != "off" and k not in lost and r.verdict != ("True", "Succeeded")
-    ]  # fmt: skip
-    bad = result["broken"] or failed or result["left"]
-    return 1 if bad else 0
+    return 1 if found else 0
 
 
 if __name__ == "__main__":

@@ -27,8 +27,7 @@ import orjson
 import uvicorn
 
 from bench.payloads import BENCH_UID
-from coschedule import logs
-from coschedule.server import heap
+from coschedule import heap, logs
 from coschedule.server.admission import Receive, Scope, Send
 
 WEBHOOK_MODE: Final[str] = "pipelineruns"

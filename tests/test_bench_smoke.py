@@ -12,6 +12,8 @@ import json
 import os
 import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -51,6 +53,7 @@ from coschedule.server.webhook_metrics import WebhookMetrics
 from tests.e2e.cluster import find_binaries
 
 RATE = 300  # requests per second for one second: a few hundred requests
+ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
@@ -588,6 +591,32 @@ def test_webhook_memory_bench_fills_the_real_caches() -> None:
     assert figures["bytes_per_claim"] > 0
     per_10k = figures["bytes_per_claim"] * 10_000 / 2**20
     assert figures["mb_per_10k_claims"] == pytest.approx(per_10k, abs=0.1)
+
+
+def test_reconciler_bench_runs_to_its_figures_in_its_own_process(tmp_path: Path) -> None:
+    """``python -m bench.reconciler`` whole, at a small scale, as ``make bench`` runs it: it
+    ends with its figures. A hang fails here after a bound, with what it printed, instead of
+    hanging the suite (its fake API once fed one watch stream to two caches)."""
+    out = tmp_path / "reconciler.json"
+    command = [sys.executable, "-m", "bench.reconciler", "--json", str(out),
+               "--runs", "20", "--nodes", "50", "--samples", "3"]  # fmt: skip
+    try:
+        done = subprocess.run(
+            command, cwd=ROOT, capture_output=True, text=True, timeout=120, check=False
+        )
+    except subprocess.TimeoutExpired as exc:
+        said = [
+            (part.decode(errors="replace") if isinstance(part, bytes) else part or "")[-2000:]
+            for part in (exc.stdout, exc.stderr)
+        ]
+        pytest.fail(f"bench.reconciler still running after 120 s (hung?); it printed: {said}")
+    assert done.returncode == 0, done.stderr[-3000:]
+    figures = json.loads(out.read_text())
+    assert (figures["runs"], figures["marked_pods"], figures["samples"]) == (20, 200, 3)
+    # One list per cache and no write at startup; each new run made its StatefulSet once.
+    assert figures["api_calls_constant_per_run"] is True
+    assert figures["api_calls"]["per_new_run"]["POST statefulsets"] == 1.0
+    assert figures["cordon_to_delete_ms"]["max"] > 0
 
 
 def test_a_real_stack_bench_writes_its_header_then_its_figures(tmp_path: Path) -> None:

@@ -9,6 +9,7 @@ structural checks of tests/test_manifests.py run on the chart's defaults too.
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Iterator
 from typing import Any
@@ -17,9 +18,16 @@ import pytest
 import yaml
 
 from coschedule.config.policy import POLICY_KEYS, PolicyMode
-from coschedule.config.settings import KNOWN_KEYS, parse_settings
+from coschedule.config.settings import (
+    DEFAULT_PLACEHOLDER_BIND_WAIT_SECONDS,
+    KNOWN_KEYS,
+    MAX_PLACEHOLDER_BIND_WAIT_SECONDS,
+    parse_settings,
+)
 from coschedule.marks import IsolationScope, Mode
-from tests.chart import CHART, NAMESPACE, all_options, helm, lint, render_chart
+from coschedule.server.cache_gate import SYNC_WAIT_SECONDS
+from coschedule.server.pod_endpoint import CLAIM_WAIT_SECONDS, TOTAL_WAIT_SECONDS
+from tests.chart import CHART, NAMESPACE, ROOT, all_options, helm, lint, render_chart
 from tests.test_manifests import (
     CERT_MANAGER,
     CRDS,
@@ -412,6 +420,11 @@ def test_the_schema_knows_exactly_the_config_keys() -> None:
             "invalid propertyName 'app.kubernetes.io/component'",
         ),
         ({"podSecurityContext": "restricted"}, "/podSecurityContext"),
+        # 0-3 s, as a number or its text (the process's words).
+        ({"config": {"placeholder-bind-wait-seconds": 4}}, "/config/placeholder-bind-wait"),
+        ({"config": {"placeholder-bind-wait-seconds": "3.5"}}, "/config/placeholder-bind-wait"),
+        ({"config": {"placeholder-bind-wait-seconds": "-1"}}, "/config/placeholder-bind-wait"),
+        ({"config": {"placeholder-bind-wait-seconds": "soon"}}, "/config/placeholder-bind-wait"),
     ],
 )
 def test_bad_values_are_refused_by_the_schema(values: Obj, fragment: str) -> None:
@@ -429,6 +442,7 @@ def test_bad_values_are_refused_by_the_schema(values: Obj, fragment: str) -> Non
         {"isolation-scope": "cluster"},
         {"isolation-scope": "tenant", "isolation-tenant-label": "example.com/team"},
         {"isolation-scope": "", "isolation-tenant-label": ""},
+        *({"placeholder-bind-wait-seconds": w} for w in ("0", ".5", "2.", " 3 ", "3.0", "")),
     ],
 )
 def test_every_accepted_config_value_is_one_the_processes_accept(config: Obj) -> None:
@@ -486,6 +500,46 @@ def test_the_webhook_ports_follow_without_host_network() -> None:
 def test_one_port_for_both_webhook_listeners_is_refused() -> None:
     with pytest.raises(Exception, match=r"webhook\.port and webhook\.healthPort are both 9443"):
         render_chart({"webhook": {"port": 9443, "healthPort": 9443}})
+
+
+@pytest.mark.parametrize("bind", [None, "", "0", "1.5", "2", "2.5", "3", 3])
+def test_the_webhook_timeout_must_outlast_its_longest_wait_on_one_request(
+    bind: str | int | None,
+) -> None:
+    """A request waits for the caches' first list or a claim, or for the placeholder's
+    binding, or for one of the first two and then the binding, all within
+    ``TOTAL_WAIT_SECONDS`` (server/pod_endpoint.py). ``timeoutSeconds`` must leave 1 s more,
+    or the API server gives up on the webhook while it waits: the chart refuses that."""
+    wait = DEFAULT_PLACEHOLDER_BIND_WAIT_SECONDS if bind in (None, "") else float(bind or 0)
+    first = max(SYNC_WAIT_SECONDS, CLAIM_WAIT_SECONDS)
+    longest = min(first + wait, TOTAL_WAIT_SECONDS) if wait > 0 else first
+    least = math.ceil(longest + 1)
+    config = {} if bind is None else {"placeholder-bind-wait-seconds": bind}
+    docs = render_chart({"webhook": {"timeoutSeconds": least}, "config": config})
+    hooks = one(docs, "MutatingWebhookConfiguration", "coschedule")["webhooks"]
+    assert {hook["timeoutSeconds"] for hook in hooks} == {least}
+    refused = {"webhook": {"timeoutSeconds": least - 1}, "config": config}
+    with pytest.raises(Exception, match=r"webhook\.timeoutSeconds is \d+") as caught:
+        render_chart(refused)
+    message = str(caught.value)
+    assert f"webhook.timeoutSeconds is {least - 1}," in message
+    assert f"may wait {longest:g} s on one request" in message
+    assert f"placeholder-bind-wait-seconds is {wait:g} s" in message
+    assert f"set webhook.timeoutSeconds to {least} or more" in message
+
+
+def test_the_default_timeout_leaves_the_longest_bind_wait_a_second() -> None:
+    """The shipped timeoutSeconds (chart and manifests, 5) takes every bind wait the
+    processes accept (up to 3 s)."""
+    assert DEFAULTS["webhook"]["timeoutSeconds"] >= TOTAL_WAIT_SECONDS + 1
+    assert TOTAL_WAIT_SECONDS >= MAX_PLACEHOLDER_BIND_WAIT_SECONDS
+    config = {"placeholder-bind-wait-seconds": str(MAX_PLACEHOLDER_BIND_WAIT_SECONDS)}
+    hooks = one(render_chart({"config": config}), "MutatingWebhookConfiguration", "coschedule")
+    assert {h["timeoutSeconds"] for h in hooks["webhooks"]} == {5}
+    manifest = yaml.safe_load(
+        (ROOT / "manifests/base/mutatingwebhookconfiguration.yaml").read_text()
+    )
+    assert {h["timeoutSeconds"] for h in manifest["webhooks"]} == {5}
 
 
 def test_pod_labels_add_to_the_selector_labels() -> None:

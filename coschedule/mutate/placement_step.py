@@ -86,7 +86,9 @@ def node_placement_ops(
                 f"to it, and the {marks.GATE_PLACEHOLDER} gate lifted"
             )
         return node
-    decision.held = True
+    # Held behind the gate: gated now, or left gated on a reinvocation. A pod pinned below
+    # is not (the unmarked-pod controller reads this).
+    decision.held = gated or node is None
     # Not on a reinvocation (the pod carries our earlier decision), nor without a view.
     decision.unbound = node is None and previous is None and view is not None
     if gated:

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import uvicorn
 
-from coschedule import certs
+from coschedule import certs, heap
 from coschedule.config.store import SettingsStore, open_store_or_exit, reload_loop
 from coschedule.kube.client import Credentials, KubeClient, KubeConfigError, require
 from coschedule.kube.leader import ElectionConfig, LeaderElector
@@ -54,7 +54,9 @@ def run_reconciler(args: argparse.Namespace) -> int:
         print(f"coschedule reconcile: {exc}", file=sys.stderr)
         return EXIT_USAGE
     try:
-        asyncio.run(serve_reconciler(args, creds, store, metrics, keeping=keeping))
+        asyncio.run(
+            serve_reconciler(args, creds, store, metrics, keeping=keeping, freeze_heap=True)
+        )
     except ListenError as exc:
         print(f"coschedule reconcile: {exc}", file=sys.stderr)
         return 1
@@ -102,7 +104,11 @@ async def serve_reconciler(
     stopping: asyncio.Event | None = None,
     *,
     keeping: tuple[CertificateTargets, RotationPolicy] | None = None,
+    freeze_heap: bool = False,
 ) -> None:
+    """The reconciler until ``stopping`` (SIGTERM in its own process). With ``freeze_heap``
+    (the process's own run, not a test's), what the caches hold once first listed is frozen
+    (``coschedule.heap``): the reconciles that follow stall on no full collection of it."""
     # Probes reach the pod on its IPv6 or IPv4 address: listen on both (coschedule.listen);
     # bound first, so a port in use stops the process before anything else starts.
     health_socket = listen_socket(EVERY_ADDRESS, args.health_port)
@@ -155,6 +161,10 @@ async def serve_reconciler(
                 loop.add_signal_handler(sig, stopping.set)
 
     manager.start_informers()
+    # The caches' first lists are most of a large cluster's heap: frozen once read.
+    settler = (
+        asyncio.create_task(heap.settle_when(manager.wait_synced(), log)) if freeze_heap else None
+    )
     tasks = [
         asyncio.create_task(health.serve(sockets=[health_socket])),
         asyncio.create_task(reload_loop(RELOAD_INTERVAL_SECONDS, manager.reload, "config reload")),
@@ -175,6 +185,8 @@ async def serve_reconciler(
         await stopping.wait()
     finally:
         log.info("shutting down")
+        if settler is not None:
+            settler.cancel()
         manager.stop_leading()
         if elector is not None:
             tasks[-1].cancel()  # no renewal in flight while we release

@@ -12,12 +12,11 @@ from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
-from coschedule import certs, logs
+from coschedule import certs, heap, logs
 from coschedule.config.store import open_store_or_exit
 from coschedule.listen import ListenError
-from coschedule.server import heap
 from coschedule.server.cluster import ClusterLink, ClusterUnavailable
-from coschedule.server.serve import ServeOptions, bind_listeners, build_webhook, serve
+from coschedule.server.serve import ServeOptions, bind_listeners, build_webhook, log, serve
 from coschedule.server.tls import CertificateUnusable
 from coschedule.server.webhook_metrics import WebhookMetrics
 
@@ -92,7 +91,9 @@ def run_webhook(args: argparse.Namespace) -> int:
         async with link.running():
             # The caches' first lists are most of a large cluster's heap: frozen once read.
             settler = (
-                asyncio.create_task(heap.settle_when(link.wait_synced())) if link.online else None
+                asyncio.create_task(heap.settle_when(link.wait_synced(), log))
+                if link.online
+                else None
             )
             try:
                 await serve(webhook, serve_options)

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import uvicorn
 
+from coschedule import heap
 from coschedule.config.store import SettingsStore, reload_loop
 from coschedule.listen import EVERY_ADDRESS, ListenError, describe, listen_socket
 from coschedule.mutate.decision import VolumeView
 from coschedule.probes import Probes, probes_app
-from coschedule.server import heap
 from coschedule.server.admission import NamespaceLookup
 from coschedule.server.cache_gate import CacheGate
 from coschedule.server.drain import Drain

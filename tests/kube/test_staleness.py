@@ -115,7 +115,7 @@ async def test_the_webhook_stays_ready_says_which_caches_are_stale_and_counts_se
 async def test_the_link_is_synced_once_every_cache_has_made_its_first_list(
     api: MiniApi, client: KubeClient, running: list[asyncio.Task[None]]
 ) -> None:
-    """What the webhook waits for before it freezes its heap (coschedule.server.heap)."""
+    """What the webhook waits for before it freezes its heap (coschedule.heap)."""
     api.put("namespaces", {"metadata": {"name": "ci"}})
     informer = Informer(client, "/api/v1/namespaces", name="namespaces")
     link = ClusterLink(client, NamespaceCache(informer))

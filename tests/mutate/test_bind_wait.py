@@ -157,6 +157,7 @@ def test_a_first_admission_held_only_because_the_placeholder_is_unbound_is_marke
     pinned, _ = admit(load_pod(name), context(view))
     assert pinned.by_node_name
     assert not pinned.unbound
+    assert not pinned.held
     # Reinvoked on its own gated output: stays as decided, never waits again.
     again, same = admit(patched, context(view))
     assert again.held

@@ -132,8 +132,13 @@ def test_a_taskrun_pod_after_its_placeholder_is_bound_is_pinned_to_that_node(nam
     # The other marks are all there beside the pin's.
     assert patched["metadata"]["annotations"]["coschedule.dev/run"] == "pr-7f3k2"
     assert any("bound to 'node-b'" in r for r in decision.reasons)
+    # Pinned, not held behind the gate (what the unmarked-pod controller reads).
+    assert decision.by_node_name
+    assert not decision.held
+    assert not decision.unbound
     again, _ = admit(patched, context(view))
     assert again.ops == []
+    assert not again.held
 
 
 def test_a_pinned_pod_whose_placeholder_moved_is_repinned_not_pinned_twice() -> None:
@@ -148,6 +153,7 @@ def test_a_pinned_pod_whose_placeholder_moved_is_repinned_not_pinned_twice() -> 
     assert moved["metadata"]["annotations"][ANNOTATION_PINNED_NODE] == "node-b"
     assert [op["op"] for op in decision.ops] == ["replace", "add"]
     assert any("was 'node-a'" in r for r in decision.reasons)
+    assert not decision.held
 
 
 def test_a_pinned_pod_whose_placeholder_is_no_longer_bound_is_gated_for_the_reconciler() -> None:
@@ -161,6 +167,7 @@ def test_a_pinned_pod_whose_placeholder_is_no_longer_bound_is_gated_for_the_reco
     # The pin and its record stay: the reconciler's release replaces exactly that pin.
     assert pinned_node(gated["metadata"]) == "node-a"
     assert any("replacing the pin to 'node-a'" in r for r in decision.reasons)
+    assert decision.held
 
 
 def test_the_users_node_affinity_is_kept_and_the_pin_goes_into_it() -> None:

@@ -118,8 +118,14 @@ async def test_cli_process_serves_probes_and_releases_the_lease_on_sigterm(
         assert process.stderr is not None
         stderr = (await process.stderr.read()).decode()
         assert '"msg":"released the Lease"' in stderr
+        # Its caches, once synced, frozen out of the cyclic collector's walks (coschedule.heap),
+        # as the webhook's: said once, with how many objects.
+        entries = [json.loads(line) for line in stderr.splitlines()]
+        [frozen] = [e for e in entries if e["msg"] == "caches synced: heap frozen"]
+        assert frozen["logger"] == "coschedule.reconcile"
+        assert frozen["frozen_objects"] > 10_000
         # Its API requests (watches, the Lease) are not logged one line each at info.
-        loggers = [json.loads(line)["logger"] for line in stderr.splitlines()]
+        loggers = [entry["logger"] for entry in entries]
         assert not [name for name in loggers if name.startswith(("httpx", "httpcore"))], stderr
     finally:
         if process.returncode is None:

@@ -1,5 +1,7 @@
-"""The webhook's heap frozen once built (``coschedule.server.heap``): a full collection
-walks only what is young, and young garbage is still collected."""
+"""Both processes' heaps frozen once built (``coschedule.heap``): a full collection walks
+only what is young, and young garbage is still collected. On the processes: the webhook
+freezes before serving (tests/server/test_admission_log.py), the reconciler once its caches
+are synced (tests/reconcile/test_main.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from coschedule.server import heap
+from coschedule import heap
 
 
 class Node:
@@ -63,13 +65,17 @@ async def test_settle_when_freezes_only_after_the_caches_are_synced(
 ) -> None:
     synced = asyncio.Event()
     caplog.set_level(logging.INFO, logger="coschedule.serve")
-    task = asyncio.create_task(heap.settle_when(synced.wait()))
+    task = asyncio.create_task(
+        heap.settle_when(synced.wait(), logging.getLogger("coschedule.serve"))
+    )
     await asyncio.sleep(0.05)
     assert not task.done()
     assert gc.get_freeze_count() == 0
     synced.set()
-    await asyncio.wait_for(task, 5)
+    frozen = await asyncio.wait_for(task, 5)
     assert gc.get_freeze_count() > 0
     [record] = [r for r in caplog.records if r.getMessage() == "caches synced: heap frozen"]
+    assert record.name == "coschedule.serve"  # the caller's logger
+    assert record.frozen_objects == frozen  # type: ignore[attr-defined]
     # (what was frozen, less the frozen objects freed since: the task, the event)
     assert record.frozen_objects >= gc.get_freeze_count()  # type: ignore[attr-defined]
