@@ -240,13 +240,13 @@ def test_every_option_reaches_the_objects() -> None:
     assert budgets == {"coschedule-webhook"}
     hook = _webhook(docs)
     assert hook["failurePolicy"] == "Fail"
-    assert hook["timeoutSeconds"] == 3
+    assert hook["timeoutSeconds"] == 4
     # admissionPolicy.enabled false (a cluster older than 1.36): no policy is rendered.
     assert not objects(docs, "MutatingAdmissionPolicy")
     assert not objects(docs, "MutatingAdmissionPolicyBinding")
     runs = _webhook(docs, RUNS_WEBHOOK_NAME)
     assert runs["failurePolicy"] == "Fail"
-    assert runs["timeoutSeconds"] == 3
+    assert runs["timeoutSeconds"] == 4
     args = pods["certs"]["spec"]["containers"][0]["args"]
     assert "--days=60" in args
     assert "--renew-before-days=0" in args  # the Job only bootstraps
