@@ -204,6 +204,9 @@ class Plan:
     concurrency: int = 48
     bind_timeout_s: float = 1200.0  # a loaded machine at 5,000 nodes: minutes per batch
     keep_logs: Path | None = None  # copy every process's log here at the end
+    # Written with what is measured so far after every batch triple (a run stopped early,
+    # say at 5,000 nodes against a deadline, keeps its finished scenarios); ``--json``.
+    checkpoint: Path | None = None
     encodings: tuple[str, ...] = AS_DEPLOYED
     # The "affinity" encoding is the pod-affinity one, whatever the default placement.
     settings: Settings = field(
@@ -1154,7 +1157,9 @@ async def delete_batch(client: Client, batch: Batch) -> None:
 # ---- one cluster size ----------------------------------------------------------------
 
 
-async def measure_nodes(nodes: int, plan: Plan, log: Callable[[str], None]) -> Obj:
+async def measure_nodes(
+    nodes: int, plan: Plan, log: Callable[[str], None], done: Sequence[Obj] = ()
+) -> Obj:
     binaries, source = find_binaries()
     if binaries is None:
         return {"nodes": nodes, "available": False, "note": source}
@@ -1180,7 +1185,7 @@ async def measure_nodes(nodes: int, plan: Plan, log: Callable[[str], None]) -> O
                 scheduler = plane.start_scheduler(SCHEDULER_ARGS)
                 setup_s = time.monotonic() - started
                 log(f"cluster of {nodes} nodes ready in {setup_s:.0f}s")
-                return await _rounds(client, scheduler, nodes, plan, setup_s, log, product)
+                return await _rounds(client, scheduler, nodes, plan, setup_s, log, product, done)
             finally:
                 await client.close()
         finally:
@@ -1197,6 +1202,7 @@ async def _rounds(
     setup_s: float,
     log: Callable[[str], None],
     product: deployed.Deployed | None = None,
+    done: Sequence[Obj] = (),
 ) -> Obj:
     encodings = [ENCODINGS[name] for name in plan.encodings]
 
@@ -1241,6 +1247,9 @@ async def _rounds(
                     for r in rows[-3:]
                 )
             )
+            if plan.checkpoint is not None:
+                so_far = partial(nodes, plan, rows, setup_s, load_before, loadavg())
+                write_json(plan.checkpoint, [*done, so_far])
     return summarize(nodes, plan, rows, setup_s, load_before, loadavg())
 
 
@@ -1362,6 +1371,32 @@ def summarize(
     }
 
 
+def partial(
+    nodes: int,
+    plan: Plan,
+    rows: list[BatchResult],
+    setup_s: float,
+    load_before: float,
+    load_after: float,
+) -> Obj:
+    """The summary of a run still going: only the scenarios with a batch measured, the
+    rounds begun, marked ``partial``."""
+    measured = tuple(name for name in plan.encodings if any(r.kind == name for r in rows))
+    result = summarize(
+        nodes, replace(plan, encodings=measured), rows, setup_s, load_before, load_after
+    )
+    result["rounds"] = max((sum(r.kind == name for r in rows) for name in measured), default=0)
+    result["partial"] = True
+    return result
+
+
+def write_json(path: Path, results: Sequence[Obj]) -> None:
+    """Whole or not at all (a run stopped while writing leaves the last checkpoint)."""
+    staged = path.with_name(path.name + ".tmp")
+    staged.write_text(json.dumps(list(results), indent=2) + "\n")
+    staged.replace(path)
+
+
 def _ratio(value: float, base: float) -> float | None:
     """None when the base is 0 (a batch too small for the 10 ms tick of /proc)."""
     return round(value / base, 3) if base else None
@@ -1373,7 +1408,10 @@ def _x(value: float | None) -> str:
 
 def measure(plan: Plan, log: Callable[[str], None] | None = None) -> list[Obj]:
     say = log or (lambda message: print(message, file=sys.stderr, flush=True))
-    return [uvloop.run(measure_nodes(nodes, plan, say)) for nodes in plan.nodes]
+    results: list[Obj] = []
+    for nodes in plan.nodes:
+        results.append(uvloop.run(measure_nodes(nodes, plan, say, results)))
+    return results
 
 
 def render(results: Sequence[Obj]) -> str:
@@ -1515,7 +1553,12 @@ def main(argv: list[str] | None = None) -> int:
         help="encodings to measure (repeatable; default: the three as-deployed scenarios, "
         f"{', '.join(AS_DEPLOYED)})",
     )
-    parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument(
+        "--json",
+        type=Path,
+        default=None,
+        help="write the results here (also what is measured so far, after every batch triple)",
+    )
     parser.add_argument("--keep-logs", type=Path, default=None, help="copy the logs here")
     args = parser.parse_args(argv)
     plan = QUICK if args.quick else FULL if args.full else Plan()
@@ -1529,9 +1572,11 @@ def main(argv: list[str] | None = None) -> int:
         plan = replace(plan, keep_logs=args.keep_logs)
     if args.encoding:
         plan = replace(plan, encodings=tuple(args.encoding))
+    if args.json is not None:
+        plan = replace(plan, checkpoint=args.json)
     results = measure(plan)
     if args.json is not None:
-        args.json.write_text(json.dumps(results, indent=2) + "\n")
+        write_json(args.json, results)
     print(render(results))
     return 0 if all(r.get("available") for r in results) else 1
 

@@ -5,7 +5,9 @@ from, and that each scenario is compared with plain pods made the same way."""
 from __future__ import annotations
 
 import asyncio
+import json
 from dataclasses import replace
+from pathlib import Path
 from typing import Any, cast
 
 import pytest
@@ -155,3 +157,26 @@ def test_each_scenario_is_compared_with_plain_pods_made_the_same_way() -> None:
     assert "50 nodes, burst, gated, reconciler: placeholder bound -> gate lifted p50 0.40 s" in (
         table
     )
+
+
+def test_a_run_stopped_early_keeps_the_scenarios_it_measured(tmp_path: Path) -> None:
+    """The checkpoint after a round's first scenario: only that scenario (a summary of one
+    with no batch would have nothing to show), the rounds begun, marked partial; written
+    whole, and readable by the table."""
+    plan = replace(PLAN, rounds=3)  # the three as-deployed scenarios
+    gated = sb.BatchResult(sb.DEPLOYED_GATED, 50, 0.2, 1.0, 5, 5, holder_nodes=5, gated=50)
+    gated.first_bound = [0.5, 0.7]
+    plain = sb.BatchResult("plain", 50, 0.1, 0.5)
+    plain.first_bound = [0.2]
+    rows = [plain, gated, sb.BatchResult(f"beside:{sb.DEPLOYED_GATED}", 50, 0.1, 0.5)]
+    result = sb.partial(5000, plan, rows, 600.0, 3.0, 4.0)
+    assert result["partial"] is True
+    assert result["rounds"] == 1
+    assert [row["name"] for row in result["encodings"]] == [sb.DEPLOYED_GATED]
+    assert result["encodings"][0]["cpu_ratios"] == [2.0]
+    path = tmp_path / "scheduler.json"
+    sb.write_json(path, [result])
+    assert json.loads(path.read_text())[0]["encodings"][0]["name"] == sb.DEPLOYED_GATED
+    assert [p.name for p in tmp_path.iterdir()] == ["scheduler.json"]
+    assert "| 5,000 | burst, gated | 2.00x (2.00-2.00) |" in sb.render([result])
+    assert sb.summarize(5000, plan, rows, 600.0, 3.0, 4.0).get("partial") is None
