@@ -111,6 +111,8 @@ def test_a_two_minute_webhook_outage_fails_no_run(
     product = real.product
     assert product is not None
     assert product.webhook is not None
+    plane = real.plane
+    assert plane is not None
     api = real.api
     plain = namespace("pipelineruns", prefix="outage")
     queued = namespace("pipelineruns", prefix="outage-queue")
@@ -169,7 +171,9 @@ def test_a_two_minute_webhook_outage_fails_no_run(
                 create(_runs(real, queued, name, seconds=15))
                 created_in_outage.append(name)
             time.sleep(max(0.0, OUTAGE_SECONDS - (time.monotonic() - down)))
-            product.webhook = _restart(product.webhook)
+            # Registered with the control plane too, so that its teardown stops the new
+            # process (a restarted webhook was left running after the suite).
+            product.webhook = plane.procs["coschedule-serve"] = _restart(product.webhook)
             outage = time.monotonic() - down
             done_plain = wait_runs(api, plain, ["before", "during-1", "during-2"], timeout=420)
             done_queued = wait_runs(api, queued, ["queued-1", "queued-2"], timeout=420)
