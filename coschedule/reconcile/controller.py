@@ -312,6 +312,10 @@ class Controller:
     def _on_placeholder_pod(self, event: str, obj: Obj, old: Obj | None) -> None:
         if event == "DELETED":
             self.executor.forget_pod(object_key(obj))
+        elif old is not None and event_keys.same_but_version(old, obj):
+            # Nothing a pass reads changed (the cache keeps only that, and is updated): a
+            # bound placeholder pod's kubelet status writes, its containers, its probes.
+            return
         # Just bound: its run's gated pods are released first.
         bound = bool((obj.get("spec") or {}).get("nodeName")) and not (
             (old or {}).get("spec") or {}
@@ -373,6 +377,10 @@ class Controller:
     def _on_statefulset(self, event: str, obj: Obj, old: Obj | None) -> None:
         # The informer's label selector keeps only ours in the store.
         self.metrics.placeholders.set(len(self.statefulsets))
+        if event != "DELETED" and old is not None and event_keys.same_but_version(old, obj):
+            # Nothing a pass reads changed (the cache keeps no status): the StatefulSet
+            # controller's status writes, several per placeholder made or moved.
+            return
         self.queue.add(object_key(obj))
 
     # ---- workers --------------------------------------------------------------------------

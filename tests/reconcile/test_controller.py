@@ -853,3 +853,64 @@ async def test_a_running_pods_status_only_events_start_no_pass_its_end_does(
         await eventually(lambda: passes() > before)
     finally:
         await manager.stop()
+
+
+async def test_status_writes_of_a_placeholder_start_no_pass_its_changes_do(
+    api: MiniApi, client: KubeClient
+) -> None:
+    """The StatefulSet controller's status writes to a placeholder and the kubelet's to its
+    pod change nothing a pass reads (the caches keep no status): no pass. A hand scale of the
+    StatefulSet and its pod's deletion each start one."""
+    seed_cluster(api)
+    manager, controller = placeholder_controller(client, SETTINGS, owner_recheck=3600)
+    try:
+        await start(manager)
+        pod = marked_pod("tekton-taskrun", node="worker-1")
+        name = placeholder_of(pod)
+        api.put("pods", pod)
+        await eventually(lambda: api.get("statefulsets", "ci", name) is not None)
+        api.put("pods", placeholder_pod(name, "worker-1"))
+
+        def passes() -> float:
+            return metric(controller, "coschedule_reconcile_total", controller="placeholder")
+
+        def cached(informer: Any, key: str) -> str:
+            return str(((informer.get(key) or {}).get("metadata") or {}).get("resourceVersion"))
+
+        async def settled() -> float:
+            while True:  # no pass for 0.3 s, none queued
+                seen = passes()
+                await asyncio.sleep(0.3)
+                if passes() == seen and not controller.queue.busy:
+                    return seen
+
+        before = await settled()
+        for ready in (0, 1, 1):
+            stored = api.edit(
+                "statefulsets",
+                "ci",
+                name,
+                {"status": {"replicas": 1, "readyReplicas": ready, "observedGeneration": 2}},
+            )
+            version = str(stored["metadata"]["resourceVersion"])
+            await eventually(
+                lambda v=version: cached(controller.statefulsets, f"ci/{name}") == v  # type: ignore[misc]
+            )
+            status = {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}
+            stored = api.edit("pods", "ci", f"{name}-0", {"status": status})
+            version = str(stored["metadata"]["resourceVersion"])
+            await eventually(
+                lambda v=version: cached(controller.placeholder_pods, f"ci/{name}-0") == v  # type: ignore[misc]
+            )
+        assert await settled() == before
+
+        changes: list[tuple[str, str, dict[str, Any]]] = [
+            ("statefulsets", name, {"spec": {"replicas": 3}}),
+            ("pods", f"{name}-0", {"metadata": {"deletionTimestamp": "2026-11-21T06:02:00Z"}}),
+        ]
+        for plural, obj_name, patch in changes:
+            seen = await settled()
+            api.edit(plural, "ci", obj_name, patch)
+            await eventually(lambda s=seen: passes() > s)  # type: ignore[misc]
+    finally:
+        await manager.stop()
