@@ -91,6 +91,8 @@ PLACEHOLDER_POD_SELECTOR = (
 )
 STATEFULSET_SELECTOR = f"{LABEL_MANAGED_BY}={MANAGED_BY}"
 DEFAULT_WORKERS = 4
+# How long a run's pod changes that nothing waits on gather before one pass looks at them.
+COALESCE_SECONDS = 0.2
 
 
 class Controller:
@@ -305,9 +307,17 @@ class Controller:
             # most events of a running pod, its containers starting, its probes. A gated
             # pod's every event still starts one (a release refused as stale waits on it).
             return
+        gated = event != "DELETED" and node_pin.gate_index(obj.get("spec") or {}) is not None
         for key in event_keys.marked_pod_keys(event, obj, old):
-            # A run whose placeholder is still to make goes first (its pods wait on it).
-            self.queue.add(key, urgent=self.statefulsets.get(key) is None)
+            if self.statefulsets.get(key) is None:
+                # A run whose placeholder is still to make goes first (its pods wait on it).
+                self.queue.add(key, urgent=True)
+            elif gated:  # a pod behind our gate waits on a pass: its release
+                self.queue.add(key)
+            else:
+                # Released, bound, started, ended, deleted: nothing waits on the pass, and a
+                # run's pods do these one after another. One pass looks at them together.
+                self.queue.add_soon(key, COALESCE_SECONDS)
 
     def _on_placeholder_pod(self, event: str, obj: Obj, old: Obj | None) -> None:
         if event == "DELETED":
