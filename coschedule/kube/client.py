@@ -38,12 +38,6 @@ METADATA_LIST_ACCEPT = _AS_METADATA.format("List")
 METADATA_ACCEPT = _AS_METADATA.format("")
 SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 TOKEN_REREAD_SECONDS = 60.0
-# Every connection a burst opened stays open for the next (httpx keeps 20 of its 100): a
-# burst of releases (up to 32 in flight, beside the watches) otherwise opens, and the API
-# server accepts, a new TLS connection per request above 20 each time. Idle ones still
-# close after httpx's 5 s, well before an API server drops them (kube-apiserver: 90 s), so
-# no request goes out on a connection the server is closing as idle (it would fail).
-CONNECTIONS = httpx.Limits(max_connections=100, max_keepalive_connections=100, keepalive_expiry=5.0)
 
 
 class KubeConfigError(ValueError):
@@ -429,7 +423,6 @@ class KubeClient:
             auth=_ExecAuth(creds.exec_plugin) if creds.exec_plugin else _BearerAuth(creds),
             timeout=httpx.Timeout(timeout, connect=5.0),
             headers={"User-Agent": user_agent, "Accept": "application/json"},
-            limits=CONNECTIONS,
         )
 
     async def aclose(self) -> None:

@@ -1,9 +1,8 @@
-"""The API client's per-request overhead: connections a burst opened are reused by the next
-burst, and a request finds every module it needs already imported (no search of sys.path)."""
+"""The API client's per-request overhead: a request finds every module it needs already
+imported (no search of sys.path)."""
 
 from __future__ import annotations
 
-import asyncio
 import importlib.abc
 import importlib.machinery
 import sys
@@ -12,39 +11,6 @@ from types import ModuleType
 
 from coschedule.kube.client import KubeClient
 from tests.reconcile.apiserver import MiniApi
-from tests.reconcile.conftest import eventually
-
-BURST = 40  # above httpx's default of 20 kept-alive connections, as a pass of releases is
-
-
-def _connections(client: KubeClient) -> list[object]:
-    """The pool's open connections (httpcore's), by identity."""
-    pool = client._http._transport._pool  # type: ignore[attr-defined]
-    return list(pool.connections)
-
-
-async def _burst(api: MiniApi, client: KubeClient) -> None:
-    """``BURST`` GETs all in flight at once (the server holds them until the last arrives)."""
-    held = asyncio.Event()
-    api.holds[("GET", "nodes")] = held
-    sent = len(api.requests)
-    calls = [asyncio.create_task(client.get("/api/v1/nodes/n1")) for _ in range(BURST)]
-    await eventually(lambda: len(api.requests) - sent >= BURST)
-    held.set()
-    await asyncio.gather(*calls)
-    del api.holds[("GET", "nodes")]
-
-
-async def test_a_bursts_connections_are_kept_for_the_next_burst(
-    api: MiniApi, client: KubeClient
-) -> None:
-    api.put("nodes", {"metadata": {"name": "n1"}})
-    await _burst(api, client)
-    first = _connections(client)
-    assert len(first) == BURST  # every one kept alive, not 20 of them
-    await _burst(api, client)
-    second = _connections(client)
-    assert {id(c) for c in second} == {id(c) for c in first}  # none new: no handshakes
 
 
 class _Searches(importlib.abc.MetaPathFinder):
