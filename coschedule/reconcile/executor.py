@@ -62,8 +62,10 @@ STALE = frozenset({404, 409, 422})
 # Release patches in flight at once, over all workers: a run's gated pods are independent
 # writes, and one after another they cost a round trip each (a burst of runs waited
 # seconds). Sent on a client of their own with this many connections, all kept alive
-# (``release_client``): a burst of releases reuses the last burst's connections.
-RELEASES_IN_FLIGHT = 32
+# (``release_client``): a burst of releases reuses the last burst's connections. Few: the
+# reconciler's CPU, not round trips, paces a burst, and httpcore looks at every pooled
+# connection for every queued request (32 cost more than the handshakes they saved).
+RELEASES_IN_FLIGHT = 8
 
 
 class NotLeader(Exception):
