@@ -413,19 +413,8 @@ class KubeClient:
         timeout: float = 30.0,
         user_agent: str = "coschedule",
         reachability: ApiReachability | None = None,
-        connections: int | None = None,
     ) -> None:
-        """``connections``: at most this many, every one kept alive between bursts (httpx's
-        default: 100, of which 20 are kept; a burst above 20 opens, and the API server
-        accepts, a new TLS connection for each request beyond them, every burst). For a
-        client of one kind of burst only: httpcore looks at every pooled connection for
-        each request, so a pool of many idle ones costs more per request than it saves."""
         self.creds = creds
-        limits = (
-            httpx.Limits(max_connections=connections, max_keepalive_connections=connections)
-            if connections is not None
-            else httpx.Limits(max_connections=100, max_keepalive_connections=20)  # httpx's
-        )
         # Shared by a process's clients of one API server: one "waiting for" line, not one each.
         self.reachability = reachability or ApiReachability(creds.server)
         self._http = httpx.AsyncClient(
@@ -434,7 +423,6 @@ class KubeClient:
             auth=_ExecAuth(creds.exec_plugin) if creds.exec_plugin else _BearerAuth(creds),
             timeout=httpx.Timeout(timeout, connect=5.0),
             headers={"User-Agent": user_agent, "Accept": "application/json"},
-            limits=limits,
         )
 
     async def aclose(self) -> None:

@@ -114,7 +114,6 @@ class Controller:
         retry_base: float | None = None,
         owner_recheck: float = planning.OWNER_RECHECK_SECONDS,
         discovery_retry: float = RETRY_SECONDS,
-        release_client: KubeClient | None = None,
     ) -> None:
         self.client = client
         self.settings = settings
@@ -187,7 +186,6 @@ class Controller:
             pod_version=self._pod_version,
             torn_down=self._forget,
             stuck=self.stuck,
-            release_client=release_client,
         )
         self.pods.add_handler(self._on_pod)
         # Counted at scrape time from the cache: the oldest pod's wait grows between events.

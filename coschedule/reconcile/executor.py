@@ -61,11 +61,8 @@ BACKGROUND = {"apiVersion": "v1", "kind": "DeleteOptions", "propagationPolicy": 
 STALE = frozenset({404, 409, 422})
 # Release patches in flight at once, over all workers: a run's gated pods are independent
 # writes, and one after another they cost a round trip each (a burst of runs waited
-# seconds). Sent on a client of their own with this many connections, all kept alive
-# (``release_client``): a burst of releases reuses the last burst's connections. Few: the
-# reconciler's CPU, not round trips, paces a burst, and httpcore looks at every pooled
-# connection for every queued request (32 cost more than the handshakes they saved).
-RELEASES_IN_FLIGHT = 8
+# seconds); bounded below the client's connection pool (100), which other calls share.
+RELEASES_IN_FLIGHT = 32
 
 
 class NotLeader(Exception):
@@ -110,12 +107,8 @@ class Executor:
         torn_down: Callable[[str], None] = _nothing,
         stuck: StuckMemory | None = None,
         clock: Callable[[], float] = time.time,
-        release_client: KubeClient | None = None,
     ) -> None:
         self.client = client
-        # The release patches' own connections (``RELEASES_IN_FLIGHT``); the one client
-        # when not given.
-        self.release_client = release_client if release_client is not None else client
         self.metrics = metrics
         self.leading = leading
         self.run_of = run_of
@@ -347,7 +340,7 @@ class Executor:
         path = object_path("v1", "pods", action.namespace, action.name)
         try:
             # The answer is not read: its metadata alone, not the whole pod, to decode.
-            await self.release_client.patch(
+            await self.client.patch(
                 path, list(action.ops), content_type=JSON_PATCH, accept=METADATA_ACCEPT
             )
         except ApiError as exc:

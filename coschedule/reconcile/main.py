@@ -23,7 +23,6 @@ from coschedule.reconcile.cert_plan import RotationPolicy
 from coschedule.reconcile.certificates import CertificateController, CertificateTargets
 from coschedule.reconcile.concurrency import ConcurrencyController
 from coschedule.reconcile.controller import Controller
-from coschedule.reconcile.executor import RELEASES_IN_FLIGHT
 from coschedule.reconcile.manager import Manager
 from coschedule.reconcile.reconciler_metrics import ReconcileMetrics
 from coschedule.reconcile.unmarked_controller import UnmarkedController
@@ -115,22 +114,7 @@ async def serve_reconciler(
     health_socket = listen_socket(EVERY_ADDRESS, args.health_port)
     client = KubeClient(creds, user_agent="coschedule-reconciler")
     manager = Manager(metrics, store)
-    # Release patches on connections of their own, kept between bursts (executor.py).
-    release_client = KubeClient(
-        creds,
-        user_agent="coschedule-reconciler",
-        reachability=client.reachability,
-        connections=RELEASES_IN_FLIGHT,
-    )
-    manager.add(
-        Controller(
-            client,
-            lambda: store.current,
-            metrics,
-            leading=manager.is_leading,
-            release_client=release_client,
-        )
-    )
+    manager.add(Controller(client, lambda: store.current, metrics, leading=manager.is_leading))
     manager.add(
         UnmarkedController(client, lambda: store.current, metrics, leading=manager.is_leading)
     )
@@ -215,5 +199,4 @@ async def serve_reconciler(
         await manager.stop()
         await client.aclose()
         await lease_client.aclose()
-        await release_client.aclose()
         health_socket.close()

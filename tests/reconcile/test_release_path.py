@@ -6,7 +6,6 @@ work queue puts urgent keys (a placeholder to make, pods to release) first."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from typing import Any
 
@@ -14,17 +13,16 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from coschedule.config.settings import Settings
-from coschedule.kube.client import METADATA_ACCEPT, Credentials, KubeClient
+from coschedule.kube.client import METADATA_ACCEPT, KubeClient
 from coschedule.marks import GATE_PLACEHOLDER, Mode
 from coschedule.placement import node_pin
-from coschedule.reconcile.executor import RELEASES_IN_FLIGHT, Executor
+from coschedule.reconcile.executor import Executor
 from coschedule.reconcile.model import CreateStatefulSet, RecordEvent, ReleasePod
 from coschedule.reconcile.placeholder import build_statefulset, group_spec
 from coschedule.reconcile.reconciler_metrics import ReconcileMetrics
 from coschedule.reconcile.stuck_facts import StuckMemory
 from coschedule.reconcile.workqueue import WorkQueue
 from tests.reconcile.apiserver import MiniApi
-from tests.reconcile.conftest import eventually
 from tests.reconcile.pods import by_node_name, marked_pod, parsed, placeholder_of
 
 NODE = "worker-1"
@@ -174,48 +172,3 @@ async def test_an_urgent_add_while_processing_comes_back_first() -> None:
     queue.add("ci/a", urgent=True)  # its placeholder pod was bound meanwhile
     queue.done(key)
     assert [await queue.get(), await queue.get()] == ["ci/a", "ci/b"]
-
-
-def _pooled(client: KubeClient) -> set[int]:
-    """The client's open connections (httpcore's pool), by identity."""
-    pool = client._http._transport._pool  # type: ignore[attr-defined]
-    return {id(connection) for connection in pool.connections}
-
-
-async def test_releases_go_on_their_own_connections_kept_for_the_next_burst(
-    api: MiniApi, client: KubeClient
-) -> None:
-    """A pass's releases, ``RELEASES_IN_FLIGHT`` at once, go on the release client, whose
-    connections all stay open for the next burst: no new TLS connection per burst (on the
-    workers' client, whose watches count against httpx's 20 kept, they were); the workers'
-    client is not touched."""
-    releases = KubeClient(Credentials(server=api.url), timeout=5.0, connections=RELEASES_IN_FLIGHT)
-    metrics = ReconcileMetrics(CollectorRegistry())
-    executor = Executor(
-        client,
-        metrics,
-        leading=lambda: True,
-        stuck=StuckMemory(metrics.stuck_groups),
-        release_client=releases,
-    )
-    try:
-        seen: list[set[int]] = []
-        for burst in range(2):
-            pods = [gated(f"pr-{burst}-task-{i}-pod") for i in range(RELEASES_IN_FLIGHT)]
-            actions = [release(p, api.put("pods", p)["metadata"]["resourceVersion"]) for p in pods]
-            held = asyncio.Event()  # answered once all are in flight: one connection each
-            api.holds[("PATCH", "pods")] = held
-            sent = api.count("PATCH", "pods")
-            task = asyncio.create_task(
-                executor.execute(f"ci/{placeholder_of(pods[0])}", actions, None)
-            )
-            await eventually(lambda s=sent: api.count("PATCH", "pods") - s >= RELEASES_IN_FLIGHT)  # type: ignore[misc]
-            held.set()
-            await task
-            assert all(gates(api, p["metadata"]["name"]) == [] for p in pods)
-            seen.append(_pooled(releases))
-        assert len(seen[0]) == RELEASES_IN_FLIGHT  # one each, every one kept
-        assert seen[1] == seen[0]  # the second burst opened none
-        assert _pooled(client) == set()  # no release went on the workers' client
-    finally:
-        await releases.aclose()
