@@ -91,6 +91,8 @@ PLACEHOLDER_POD_SELECTOR = (
 )
 STATEFULSET_SELECTOR = f"{LABEL_MANAGED_BY}={MANAGED_BY}"
 DEFAULT_WORKERS = 4
+# How long a run's pod changes that nothing waits on gather before one pass looks at them.
+COALESCE_SECONDS = 0.2
 
 
 class Controller:
@@ -305,13 +307,25 @@ class Controller:
             # most events of a running pod, its containers starting, its probes. A gated
             # pod's every event still starts one (a release refused as stale waits on it).
             return
+        gated = event != "DELETED" and node_pin.gate_index(obj.get("spec") or {}) is not None
         for key in event_keys.marked_pod_keys(event, obj, old):
-            # A run whose placeholder is still to make goes first (its pods wait on it).
-            self.queue.add(key, urgent=self.statefulsets.get(key) is None)
+            if self.statefulsets.get(key) is None:
+                # A run whose placeholder is still to make goes first (its pods wait on it).
+                self.queue.add(key, urgent=True)
+            elif gated:  # a pod behind our gate waits on a pass: its release
+                self.queue.add(key)
+            else:
+                # Released, bound, started, ended, deleted: nothing waits on the pass, and a
+                # run's pods do these one after another. One pass looks at them together.
+                self.queue.add_soon(key, COALESCE_SECONDS)
 
     def _on_placeholder_pod(self, event: str, obj: Obj, old: Obj | None) -> None:
         if event == "DELETED":
             self.executor.forget_pod(object_key(obj))
+        elif old is not None and event_keys.same_but_version(old, obj):
+            # Nothing a pass reads changed (the cache keeps only that, and is updated): a
+            # bound placeholder pod's kubelet status writes, its containers, its probes.
+            return
         # Just bound: its run's gated pods are released first.
         bound = bool((obj.get("spec") or {}).get("nodeName")) and not (
             (old or {}).get("spec") or {}
@@ -373,6 +387,10 @@ class Controller:
     def _on_statefulset(self, event: str, obj: Obj, old: Obj | None) -> None:
         # The informer's label selector keeps only ours in the store.
         self.metrics.placeholders.set(len(self.statefulsets))
+        if event != "DELETED" and old is not None and event_keys.same_but_version(old, obj):
+            # Nothing a pass reads changed (the cache keeps no status): the StatefulSet
+            # controller's status writes, several per placeholder made or moved.
+            return
         self.queue.add(object_key(obj))
 
     # ---- workers --------------------------------------------------------------------------

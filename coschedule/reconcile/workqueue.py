@@ -4,7 +4,8 @@ client-go's semantics: a key is queued at most once; a key being processed that 
 again is processed once more after the current pass (never twice at the same time);
 ``retry`` re-adds after an exponential per-key delay that ``forget`` resets. An urgent add
 puts the key at the front (a run's placeholder to make, a run's pods to release: what a
-burst of runs waits on) instead of behind every other key.
+burst of runs waits on) instead of behind every other key; ``add_soon`` waits a moment so
+that a burst of one key's events makes one pass.
 """
 
 from __future__ import annotations
@@ -73,6 +74,13 @@ class WorkQueue:
                 return
             timer.cancel()
         self._timers[key] = loop.call_at(when, self._fire, key)
+
+    def add_soon(self, key: str, window: float) -> None:
+        """Add within ``window`` seconds: the changes of one key in that time (a run's pods
+        bound one after the other) make one pass, not one each. Nothing more when the key
+        is already queued: its pass reads the caches as they are then."""
+        if key not in self._queued:
+            self.add_after(key, window)
 
     def _fire(self, key: str) -> None:
         self._timers.pop(key, None)

@@ -15,6 +15,7 @@ from coschedule.config.settings import Settings
 from coschedule.k8s.timefmt import micro_time, rfc3339
 from coschedule.kube.client import KubeClient
 from coschedule.marks import LABEL_ENABLED, LABEL_MODE, Mode, run_placeholder
+from coschedule.reconcile import controller as controller_module
 from coschedule.reconcile.controller import Controller
 from coschedule.reconcile.manager import Manager
 from coschedule.reconcile.reconciler_metrics import ReconcileMetrics
@@ -851,5 +852,121 @@ async def test_a_running_pods_status_only_events_start_no_pass_its_end_does(
         }
         api.edit("pods", "ci", pod["metadata"]["name"], {"status": done})
         await eventually(lambda: passes() > before)
+    finally:
+        await manager.stop()
+
+
+async def test_status_writes_of_a_placeholder_start_no_pass_its_changes_do(
+    api: MiniApi, client: KubeClient
+) -> None:
+    """The StatefulSet controller's status writes to a placeholder and the kubelet's to its
+    pod change nothing a pass reads (the caches keep no status): no pass. A hand scale of the
+    StatefulSet and its pod's deletion each start one."""
+    seed_cluster(api)
+    manager, controller = placeholder_controller(client, SETTINGS, owner_recheck=3600)
+    try:
+        await start(manager)
+        pod = marked_pod("tekton-taskrun", node="worker-1")
+        name = placeholder_of(pod)
+        api.put("pods", pod)
+        await eventually(lambda: api.get("statefulsets", "ci", name) is not None)
+        api.put("pods", placeholder_pod(name, "worker-1"))
+
+        def passes() -> float:
+            return metric(controller, "coschedule_reconcile_total", controller="placeholder")
+
+        def cached(informer: Any, key: str) -> str:
+            return str(((informer.get(key) or {}).get("metadata") or {}).get("resourceVersion"))
+
+        async def settled() -> float:
+            while True:  # no pass for 0.3 s, none queued
+                seen = passes()
+                await asyncio.sleep(0.3)
+                if passes() == seen and not controller.queue.busy:
+                    return seen
+
+        before = await settled()
+        for ready in (0, 1, 1):
+            stored = api.edit(
+                "statefulsets",
+                "ci",
+                name,
+                {"status": {"replicas": 1, "readyReplicas": ready, "observedGeneration": 2}},
+            )
+            version = str(stored["metadata"]["resourceVersion"])
+            await eventually(
+                lambda v=version: cached(controller.statefulsets, f"ci/{name}") == v  # type: ignore[misc]
+            )
+            status = {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}
+            stored = api.edit("pods", "ci", f"{name}-0", {"status": status})
+            version = str(stored["metadata"]["resourceVersion"])
+            await eventually(
+                lambda v=version: cached(controller.placeholder_pods, f"ci/{name}-0") == v  # type: ignore[misc]
+            )
+        assert await settled() == before
+
+        changes: list[tuple[str, str, dict[str, Any]]] = [
+            ("statefulsets", name, {"spec": {"replicas": 3}}),
+            ("pods", f"{name}-0", {"metadata": {"deletionTimestamp": "2026-11-21T06:02:00Z"}}),
+        ]
+        for plural, obj_name, patch in changes:
+            seen = await settled()
+            api.edit(plural, "ci", obj_name, patch)
+            await eventually(lambda s=seen: passes() > s)  # type: ignore[misc]
+    finally:
+        await manager.stop()
+
+
+async def test_a_runs_pods_changing_one_after_another_make_one_pass(
+    api: MiniApi, client: KubeClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run's pods bound, started or ended one after another (nothing waits on a pass
+    for them) are looked at together: one pass within the window, not one per pod."""
+    monkeypatch.setattr(controller_module, "COALESCE_SECONDS", 1.0)  # a busy machine's room
+    seed_cluster(api)
+    manager, controller = placeholder_controller(client, SETTINGS, owner_recheck=3600)
+    try:
+        await start(manager)
+        pods = [
+            marked_pod(
+                "tekton-taskrun", name=f"pr-7f3k2-t{i}-pod", node="worker-1", phase="Pending"
+            )
+            for i in range(10)
+        ]
+        name = placeholder_of(pods[0])
+        for pod in pods:
+            api.put("pods", pod)
+        await eventually(lambda: api.get("statefulsets", "ci", name) is not None)
+        api.put("pods", placeholder_pod(name, "worker-1"))
+
+        def passes() -> float:
+            return metric(controller, "coschedule_reconcile_total", controller="placeholder")
+
+        async def settled() -> float:
+            while True:  # no pass for 1.5 s (beyond the window), none queued
+                seen = passes()
+                await asyncio.sleep(1.5)
+                if passes() == seen and not controller.queue.busy:
+                    return seen
+
+        before = await settled()
+        for pod in pods:  # each seen by the controller before the next
+            stored = api.edit(
+                "pods", "ci", pod["metadata"]["name"], {"status": {"phase": "Running"}}
+            )
+            version = str(stored["metadata"]["resourceVersion"])
+            key = f"ci/{pod['metadata']['name']}"
+            await eventually(
+                lambda k=key, v=version: (
+                    str(  # type: ignore[misc]
+                        ((controller.pods.get(k) or {}).get("metadata") or {}).get(
+                            "resourceVersion"
+                        )
+                    )
+                    == v
+                )
+            )
+        # One pass (two if the ten took longer than the window on a loaded machine).
+        assert 1 <= await settled() - before <= 2
     finally:
         await manager.stop()

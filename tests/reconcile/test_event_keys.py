@@ -198,3 +198,52 @@ def test_a_pending_pods_scheduling_condition_is_not_the_same() -> None:
         {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "no"}
     ]
     assert not same_but_version(before, _slim(pod))
+
+
+def test_a_placeholders_status_writes_are_the_same_but_its_version() -> None:
+    """What the StatefulSet controller and the kubelet write to a placeholder and its pod
+    (status) is not in the caches: the same but the version. What a pass reads is not."""
+    sts: dict[str, Any] = {
+        "metadata": {
+            "name": "coschedule-pr-1",
+            "namespace": "ci",
+            "uid": "u1",
+            "resourceVersion": "10",
+            "labels": {"app.kubernetes.io/managed-by": "coschedule"},
+            "annotations": {"coschedule.dev/run": "pr-1"},
+        },
+        "spec": {"replicas": 1, "updateStrategy": {"type": "OnDelete"}},
+        "status": {"replicas": 0},
+    }
+    before = shapes.slim_statefulset(copy.deepcopy(sts))
+    written = copy.deepcopy(sts)
+    written["metadata"]["resourceVersion"] = "11"
+    written["status"] = {"replicas": 1, "readyReplicas": 1, "observedGeneration": 2}
+    assert same_but_version(before, shapes.slim_statefulset(written))
+    sts_changes: list[Callable[[dict[str, Any]], None]] = [
+        lambda s: s["spec"].update(replicas=2),
+        lambda s: s["metadata"]["labels"].pop("app.kubernetes.io/managed-by"),
+        lambda s: s["metadata"]["annotations"].update({"coschedule.dev/claims": "data"}),
+        lambda s: s["metadata"].update(deletionTimestamp="2026-11-21T06:02:00Z"),
+        lambda s: s["metadata"].update(ownerReferences=[{"kind": "PipelineRun", "name": "pr-1"}]),
+    ]
+    for change in sts_changes:
+        changed = copy.deepcopy(written)
+        change(changed)
+        assert not same_but_version(before, shapes.slim_statefulset(changed))
+
+    slim_ppod = stuck.with_condition(shapes.slim_placeholder_pod)
+    pod = ppod("coschedule-pr-1-0", "coschedule-pr-1", "n1")
+    bound = slim_ppod(copy.deepcopy(pod))
+    pod["metadata"]["resourceVersion"] = "12"
+    pod["status"] = {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}
+    assert same_but_version(bound, slim_ppod(copy.deepcopy(pod)))
+    pod_changes: list[Callable[[dict[str, Any]], None]] = [
+        lambda p: p["spec"].update(nodeName="n2"),
+        lambda p: p["metadata"].update(deletionTimestamp="2026-11-21T06:02:00Z"),
+        lambda p: p["spec"].update(tolerations=[{"operator": "Exists"}]),
+    ]
+    for change in pod_changes:
+        changed = copy.deepcopy(pod)
+        change(changed)
+        assert not same_but_version(bound, slim_ppod(changed))

@@ -69,3 +69,26 @@ async def test_cancel_and_wait_ends_every_task_even_one_already_done() -> None:
     assert all(task.cancelled() for task in running)
     assert done.done()
     assert not done.cancelled()
+
+
+async def test_add_soon_makes_one_pass_of_a_keys_burst_of_changes() -> None:
+    queue = WorkQueue()
+    for _ in range(10):  # a run's pods bound one after another
+        queue.add_soon("ci/a", 0.05)
+    assert len(queue) == 0  # not yet: within the window
+    assert await asyncio.wait_for(queue.get(), 1) == "ci/a"
+    queue.done("ci/a")
+    await asyncio.sleep(0.1)
+    assert len(queue) == 0  # one pass for the ten, no second from a later timer
+
+    queue.add("ci/b")
+    queue.add_soon("ci/b", 0.05)  # already queued: its pass will read what is
+    assert await queue.get() == "ci/b"
+    queue.done("ci/b")
+    await asyncio.sleep(0.1)
+    assert len(queue) == 0
+
+    queue.add_soon("ci/c", 5.0)
+    queue.add("ci/c", urgent=True)  # what cannot wait does not wait
+    assert await asyncio.wait_for(queue.get(), 1) == "ci/c"
+    queue.cancel_timers()
