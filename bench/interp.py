@@ -115,7 +115,7 @@ def _harness() -> str:
     return admission.__code__.co_filename
 
 
-def count_bytecodes(run: Callable[[], None], ours: str) -> tuple[int, int]:
+def count_bytecodes(run: Callable[[], object], ours: str) -> tuple[int, int]:
     """(opcodes executed in every Python frame but the harness's, of which in files under
     ``ours``)."""
     counts = [0, 0]
@@ -173,7 +173,7 @@ def bytecodes_by_function(run: Callable[[], None]) -> dict[str, int]:
     return dict(sorted(counts.items(), key=lambda kv: -kv[1]))
 
 
-def count_calls(run: Callable[[], None], ours: str) -> tuple[int, int, int]:
+def count_calls(run: Callable[[], object], ours: str) -> tuple[int, int, int]:
     """(Python calls, of which to functions under ``ours``, C calls), those made by the
     harness left out."""
     counts = [0, 0, 0]
