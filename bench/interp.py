@@ -71,10 +71,13 @@ def _scope(body: bytes) -> dict[str, Any]:
         "raw_path": b"/mutate",
         "query_string": b"",
         "root_path": "",
-        "headers": [
-            (b"host", b"127.0.0.1:8443"),
-            (b"content-type", b"application/json"),
+        "headers": [  # kube-apiserver's webhook client's
+            (b"host", b"coschedule-webhook.coschedule.svc:443"),
+            (b"user-agent", b"kube-apiserver-admission"),
             (b"content-length", b"%d" % len(body)),
+            (b"accept", b"application/json, */*"),
+            (b"content-type", b"application/json"),
+            (b"accept-encoding", b"gzip"),
         ],
         "client": ("127.0.0.1", 40000),
         "server": ("127.0.0.1", 8443),
