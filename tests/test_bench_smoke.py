@@ -396,6 +396,15 @@ def test_table_shows_phases_and_logging_cost() -> None:
     assert "+1.0 %" in table
 
 
+def test_table_shows_the_python_run_per_admission() -> None:
+    results = _results()
+    assert "| n/a |" in report.render(results).split("bench.interp")[1].split("\n")[0]
+    row = {"bytecodes": 1627, "python_calls": 38, "c_calls": 79}
+    results["interp"] = {"tekton": row, "plain": {**row, "bytecodes": 950}}
+    table = report.render(results)
+    assert "tekton 1,627, 38, 79; plain 950, 38, 79" in table
+
+
 def test_table_says_less_when_the_webhook_costs_less() -> None:
     """A handle cheaper than the floor's parse reads "less", never "-0 µs more"."""
     results = _results()
