@@ -306,26 +306,42 @@ def summary(runs: list[dict[str, dict[str, Any]]]) -> dict[str, dict[str, Any]]:
         for key in ("cpu_us_min", "cpu_us_median"):
             row[key] = round(statistics.median(r[name][key] for r in runs), 2)
         row["cpu_us_per_process"] = [r[name]["cpu_us_median"] for r in runs]
+        row["cpu_us_min_per_process"] = [r[name]["cpu_us_min"] for r in runs]
         result[name] = row
     return result
 
 
 def render(results: dict[str, dict[str, dict[str, Any]]]) -> str:
+    """The table; beside a baseline, in how many pairs of processes "now" was cheaper (its
+    min, then its median, below the baseline's in the same pair)."""
     columns = list(results)
+    paired = "baseline" in results
     lines = [
         "| payload | tree | bytecodes (all / coschedule/) | Python calls (all / ours) "
-        "| C calls | CPU µs min / median |",
-        "|---|---|---:|---:|---:|---:|",
+        "| C calls | CPU µs min / median |"
+        + (" now cheaper, pairs (min / median) |" if paired else ""),
+        "|---|---|---:|---:|---:|---:|" + ("---:|" if paired else ""),
     ]
     for name in PAYLOADS:
         for tree in columns:
             row = results[tree][name]
-            lines.append(
+            line = (
                 f"| {name} | {tree} | {row['bytecodes']:,} / {row['bytecodes_ours']:,} "
                 f"| {row['python_calls']} / {row['python_calls_ours']} | {row['c_calls']} "
                 f"| {row['cpu_us_min']:.1f} / {row['cpu_us_median']:.1f} |"
             )
+            if paired:
+                line += f" {_cheaper(results, name)} |" if tree == "now" else " |"
+            lines.append(line)
     return "\n".join(lines)
+
+
+def _cheaper(results: dict[str, dict[str, dict[str, Any]]], name: str) -> str:
+    now, base = results["now"][name], results["baseline"][name]
+    counts = []
+    for key in ("cpu_us_min_per_process", "cpu_us_per_process"):
+        counts.append(sum(a < b for a, b in zip(now[key], base[key], strict=True)))
+    return f"{counts[0]} / {counts[1]} of {len(now['cpu_us_per_process'])}"
 
 
 def main(argv: list[str] | None = None) -> int:
