@@ -314,6 +314,15 @@ def concurrency_goals(con: dict[str, Any]) -> list[Goal]:
     ]
 
 
+def _interp_row(figures: dict[str, Any] | None) -> str:
+    if not figures:
+        return "n/a"
+    return "; ".join(
+        f"{name} {row['bytecodes']:,}, {row['python_calls']}, {row['c_calls']}"
+        for name, row in figures.items()
+    )
+
+
 def _more(ours: float, theirs: float) -> str:
     """``4 µs more`` / ``0.5 µs less``: a difference in words, never ``-0 µs more``."""
     diff = ours - theirs
@@ -363,6 +372,11 @@ def _other_figures(results: dict[str, Any]) -> list[str]:
         ),
         ("server CPU per Tekton admission at max throughput", extra or "n/a"),
         ("ASGI app alone per Tekton review (in process: no socket, TLS or HTTP)", app_row),
+        (
+            "Python run per admission, through the ASGI app (`bench.interp`): bytecodes, "
+            "Python calls, C calls",
+            _interp_row(results.get("interp")),
+        ),
         (
             f"server RSS after warm-up / after {leak.get('requests', 0):,} requests",
             f"{_num(leak.get('rss_after_warmup_mib'), 1)} MiB / "

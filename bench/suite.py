@@ -22,7 +22,7 @@ from typing import Any, Final
 
 import orjson
 
-from bench import appcost, phases
+from bench import appcost, interp, phases
 from bench import decide as decide_bench
 from bench.loadgen import ClosedResult, run_closed, run_openloop, wrk_path, wrk_version
 from bench.payloads import (
@@ -613,6 +613,10 @@ def run(plan: Plan, out_dir: Path) -> dict[str, Any]:
                 if plan.quick
                 else appcost.measure(ws.cert_dir)
             )
+        log("Python run per admission (bench.interp, a fresh process)")
+        with _pinned(server_cpu):
+            loop, rounds = (200, 3) if plan.quick else (interp.LOOP, interp.ROUNDS)
+            results["interp"] = interp.summary(interp.compare(None, 1, loop, rounds)["now"])
         with (
             Server("webhook", ws.cert_dir, [server_cpu], log_dir=ws.log_dir) as webhook,
             Server("floor", ws.cert_dir, [server_cpu], log_dir=ws.log_dir) as floor,

@@ -8,6 +8,7 @@ and the table renders with the ratio first. ``python -m bench`` itself is never 
 from __future__ import annotations
 
 import asyncio
+import dis
 import json
 import os
 import signal
@@ -25,7 +26,7 @@ import jsonpatch
 import pytest
 import uvicorn
 
-from bench import appcost, openloop, phases, report, suite
+from bench import appcost, interp, openloop, phases, report, suite
 from bench import decide as decide_bench
 from bench import scheduler as scheduler_bench
 from bench.loadgen import run_closed, run_openloop, run_wrk, wrk_path
@@ -207,6 +208,53 @@ def test_app_cost_measures_both_apps(ws: suite.Workspace) -> None:
     assert all(value > 0 for value in cost.values())
 
 
+def _straight_line() -> int:
+    x = 1
+    y = x + 2
+    return y
+
+
+def test_interp_counts_every_bytecode_and_call_of_a_known_function() -> None:
+    """The counters against ``dis``: each instruction run is one (RESUME raises no opcode
+    event on 3.11), and a function outside ``ours`` counts in the total alone."""
+    run_once = [i for i in dis.get_instructions(_straight_line) if i.opname != "RESUME"]
+    here = _straight_line.__code__.co_filename
+    assert interp.count_bytecodes(_straight_line, here) == (len(run_once), len(run_once))
+    assert interp.count_bytecodes(_straight_line, "/nowhere/") == (len(run_once), 0)
+
+    def twice() -> None:
+        _straight_line()
+        len("ab")
+        _straight_line()
+
+    assert interp.count_calls(twice, here) == (3, 3, 1)
+
+
+def test_interp_measures_each_payload_through_the_asgi_app() -> None:
+    """bench.interp's figures are sane: a run's pod is decided and patched, a plain pod
+    goes the short way, and the counts are the same in a fresh process (``--baseline``
+    with this very tree: the same measuring code, the same webhook)."""
+    figures = interp.measure(loop=5, rounds=1, settle=False)  # this process's heap as it is
+    assert set(figures) == set(interp.PAYLOADS)
+    for row in figures.values():
+        assert 0 < row["bytecodes_ours"] <= row["bytecodes"]
+        assert 0 < row["python_calls_ours"] <= row["python_calls"]
+        assert row["c_calls"] > 0
+        assert 0 < row["cpu_us_min"] <= row["cpu_us_median"]
+    assert figures["tekton"]["patched"]
+    assert figures["argo"]["patched"]
+    assert not figures["plain"]["patched"]
+    assert figures["plain"]["bytecodes"] < figures["tekton"]["bytecodes"]
+    runs = interp.compare(interp.ROOT, pairs=1, loop=5, rounds=1)
+    counts = ("bytecodes", "bytecodes_ours", "python_calls", "c_calls")
+    for tree in ("now", "baseline"):
+        [process] = runs[tree]
+        for name, row in figures.items():
+            assert {k: process[name][k] for k in counts} == {k: row[k] for k in counts}
+    table = interp.render({tree: interp.summary(r) for tree, r in runs.items()})
+    assert f"| tekton | baseline | {figures['tekton']['bytecodes']:,} /" in table
+
+
 def test_percentiles_are_nearest_rank() -> None:
     samples = [i / 1000 for i in range(1, 1001)]  # 1..1000 ms
     p = percentiles(samples)
@@ -346,6 +394,15 @@ def test_table_shows_phases_and_logging_cost() -> None:
     assert "50 µs of it is TLS, HTTP and ASGI" in table
     assert "logging at INFO" in table
     assert "+1.0 %" in table
+
+
+def test_table_shows_the_python_run_per_admission() -> None:
+    results = _results()
+    assert "| n/a |" in report.render(results).split("bench.interp")[1].split("\n")[0]
+    row = {"bytecodes": 1627, "python_calls": 38, "c_calls": 79}
+    results["interp"] = {"tekton": row, "plain": {**row, "bytecodes": 950}}
+    table = report.render(results)
+    assert "tekton 1,627, 38, 79; plain 950, 38, 79" in table
 
 
 def test_table_says_less_when_the_webhook_costs_less() -> None:

@@ -209,11 +209,21 @@ def _mark_ops(
         ops.append(jsonpatch.add("/metadata/annotations", annotations_wanted))
         return
     # Every mark is one op, built in place (jsonpatch.add's dict): a first admission adds
-    # them all, and a call per op was most of this step's cost.
+    # them all, and a call per op was most of this step's cost. A pod with none of the marks
+    # yet (a first admission: one check in C) needs no lookup per mark.
+    paths = _ANNOTATION_PATHS
+    if annotations.keys().isdisjoint(annotations_wanted):
+        ops.extend(
+            [
+                {"op": "add", "path": paths[key], "value": value}
+                for key, value in annotations_wanted.items()
+            ]
+        )
+        return
     have = annotations.get
     ops.extend(
         [
-            {"op": "add", "path": _ANNOTATION_PATHS[key], "value": value}
+            {"op": "add", "path": paths[key], "value": value}
             for key, value in annotations_wanted.items()
             if have(key) != value
         ]

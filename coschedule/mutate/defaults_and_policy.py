@@ -21,6 +21,13 @@ from coschedule.mutate.defaults import MergedScheduling, merge_defaults
 from coschedule.mutate.outcome import Decision, deny
 from coschedule.wire import pod_fields as podview
 
+# What kube-apiserver's DefaultTolerationSeconds plugin adds to every pod (its default
+# seconds, in its order): one list comparison, in C, stands for the loop below on most pods.
+_DEFAULT_TOLERATIONS = [
+    {"key": key, "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 300}
+    for key in sorted(EVICTION_DELAY_KEYS)  # not-ready, then unreachable
+]
+
 
 def nothing_to_flag(pod_spec: Mapping[str, Any]) -> bool:
     """The pod has nothing any policy rule reads a finding from: no ``spec.affinity``, no
@@ -37,7 +44,7 @@ def nothing_to_flag(pod_spec: Mapping[str, Any]) -> bool:
     ):
         return False
     tolerations = pod_spec.get("tolerations")
-    if tolerations is None:
+    if tolerations is None or tolerations == _DEFAULT_TOLERATIONS:
         return True
     if not isinstance(tolerations, list):
         return False

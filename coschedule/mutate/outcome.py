@@ -15,7 +15,10 @@ from coschedule.mutate.isolation import ScopeChoice
 from coschedule.wire.jsonpatch import Op
 
 
-@dataclass(slots=True)
+# init=False: the generated __init__ (every field a parameter, a factory call per list)
+# ran on every admission; the one below sets the same defaults, and a test holds the two
+# together (tests/mutate/test_outcome.py).
+@dataclass(slots=True, init=False)
 class Decision:
     allowed: bool
     ops: list[Op] = field(default_factory=list)
@@ -46,6 +49,26 @@ class Decision:
     # would be pinned were it bound): the webhook may wait for the binding and decide again.
     unbound: bool = False
     trace: bool = True  # the steps write ``reasons`` (the context's ``explain``)
+
+    def __init__(self, allowed: bool, trace: bool = True) -> None:
+        self.allowed = allowed
+        self.ops = []
+        self.mode = None
+        self.placeholder = None
+        self.rule = None
+        self.message = None
+        self.scope = None
+        self.tenant = ""
+        self.warnings = []
+        self.reasons = []
+        self.missing_claims = ()
+        self.templates = None
+        self.scheduling = None
+        self.findings = []
+        self.by_node_name = False
+        self.held = False
+        self.unbound = False
+        self.trace = trace
 
     @property
     def mode_label(self) -> str:

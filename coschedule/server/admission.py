@@ -130,13 +130,9 @@ class AdmissionEndpoint(ABC):
             self._log_door(scope, 405, "method-not-allowed", f"method {scope['method']}")
             await _respond(send, 405, _USE_POST, _ALLOW_POST)
             return
-        content_type = b""
-        declared = -1
-        for name, value in scope["headers"]:
-            if name == b"content-type":
-                content_type = value
-            elif name == b"content-length" and value.isdigit():
-                declared = int(value)
+        # The headers as a dict, built in C (a repeated header: the last one counts).
+        headers = dict(scope["headers"])
+        content_type = headers.get(b"content-type", b"")
         if (
             content_type != b"application/json"  # what kube-apiserver sends
             and content_type.split(b";", 1)[0].strip().lower() != b"application/json"
@@ -146,9 +142,10 @@ class AdmissionEndpoint(ABC):
             self._log_door(scope, 400, "wrong-content-type", error)
             await _respond(send, 400, error_body(error))
             return
-        if declared > MAX_BODY_BYTES:
+        length = headers.get(b"content-length", b"")
+        if length.isdigit() and int(length) > MAX_BODY_BYTES:
             self.metrics.count_request(self.mode, False, 413)
-            self._log_door(scope, 413, "body-too-large", f"declared {declared} bytes")
+            self._log_door(scope, 413, "body-too-large", f"declared {int(length)} bytes")
             await _respond(send, 413, _too_large())
             return
         message = await receive()

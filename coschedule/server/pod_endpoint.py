@@ -28,6 +28,7 @@ from typing import Protocol
 
 from coschedule.config.settings import Settings
 from coschedule.config.store import SettingsStore
+from coschedule.marks import Mode
 from coschedule.mutate.bind_wait import PlaceholderProgress, on_its_way, seeded_run
 from coschedule.mutate.claim_rewrite import ClaimView
 from coschedule.mutate.decision import AdmissionContext, PlaceholderView, VolumeView, decide
@@ -188,7 +189,7 @@ class PodEndpoint(AdmissionEndpoint):
                 return b"", wait  # the door waits, then decides once more
             payload = allowed(review.uid, decision.ops, decision.warnings)
             seconds = time.perf_counter() - start
-            record((decision.mode_label, "true", "200"), seconds, len(decision.ops))
+            record(_ALLOWED[decision.mode], seconds, len(decision.ops))
             # Allowed without warnings: DEBUG, and nothing built unless DEBUG is on.
             if decision.warnings or log.isEnabledFor(logging.DEBUG):
                 admission_log.decided(review, pod, decision, settings, start, waited)
@@ -325,4 +326,9 @@ TIMED_OUT_MEMORY_SECONDS = 60.0
 _MAX_TIMED_OUT = 4096
 _NOT_SYNCED = ("none", "false", "503")
 _NOT_OURS = ("none", "true", "200")
+# An allowed pod's metrics key by its mode (``Decision.mode_label``), made once, not per pod.
+_ALLOWED: dict[Mode | None, tuple[str, str, str]] = {
+    None: ("none", "true", "200"),
+    **{mode: (str(mode), "true", "200") for mode in Mode},
+}
 _INTERNAL_ERROR = ("none", "false", "500")

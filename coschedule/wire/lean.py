@@ -128,7 +128,7 @@ def _fast(body: bytes) -> Review | None:
     namespace = request.namespace
     group = kind.group or ""
     if not (operation == "CREATE" and kind.kind == "Pod" and group == "" and kind.version == "v1"):
-        # Not a Pod CREATE: the object is not read (as Review.is_pod_create).
+        # Not a Pod CREATE: the object is not read (as review.pod_create).
         return Review(
             uid,
             group,
@@ -138,6 +138,7 @@ def _fast(body: bytes) -> Review | None:
             namespace or "",
             bool(request.dryRun),
             None,
+            False,
         )
     pod = request.object
     if pod is None:
@@ -155,4 +156,5 @@ def _fast(body: bytes) -> Review | None:
         if not spec:
             return None
         obj["spec"] = spec
-    return Review(uid, group, "v1", "Pod", "CREATE", namespace or "", bool(request.dryRun), obj)
+    dry_run = bool(request.dryRun)
+    return Review(uid, group, "v1", "Pod", "CREATE", namespace or "", dry_run, obj, True)

@@ -156,3 +156,23 @@ def test_the_named_answers() -> None:
         assert response["status"]["code"] == code
         assert response["status"]["reason"] == reason
         assert response["status"]["message"]
+
+
+@pytest.mark.parametrize(
+    ("mode", "fixture", "label"),
+    [
+        ("pipelineruns", "tekton-taskrun", "pipelineruns"),
+        ("workspaces", "tekton-taskrun", "workspaces"),
+        ("disabled", "tekton-taskrun", "disabled"),
+        ("pipelineruns", "placeholder-pod", "none"),  # left alone before a mode is chosen
+    ],
+)
+def test_an_allowed_pod_is_counted_under_its_mode(mode: str, fixture: str, label: str) -> None:
+    metrics = WebhookMetrics()
+    endpoint = PodEndpoint(SettingsStore(None, {"COSCHEDULE_COSCHEDULE": mode}), metrics)
+    review = orjson.dumps(admission_review(load_pod(fixture), uid="pod-uid"))
+    status, _, body = call(endpoint, review)
+    assert status == 200
+    assert orjson.loads(body)["response"]["allowed"] is True
+    labels = {"mode": label, "allowed": "true", "code": "200"}
+    assert metrics.registry.get_sample_value("coschedule_admission_requests_total", labels) == 1
