@@ -138,13 +138,22 @@ class Release:
 
 @pytest.fixture(scope="module")
 def release(art: ArtifactStack) -> Release:
-    """`kubectl apply` of the release overlay: until both Deployments are Ready."""
+    """`kubectl apply` of the release overlay: until both Deployments are Ready and the
+    certs Job has completed (``kubectl wait --for=condition=complete``: the webhook pods can
+    be Ready, the Secret made, a moment before the Job controller counts its pod)."""
     manifest = art.render_overlay(art.builds[V1])
     started = time.monotonic()
     applied = _apply(art, manifest, "release.yaml")
     art.wait_ready(art.builds[V1].image)
     seconds = art.figures["apply_to_ready"] = time.monotonic() - started
     _note(f"release overlay: kubectl apply to both Deployments Ready {seconds:.0f} s")
+    wait_for(
+        "the certs Job to complete",
+        lambda: ((_job(art.api, "coschedule-certs") or {}).get("status") or {}).get("succeeded"),
+        timeout=120,
+        interval=0.5,
+        describe=art.describe,
+    )
     return Release(applied, manifest)
 
 
