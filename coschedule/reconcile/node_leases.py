@@ -9,6 +9,12 @@ Read only for a node a placeholder pod is on while it is silent (a GET, kept a m
 that the runs on one node share it). A refused read (403 without the Role, a 5xx) counts as
 not read: the node's Ready condition decides alone, as before; an unreachable API server
 fails the pass, which is retried (nothing is forced on what could not be read).
+
+``renewTime`` is written on the kubelet's clock, not ours: a renewal counts from when this
+process saw the value advance, as the node lifecycle controller counts it (its probe
+timestamp), so a kubelet whose clock runs ahead cannot keep a dead node "alive" for as long
+as its clock is off. A first sight trusts the value back in time only (a dead node is found
+as soon as today); a later value that did not advance keeps the first sight's time.
 """
 
 from __future__ import annotations
@@ -25,27 +31,52 @@ NODE_LEASE_NAMESPACE = "kube-node-lease"
 KEEP_SECONDS = 2.0  # a read serves the passes of every run on the node this long
 
 
+def renewal_seen(
+    before: tuple[float, float] | None, renew_time: float, now: float
+) -> tuple[float, float]:
+    """``(renewTime, when we count it renewed)`` after reading ``renew_time`` at ``now``,
+    from what the last read left (``before``; None at a first sight)."""
+    if before is not None:
+        last_value = before[0]
+        if renew_time == last_value:
+            return before  # not renewed since: the silence goes on counting
+        if renew_time > last_value:
+            return renew_time, now  # renewed between the reads
+    # A first sight, or a Lease made again (its time went back): no later than now.
+    return renew_time, min(renew_time, now)
+
+
 class NodeLeases:
     def __init__(self, client: KubeClient, clock: Callable[[], float]) -> None:
         self.client = client
         self.clock = clock
         self._read: dict[str, tuple[float, float | None]] = {}  # node -> (read at, renewed)
+        self._seen: dict[str, tuple[float, float]] = {}  # node -> ``renewal_seen``
 
     async def renewed(self, nodes: Iterable[str]) -> dict[str, float]:
-        """When each node's kubelet last renewed its Lease (seconds since the epoch); a node
-        whose Lease could not be read, or has no renew time, is left out."""
+        """When each node's kubelet last renewed its Lease (seconds since the epoch, on this
+        process's clock: ``renewal_seen``); a node whose Lease could not be read, or has no
+        renew time, is left out."""
         found: dict[str, float] = {}
         now = self.clock()
         for node in nodes:
             kept = self._read.get(node)
             if kept is None or now - kept[0] >= KEEP_SECONDS:
-                kept = (now, await self._get(node))
+                kept = (now, self._renewed(node, await self._get(node), now))
                 self._read[node] = kept
             if kept[1] is not None:
                 found[node] = kept[1]
         for node in [n for n, (at, _) in self._read.items() if now - at >= 60 * KEEP_SECONDS]:
             del self._read[node]
+            self._seen.pop(node, None)
         return found
+
+    def _renewed(self, node: str, renew_time: float | None, now: float) -> float | None:
+        if renew_time is None:
+            self._seen.pop(node, None)
+            return None
+        seen = self._seen[node] = renewal_seen(self._seen.get(node), renew_time, now)
+        return seen[1]
 
     async def _get(self, node: str) -> float | None:
         path = object_path("coordination.k8s.io/v1", "leases", NODE_LEASE_NAMESPACE, node)
