@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.payloads import review_bytes, tekton_pod
+from bench.payloads import asgi_post_scope, review_bytes, tekton_pod
 from bench.target import floor_app, webhook_app
 from coschedule.server.admission import Message
 
@@ -24,21 +24,7 @@ async def _per_call_us(app: Any, body: bytes, rounds: int, budget: float) -> flo
         (b"content-type", b"application/json"),
         (b"content-length", str(len(body)).encode()),
     ]
-    scope: dict[str, Any] = {
-        "type": "http",
-        "asgi": {"version": "3.0", "spec_version": "2.4"},
-        "http_version": "1.1",
-        "method": "POST",
-        "scheme": "https",
-        "path": "/mutate",
-        "raw_path": b"/mutate",
-        "query_string": b"",
-        "root_path": "",
-        "headers": headers,
-        "client": ("127.0.0.1", 40000),
-        "server": ("127.0.0.1", 8443),
-        "state": {},
-    }
+    scope = asgi_post_scope(headers)
     statuses: list[int] = []
 
     async def receive() -> Message:

@@ -61,28 +61,18 @@ def _review(fixture: str) -> bytes:
 
 def _scope(body: bytes) -> dict[str, Any]:
     """What uvicorn hands the app for kube-apiserver's POST."""
-    return {
-        "type": "http",
-        "asgi": {"version": "3.0", "spec_version": "2.4"},
-        "http_version": "1.1",
-        "method": "POST",
-        "scheme": "https",
-        "path": "/mutate",
-        "raw_path": b"/mutate",
-        "query_string": b"",
-        "root_path": "",
-        "headers": [  # kube-apiserver's webhook client's
+    from bench.payloads import asgi_post_scope
+
+    return asgi_post_scope(
+        [  # kube-apiserver's webhook client's
             (b"host", b"coschedule-webhook.coschedule.svc:443"),
             (b"user-agent", b"kube-apiserver-admission"),
             (b"content-length", b"%d" % len(body)),
             (b"accept", b"application/json, */*"),
             (b"content-type", b"application/json"),
             (b"accept-encoding", b"gzip"),
-        ],
-        "client": ("127.0.0.1", 40000),
-        "server": ("127.0.0.1", 8443),
-        "state": {},
-    }
+        ]
+    )
 
 
 def admission(app: Any, body: bytes) -> tuple[Callable[[], None], list[Any]]:

@@ -232,6 +232,25 @@ def fat_pod() -> dict[str, Any]:
     }
 
 
+def asgi_post_scope(headers: list[tuple[bytes, bytes]]) -> dict[str, Any]:
+    """The scope uvicorn hands an ASGI app for a POST to ``/mutate`` over TLS."""
+    return {
+        "type": "http",
+        "asgi": {"version": "3.0", "spec_version": "2.4"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "https",
+        "path": "/mutate",
+        "raw_path": b"/mutate",
+        "query_string": b"",
+        "root_path": "",
+        "headers": headers,
+        "client": ("127.0.0.1", 40000),
+        "server": ("127.0.0.1", 8443),
+        "state": {},
+    }
+
+
 def review_bytes(pod: dict[str, Any], *, dry_run: bool = False) -> bytes:
     """The compact AdmissionReview v1 CREATE request for ``pod``, with a fixed uid."""
     return compact(admission_review(pod, dry_run=dry_run, uid=BENCH_UID))

@@ -121,6 +121,25 @@ def metric(of: Controller, name: str, **labels: str) -> float:
     return value if value is not None else 0.0
 
 
+def passes(of: Controller) -> float:
+    """The placeholder controller's reconcile passes so far."""
+    return metric(of, "coschedule_reconcile_total", controller="placeholder")
+
+
+async def settled(of: Controller, quiet: float = 0.3) -> float:
+    """The passes once none has run for ``quiet`` seconds and none is queued."""
+    while True:
+        seen = passes(of)
+        await asyncio.sleep(quiet)
+        if passes(of) == seen and not of.queue.busy:
+            return seen
+
+
+def cached_version(informer: Any, key: str) -> str:
+    """The resourceVersion a cache holds for ``key``."""
+    return str(((informer.get(key) or {}).get("metadata") or {}).get("resourceVersion"))
+
+
 async def test_first_marked_pod_gets_its_statefulset(
     api: MiniApi, make: Callable[..., Any]
 ) -> None:
@@ -815,23 +834,7 @@ async def test_a_running_pods_status_only_events_start_no_pass_its_end_does(
         await eventually(lambda: api.get("statefulsets", "ci", name) is not None)
         api.put("pods", placeholder_pod(name, "worker-1"))
         pod_key = f"ci/{pod['metadata']['name']}"
-
-        def cached_version(key: str) -> str:
-            return str(
-                ((controller.pods.get(key) or {}).get("metadata") or {}).get("resourceVersion")
-            )
-
-        def passes() -> float:
-            return metric(controller, "coschedule_reconcile_total", controller="placeholder")
-
-        async def settled() -> float:
-            while True:  # no pass for 0.3 s, none queued
-                seen = passes()
-                await asyncio.sleep(0.3)
-                if passes() == seen and not controller.queue.busy:
-                    return seen
-
-        before = await settled()
+        before = await settled(controller)
         for ready in (False, True, False):
             status = {
                 "containerStatuses": [
@@ -841,8 +844,10 @@ async def test_a_running_pods_status_only_events_start_no_pass_its_end_does(
             }
             stored = api.edit("pods", "ci", pod["metadata"]["name"], {"status": status})
             version = str(stored["metadata"]["resourceVersion"])
-            await eventually(lambda v=version: cached_version(pod_key) == v)  # type: ignore[misc]
-        assert await settled() == before
+            await eventually(
+                lambda v=version: cached_version(controller.pods, pod_key) == v  # type: ignore[misc]
+            )
+        assert await settled(controller) == before
 
         done = {
             "phase": "Succeeded",
@@ -851,7 +856,7 @@ async def test_a_running_pods_status_only_events_start_no_pass_its_end_does(
             ],
         }
         api.edit("pods", "ci", pod["metadata"]["name"], {"status": done})
-        await eventually(lambda: passes() > before)
+        await eventually(lambda: passes(controller) > before)
     finally:
         await manager.stop()
 
@@ -871,21 +876,7 @@ async def test_status_writes_of_a_placeholder_start_no_pass_its_changes_do(
         api.put("pods", pod)
         await eventually(lambda: api.get("statefulsets", "ci", name) is not None)
         api.put("pods", placeholder_pod(name, "worker-1"))
-
-        def passes() -> float:
-            return metric(controller, "coschedule_reconcile_total", controller="placeholder")
-
-        def cached(informer: Any, key: str) -> str:
-            return str(((informer.get(key) or {}).get("metadata") or {}).get("resourceVersion"))
-
-        async def settled() -> float:
-            while True:  # no pass for 0.3 s, none queued
-                seen = passes()
-                await asyncio.sleep(0.3)
-                if passes() == seen and not controller.queue.busy:
-                    return seen
-
-        before = await settled()
+        before = await settled(controller)
         for ready in (0, 1, 1):
             stored = api.edit(
                 "statefulsets",
@@ -895,24 +886,24 @@ async def test_status_writes_of_a_placeholder_start_no_pass_its_changes_do(
             )
             version = str(stored["metadata"]["resourceVersion"])
             await eventually(
-                lambda v=version: cached(controller.statefulsets, f"ci/{name}") == v  # type: ignore[misc]
+                lambda v=version: cached_version(controller.statefulsets, f"ci/{name}") == v  # type: ignore[misc]
             )
             status = {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}
             stored = api.edit("pods", "ci", f"{name}-0", {"status": status})
             version = str(stored["metadata"]["resourceVersion"])
             await eventually(
-                lambda v=version: cached(controller.placeholder_pods, f"ci/{name}-0") == v  # type: ignore[misc]
+                lambda v=version: cached_version(controller.placeholder_pods, f"ci/{name}-0") == v  # type: ignore[misc]
             )
-        assert await settled() == before
+        assert await settled(controller) == before
 
         changes: list[tuple[str, str, dict[str, Any]]] = [
             ("statefulsets", name, {"spec": {"replicas": 3}}),
             ("pods", f"{name}-0", {"metadata": {"deletionTimestamp": "2026-11-21T06:02:00Z"}}),
         ]
         for plural, obj_name, patch in changes:
-            seen = await settled()
+            seen = await settled(controller)
             api.edit(plural, "ci", obj_name, patch)
-            await eventually(lambda s=seen: passes() > s)  # type: ignore[misc]
+            await eventually(lambda s=seen: passes(controller) > s)  # type: ignore[misc]
     finally:
         await manager.stop()
 
@@ -938,18 +929,7 @@ async def test_a_runs_pods_changing_one_after_another_make_one_pass(
             api.put("pods", pod)
         await eventually(lambda: api.get("statefulsets", "ci", name) is not None)
         api.put("pods", placeholder_pod(name, "worker-1"))
-
-        def passes() -> float:
-            return metric(controller, "coschedule_reconcile_total", controller="placeholder")
-
-        async def settled() -> float:
-            while True:  # no pass for 1.5 s (beyond the window), none queued
-                seen = passes()
-                await asyncio.sleep(1.5)
-                if passes() == seen and not controller.queue.busy:
-                    return seen
-
-        before = await settled()
+        before = await settled(controller, quiet=1.5)  # beyond the window
         for pod in pods:  # each seen by the controller before the next
             stored = api.edit(
                 "pods", "ci", pod["metadata"]["name"], {"status": {"phase": "Running"}}
@@ -957,16 +937,9 @@ async def test_a_runs_pods_changing_one_after_another_make_one_pass(
             version = str(stored["metadata"]["resourceVersion"])
             key = f"ci/{pod['metadata']['name']}"
             await eventually(
-                lambda k=key, v=version: (
-                    str(  # type: ignore[misc]
-                        ((controller.pods.get(k) or {}).get("metadata") or {}).get(
-                            "resourceVersion"
-                        )
-                    )
-                    == v
-                )
+                lambda k=key, v=version: cached_version(controller.pods, k) == v  # type: ignore[misc]
             )
         # One pass (two if the ten took longer than the window on a loaded machine).
-        assert 1 <= await settled() - before <= 2
+        assert 1 <= await settled(controller, quiet=1.5) - before <= 2
     finally:
         await manager.stop()
