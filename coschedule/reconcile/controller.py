@@ -250,12 +250,13 @@ class Controller:
     def leader_runs(self) -> list[Coroutine[Any, Any, None]]:
         return self.executor.releases.runs()
 
-    def _release_failed(self, key: str, exc: Exception) -> None:
+    def _release_failed(self, key: str, exc: Exception, failures: int) -> None:
         """A release sent apart from its pass failed: the run is looked at again, with the
-        backoff a failed pass gets."""
+        backoff of its releases' failures in a row (its pass succeeded: the queue's own
+        count for the key was reset)."""
         status = exc.status if isinstance(exc, ApiError) else 0
         self.metrics.errors.labels(self.name, str(status)).inc()
-        delay = self.queue.retry(key)
+        delay = self.queue.back_off(key, failures - 1)
         self.log.warning(
             "release failed; retrying",
             extra={**self.log_fields(key), "error": repr(exc), "retry_in": round(delay, 3)},

@@ -86,8 +86,8 @@ def _nothing(key: str) -> None:
     return None
 
 
-def _release_failed(key: str, exc: Exception) -> None:
-    log.warning("release failed", extra={"key": key, "error": repr(exc)})
+def _release_failed(key: str, exc: Exception, failures: int) -> None:
+    log.warning("release failed", extra={"key": key, "error": repr(exc), "failures": failures})
 
 
 class Executor:
@@ -109,7 +109,7 @@ class Executor:
         torn_down: Callable[[str], None] = _nothing,
         stuck: StuckMemory | None = None,
         clock: Callable[[], float] = time.time,
-        release_failed: Callable[[str, Exception], None] = _release_failed,
+        release_failed: Callable[[str, Exception, int], None] = _release_failed,
     ) -> None:
         self.client = client
         self.metrics = metrics
@@ -140,6 +140,7 @@ class Executor:
 
     def forget_group(self, key: str) -> None:
         self.conflicts.pop(key, None)
+        self.releases.forget(key)
 
     def _check_leader(self) -> None:
         if not self.leading():

@@ -7,7 +7,8 @@ Here a pass hands its releases over and ends; ``RELEASES_IN_FLIGHT`` runners sen
 each pod's place in its run first (every run's first pod before any run's second), then
 in the order handed over. A release planned again before it was sent replaces the earlier
 one (a newer pass saw newer facts: the placeholder may have moved). A failed one queues
-its run again with backoff (``failed``), as a failed pass would.
+its run again with backoff (``failed``, with the run's failed releases in a row: the pass
+that handed it over succeeded, which resets the queue's own count for the key).
 
 The runners run only while this replica leads (``runs``, started by the manager with the
 workers and cancelled with them); what was waiting when the lead was lost is dropped: the
@@ -29,13 +30,15 @@ from coschedule.reconcile.model import ReleasePod
 RELEASES_IN_FLIGHT = 32
 
 Send = Callable[[str, ReleasePod], Awaitable[None]]
+# (run key, what failed, the run's failed releases in a row, this one included)
+Failed = Callable[[str, Exception, int], None]
 
 
 class ReleaseStage:
     def __init__(
         self,
         send: Send,
-        failed: Callable[[str, Exception], None],
+        failed: Failed,
         *,
         runners: int = RELEASES_IN_FLIGHT,
     ) -> None:
@@ -46,6 +49,7 @@ class ReleaseStage:
         self.runners = runners
         self._queue: asyncio.PriorityQueue[tuple[int, int, str, ReleasePod]] | None = None
         self._latest: dict[str, int] = {}  # pod key -> the number of its newest release
+        self._failures: dict[str, int] = {}  # run key -> its failed releases in a row
         self._numbers = itertools.count()
 
     def submit(self, key: str, releases: Sequence[ReleasePod]) -> None:
@@ -65,7 +69,12 @@ class ReleaseStage:
         """The runners, on taking the lead: what an earlier lead left waiting is dropped."""
         self._queue = asyncio.PriorityQueue()
         self._latest.clear()
+        self._failures.clear()
         return [self._runner(self._queue) for _ in range(self.runners)]
+
+    def forget(self, key: str) -> None:
+        """A run gone: its failures are not kept."""
+        self._failures.pop(key, None)
 
     async def idle(self) -> None:
         """Until everything handed over has been sent or dropped."""
@@ -86,7 +95,10 @@ class ReleaseStage:
                 try:
                     await self.send(key, release)
                 except Exception as exc:  # the run is looked at again, with backoff
-                    self.failed(key, exc)
+                    failures = self._failures[key] = self._failures.get(key, 0) + 1
+                    self.failed(key, exc, failures)
+                else:
+                    self._failures.pop(key, None)
                 finally:
                     if self._latest.get(pod_key) == number:
                         del self._latest[pod_key]

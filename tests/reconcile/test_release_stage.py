@@ -25,7 +25,7 @@ class Sends:
 
     def __init__(self) -> None:
         self.sent: list[tuple[str, str, str]] = []  # (run key, pod, node)
-        self.failed: list[tuple[str, str]] = []
+        self.failed: list[tuple[str, str, int]] = []
         self.hold = asyncio.Event()
         self.hold.set()
 
@@ -35,8 +35,8 @@ class Sends:
             raise RuntimeError(f"refused {release.name}")
         self.sent.append((key, release.name, release.node))
 
-    def fail(self, key: str, exc: Exception) -> None:
-        self.failed.append((key, str(exc)))
+    def fail(self, key: str, exc: Exception, failures: int) -> None:
+        self.failed.append((key, str(exc), failures))
 
 
 @asynccontextmanager
@@ -96,7 +96,22 @@ async def test_a_failed_release_is_handed_back_for_its_run_and_stops_no_other() 
     async with running(stage):
         stage.submit("ci/a", [pod("a0"), pod("bad-a1"), pod("a2")])
     assert [name for _, name, _ in sends.sent] == ["a0", "a2"]
-    assert sends.failed == [("ci/a", "refused bad-a1")]
+    assert sends.failed == [("ci/a", "refused bad-a1", 1)]
+
+
+async def test_a_runs_failed_releases_in_a_row_are_counted_until_one_goes_out() -> None:
+    """The pass that handed a release over succeeded (the queue's own count for the run is
+    reset by it): the stage counts the run's failures in a row for the backoff."""
+    sends = Sends()
+    stage = ReleaseStage(sends.send, sends.fail, runners=1)
+    async with running(stage):
+        for _ in range(3):
+            stage.submit("ci/a", [pod("bad-a1")])
+            await stage.idle()
+        stage.submit("ci/a", [pod("a2")])
+        await stage.idle()
+        stage.submit("ci/a", [pod("bad-a1")])
+    assert [failures for _, _, failures in sends.failed] == [1, 2, 3, 1]
 
 
 async def test_a_new_lead_drops_what_the_last_one_left_waiting() -> None:
