@@ -231,9 +231,6 @@ class ConcurrencyController:
             for obj in informer.values():
                 if policy_held(obj):
                     self._on_run(kind, "ADDED", obj, None)
-
-    def leader_runs(self) -> list[Coroutine[Any, Any, None]]:
-        return []
         for namespace, controls in list(self.controls.by_namespace.items()):
             for name in list(controls):
                 self._status_soon(namespace, name)
