@@ -113,6 +113,17 @@ def test_a_runs_first_pod_bound_is_counted_from_its_own_start() -> None:
     )
 
 
+def test_a_runs_placeholder_bound_is_counted_from_the_runs_start() -> None:
+    runs = {"a": ["a-1", "a-2"], "b": ["b-1"], "c": ["c-1"]}
+    groups = {"ph-a-0": ["a-1", "a-2"], "ph-b-0": ["b-1"], "ph-c-0": ["c-1"]}
+    bound_at = {"ph-a-0": 10.4, "ph-b-0": 9.0}  # b's before the start; c's never seen
+    assert sb.placeholders_bound(groups, runs, bound_at, dict.fromkeys(runs, 10.0)) == (
+        pytest.approx([0.4, -1.0])
+    )
+    steady = {"a": 10.2, "b": 8.5}  # c has not arrived
+    assert sb.placeholders_bound(groups, runs, bound_at, steady) == pytest.approx([0.2, 0.5])
+
+
 def test_each_scenario_is_compared_with_plain_pods_made_the_same_way() -> None:
     """Burst scenarios against the burst plain batches, steady against plain pods arriving
     at the same rate; the table names the scenario and the share pinned at admission."""
@@ -120,6 +131,7 @@ def test_each_scenario_is_compared_with_plain_pods_made_the_same_way() -> None:
     gated = sb.BatchResult(sb.DEPLOYED_GATED, 50, 0.2, 1.0, 5, 5, holder_nodes=5, gated=50)
     gated.webhook_cpu_s, gated.reconciler_cpu_s = 0.1, 0.3
     gated.lift = [0.2, 0.4, 1.0]
+    gated.placeholder_bound = [0.3, 0.1, 0.6]
     gated.first_bound = [0.5, 0.7]
     steady = sb.BatchResult(sb.DEPLOYED_STEADY, 50, 0.06, 6.0, 5, 5, holder_nodes=5, gated=10)
     steady.first_bound = [0.1, 0.2]
@@ -148,15 +160,17 @@ def test_each_scenario_is_compared_with_plain_pods_made_the_same_way() -> None:
     assert burst["control_plane_ratio"] == 6.0
     assert burst["lift_p50_s"] == 0.4
     assert burst["lift_p99_s"] == 1.0
+    assert (burst["placeholder_bound_p50_s"], burst["placeholder_bound_p99_s"]) == (0.3, 0.6)
     assert result["plain_steady"]["cpu_ms_per_pod"] == 0.6
     table = sb.render([result])
     assert "| 50 | burst, gated | 2.00x (2.00-2.00) | 0.50x (0.50-0.50) |" in table
     assert "| 50 | steady | 2.00x (2.00-2.00) | 1.00x (1.00-1.00) |" in table
     assert "| 1.00x | 0/50 |" in table
     assert "| 1.00x | 40/50 |" in table
-    assert "50 nodes, burst, gated, reconciler: placeholder bound -> gate lifted p50 0.40 s" in (
-        table
-    )
+    assert (
+        "50 nodes, burst, gated, reconciler: a run's placeholder bound after its start p50 "
+        "0.30 s, p99 0.60 s; placeholder bound -> gate lifted p50 0.40 s"
+    ) in table
 
 
 def test_a_run_stopped_early_keeps_the_scenarios_it_measured(tmp_path: Path) -> None:
