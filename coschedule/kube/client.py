@@ -417,7 +417,12 @@ class KubeClient:
         self.creds = creds
         # Shared by a process's clients of one API server: one "waiting for" line, not one each.
         self.reachability = reachability or ApiReachability(creds.server)
+        # HTTP/2 where the server offers it in TLS (kube-apiserver does; client-go uses it):
+        # every request and watch of this client multiplexed on one connection, so a burst of
+        # releases opens no new TLS connections and httpcore's pool has one to scan. Plain
+        # http:// (and a server that offers only HTTP/1.1) stays HTTP/1.1.
         self._http = httpx.AsyncClient(
+            http2=True,
             base_url=creds.server,
             verify=_ssl_context(creds),
             auth=_ExecAuth(creds.exec_plugin) if creds.exec_plugin else _BearerAuth(creds),
