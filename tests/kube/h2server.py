@@ -1,6 +1,7 @@
 """A small TLS API server for the client's HTTP/2 tests: it offers h2 by ALPN (or only
-http/1.1), answers GETs with ``{}`` and streams watch events that the test pushes, honouring
-HTTP/2 flow control, so what a slow reader holds back is what the server could not send.
+http/1.1), answers GETs with ``{}`` (never, under ``/hang/``) and streams the watch events
+that the test pushes (``/watch/``), over HTTP/2 honouring its flow control or over HTTP/1.1
+chunked. ``protocols`` records what each accepted connection speaks.
 
 Only the ``h2`` library's state machine is used (the client's own dependency); the sockets
 are asyncio's.
@@ -9,11 +10,14 @@ are asyncio's.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
 import ssl
 import tempfile
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import h2.config
 import h2.connection
@@ -22,6 +26,24 @@ import h2.exceptions
 import orjson
 
 from coschedule import certs
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _tls(protocols: list[str]) -> tuple[ssl.SSLContext, str]:
+    """A serving context for 127.0.0.1 offering ``protocols`` by ALPN, and its CA's PEM."""
+    ca = certs.generate_ca(dt.timedelta(days=1))
+    serving = certs.issue_serving(ca, ["127.0.0.1"], dt.timedelta(days=1))
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    with tempfile.TemporaryDirectory() as folder:
+        cert, key = Path(folder, "tls.crt"), Path(folder, "tls.key")
+        cert.write_bytes(serving.cert_pem)
+        key.write_bytes(serving.key_pem)
+        ctx.load_cert_chain(str(cert), str(key))
+    ctx.set_alpn_protocols(protocols)
+    return ctx, ca.cert_pem.decode()
 
 
 @dataclass
@@ -44,16 +66,7 @@ class H2Server:
     _tasks: set[asyncio.Task[None]] = field(default_factory=set)
 
     async def start(self) -> None:
-        ca = certs.generate_ca(dt.timedelta(days=1))
-        serving = certs.issue_serving(ca, ["127.0.0.1"], dt.timedelta(days=1))
-        ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        with tempfile.TemporaryDirectory() as folder:
-            cert, key = Path(folder, "tls.crt"), Path(folder, "tls.key")
-            cert.write_bytes(serving.cert_pem)
-            key.write_bytes(serving.key_pem)
-            ctx.load_cert_chain(str(cert), str(key))
-        ctx.set_alpn_protocols(["h2", "http/1.1"] if self.offer_h2 else ["http/1.1"])
-        self.ca_pem = ca.cert_pem.decode()
+        ctx, self.ca_pem = _tls(["h2", "http/1.1"] if self.offer_h2 else ["http/1.1"])
         self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0, ssl=ctx)
         self.port = self._server.sockets[0].getsockname()[1]
 
@@ -80,8 +93,8 @@ class H2Server:
         line = orjson.dumps({"type": "ADDED", "object": obj}) + b"\n"
         self.watch(path).queue.put_nowait(line)
 
-    def _spawn(self, coro: object) -> None:
-        task = asyncio.ensure_future(coro)  # type: ignore[arg-type]
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
@@ -90,6 +103,9 @@ class H2Server:
         protocol = (tls.selected_alpn_protocol() if tls else None) or "http/1.1"
         self.protocols.append(protocol)
         self._writers.append(writer)
+        task = asyncio.current_task()
+        if task is not None:  # cancelled with its connection (drop_connections, stop)
+            self._tasks.add(task)
         try:
             if protocol == "h2":
                 await self._serve_h2(reader, writer)
@@ -98,16 +114,32 @@ class H2Server:
         except (ConnectionError, asyncio.IncompleteReadError, ssl.SSLError):
             pass
 
-    async def _serve_http1(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _serve_http1(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
         while True:
             head = await reader.readuntil(b"\r\n\r\n")
-            if not head.startswith(b"GET "):
+            method, target = head.split(b" ", 2)[:2]
+            if method != b"GET":
                 raise ConnectionError("only GET")
+            path = target.decode().split("?", 1)[0]
+            if not path.startswith("/watch/"):
+                writer.write(
+                    b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                    b"Content-Length: 2\r\n\r\n{}"
+                )
+                await writer.drain()
+                continue
             writer.write(
                 b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
-                b"Content-Length: 2\r\n\r\n{}"
+                b"Transfer-Encoding: chunked\r\n\r\n"
             )
-            await writer.drain()
+            watch = self.watch(path)
+            while True:  # until the connection goes: one watch per connection
+                data = await watch.queue.get()
+                writer.write(b"%x\r\n%s\r\n" % (len(data), data))
+                watch.sent += len(data)
+                await writer.drain()
 
     async def _serve_h2(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         conn = h2.connection.H2Connection(
@@ -118,8 +150,8 @@ class H2Server:
         while data := await reader.read(65536):
             for event in conn.receive_data(data):
                 if isinstance(event, h2.events.RequestReceived):
-                    headers = dict(event.headers)
-                    path = str(headers[":path"]).split("?", 1)[0]
+                    headers = {_text(k): _text(v) for k, v in event.headers}
+                    path = headers[":path"].split("?", 1)[0]
                     self._spawn(self._answer(conn, writer, event.stream_id, path))
             writer.write(conn.data_to_send())
             await writer.drain()
@@ -127,14 +159,14 @@ class H2Server:
     async def _answer(
         self, conn: h2.connection.H2Connection, writer: asyncio.StreamWriter, sid: int, path: str
     ) -> None:
-        try:
+        with contextlib.suppress(h2.exceptions.StreamClosedError):  # the client closed it
             await self._respond(conn, writer, sid, path)
-        except h2.exceptions.StreamClosedError:
-            pass  # the client closed its watch
 
     async def _respond(
         self, conn: h2.connection.H2Connection, writer: asyncio.StreamWriter, sid: int, path: str
     ) -> None:
+        if path.startswith("/hang/"):  # a request the server never answers
+            await asyncio.Event().wait()
         conn.send_headers(sid, [(":status", "200"), ("content-type", "application/json")])
         if not path.startswith("/watch/"):
             conn.send_data(sid, b"{}", end_stream=True)
