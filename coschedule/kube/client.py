@@ -417,38 +417,16 @@ class KubeClient:
         self.creds = creds
         # Shared by a process's clients of one API server: one "waiting for" line, not one each.
         self.reachability = reachability or ApiReachability(creds.server)
-        auth = _ExecAuth(creds.exec_plugin) if creds.exec_plugin else _BearerAuth(creds)
-        # One context for both clients (an exec plugin's client certificate is fetched
-        # once): httpcore sets its ALPN list on it just before each handshake, with no await
-        # between, so each connection offers what its own client speaks.
-        verify = _ssl_context(creds)
-        headers = {"User-Agent": user_agent, "Accept": "application/json"}
-        # Requests over HTTP/2 where the server offers it in TLS (kube-apiserver does; plain
-        # http:// stays HTTP/1.1): all of them multiplexed on one connection, so a burst of
-        # releases opens no new TLS connections and httpcore's pool has one to scan.
         self._http = httpx.AsyncClient(
-            http2=True,
             base_url=creds.server,
-            verify=verify,
-            auth=auth,
+            verify=_ssl_context(creds),
+            auth=_ExecAuth(creds.exec_plugin) if creds.exec_plugin else _BearerAuth(creds),
             timeout=httpx.Timeout(timeout, connect=5.0),
-            headers=headers,
-        )
-        # Watches over HTTP/1.1, a connection each, as before: httpcore's HTTP/2 reads a
-        # connection under one lock, held over the socket read by whichever stream waits
-        # first, so on a connection with idle watches an answered request waited for the
-        # next byte on it (the webhook never synced in an idle cluster).
-        self._watch_http = httpx.AsyncClient(
-            base_url=creds.server,
-            verify=verify,
-            auth=auth,
-            timeout=httpx.Timeout(timeout, connect=5.0),
-            headers=headers,
+            headers={"User-Agent": user_agent, "Accept": "application/json"},
         )
 
     async def aclose(self) -> None:
         await self._http.aclose()
-        await self._watch_http.aclose()
 
     async def _request(
         self,
@@ -560,7 +538,7 @@ class KubeClient:
     ) -> AsyncIterator[httpx.Response]:
         headers = {"Accept": accept} if accept is not None else None
         try:
-            async with self._watch_http.stream(
+            async with self._http.stream(
                 "GET", path, params=query, timeout=limits, headers=headers
             ) as response:
                 self.reachability.answered()
