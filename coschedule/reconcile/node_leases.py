@@ -50,8 +50,8 @@ class NodeLeases:
     def __init__(self, client: KubeClient, clock: Callable[[], float]) -> None:
         self.client = client
         self.clock = clock
-        self._read: dict[str, tuple[float, float | None]] = {}  # node -> (read at, renewed)
-        self._seen: dict[str, tuple[float, float]] = {}  # node -> ``renewal_seen``
+        # node -> (read at, what ``renewal_seen`` made of it; None: not read, no renew time)
+        self._read: dict[str, tuple[float, tuple[float, float] | None]] = {}
 
     async def renewed(self, nodes: Iterable[str]) -> dict[str, float]:
         """When each node's kubelet last renewed its Lease (seconds since the epoch, on this
@@ -62,21 +62,15 @@ class NodeLeases:
         for node in nodes:
             kept = self._read.get(node)
             if kept is None or now - kept[0] >= KEEP_SECONDS:
-                kept = (now, self._renewed(node, await self._get(node), now))
-                self._read[node] = kept
+                renew_time = await self._get(node)
+                before = kept[1] if kept is not None else None
+                seen = None if renew_time is None else renewal_seen(before, renew_time, now)
+                kept = self._read[node] = (now, seen)
             if kept[1] is not None:
-                found[node] = kept[1]
+                found[node] = kept[1][1]
         for node in [n for n, (at, _) in self._read.items() if now - at >= 60 * KEEP_SECONDS]:
             del self._read[node]
-            self._seen.pop(node, None)
         return found
-
-    def _renewed(self, node: str, renew_time: float | None, now: float) -> float | None:
-        if renew_time is None:
-            self._seen.pop(node, None)
-            return None
-        seen = self._seen[node] = renewal_seen(self._seen.get(node), renew_time, now)
-        return seen[1]
 
     async def _get(self, node: str) -> float | None:
         path = object_path("coordination.k8s.io/v1", "leases", NODE_LEASE_NAMESPACE, node)
