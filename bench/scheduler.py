@@ -81,6 +81,7 @@ from bench import deployed
 from bench.decide import add_placeholder, run_claims_cache
 from bench.servers import loadavg
 from coschedule.config.settings import Settings
+from coschedule.k8s.constants import PREFERRED
 from coschedule.marks import (
     COMPONENT_AFFINITY_ASSISTANT,
     LABEL_COMPONENT,
@@ -127,10 +128,11 @@ class Encoding:
     name: str
     title: str
     pods: str  # affinity | pin-after-bound | gate-pin
-    # How placeholders keep apart: today's preferred anti-affinity to each other, or a
-    # ScheduleAnyway topology spread constraint over them (a placeholder requests almost
-    # nothing: without either, the scheduler stacks a batch of them on a few nodes and the
-    # runs' pods do not fit there).
+    # How the stand-ins' placeholders keep apart: the preferred anti-affinity to each other
+    # they had when these encodings were measured, or the ScheduleAnyway topology spread
+    # constraint coschedule gives them now (a placeholder requests almost nothing: without
+    # either, the scheduler stacks a batch of them on a few nodes and the runs' pods do not
+    # fit there). The deployed encodings' placeholders are the reconciler's own.
     spread: str = "anti-affinity"
     # As deployed: "seeded" (the runs made first, the scheduler running, then their pods at
     # once), "gated" (the scheduler stopped from before the runs are made: no placeholder
@@ -449,16 +451,17 @@ def coscheduled_batch(name: str, plan: Plan, encoding: Encoding) -> Batch:
     later: list[tuple[str, Obj]] = []  # (placeholder pod, pod) once the placeholder is bound
     for holder, pods, claims in decided_runs(name, plan):
         holder_name = holder["metadata"]["name"]
-        if encoding.spread == "topology-spread":
-            del holder["spec"]["affinity"]
-            holder["spec"]["topologySpreadConstraints"] = [
-                {
-                    "maxSkew": 1,
-                    "topologyKey": plan.settings.topology_key,
-                    "whenUnsatisfiable": "ScheduleAnyway",
-                    "labelSelector": {"matchLabels": placeholder_selector_all()},
-                }
-            ]
+        if encoding.spread == "anti-affinity":
+            # How placeholders kept apart before the spread constraint (the one measured
+            # against it): a preferred anti-affinity to each other.
+            del holder["spec"]["topologySpreadConstraints"]
+            term = {
+                "labelSelector": {"matchLabels": placeholder_selector_all()},
+                "topologyKey": plan.settings.topology_key,
+            }
+            holder["spec"].setdefault("affinity", {})["podAntiAffinity"] = {
+                PREFERRED: [{"weight": 100, "podAffinityTerm": term}]
+            }
         holders.append(holder)
         batch.counted += len(pods)
         batch.claims.extend(claims)

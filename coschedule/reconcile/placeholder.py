@@ -118,16 +118,31 @@ def run_constraints(pods: Sequence[MarkedPod]) -> tuple[NodeConstraints, tuple[s
     return (found or ordered[0].constraints()), tuple(excluded)
 
 
-def _anti_affinity(group: GroupSpec) -> dict[str, Any]:
+def _keep_apart(group: GroupSpec, spec: Obj) -> None:
+    """How placeholders keep apart. An isolated run's: a required anti-affinity, one run
+    per node within its scope. Every other: a ``ScheduleAnyway`` topology spread constraint
+    over the placeholders of its namespace (a placeholder requests almost nothing; without
+    it the scheduler stacks a burst of them on a few nodes, where the runs' pods no longer
+    fit). It spreads runs as a preferred anti-affinity does at half kube-scheduler's cost
+    per placeholder, and unlike an anti-affinity term, plain pods' scoring never walks it
+    (docs/benchmarks.md, issue 20)."""
     if group.mode is Mode.ISOLATE_PIPELINERUN:
-        return {
-            REQUIRED: anti_affinity.required_terms(group.scope, group.tenant, group.topology_key)
+        spec["affinity"] = {
+            "podAntiAffinity": {
+                REQUIRED: anti_affinity.required_terms(
+                    group.scope, group.tenant, group.topology_key
+                )
+            }
         }
-    term = {
-        "labelSelector": {"matchLabels": {LABEL_COMPONENT: COMPONENT_AFFINITY_ASSISTANT}},
-        "topologyKey": group.topology_key,
-    }
-    return {PREFERRED: [{"weight": 100, "podAffinityTerm": term}]}
+        return
+    spec["topologySpreadConstraints"] = [
+        {
+            "maxSkew": 1,
+            "topologyKey": group.topology_key,
+            "whenUnsatisfiable": "ScheduleAnyway",
+            "labelSelector": {"matchLabels": {LABEL_COMPONENT: COMPONENT_AFFINITY_ASSISTANT}},
+        }
+    ]
 
 
 def pod_template(
@@ -161,8 +176,8 @@ def pod_template(
             "runAsUser": RUN_AS_USER,
             "seccompProfile": {"type": "RuntimeDefault"},
         },
-        "affinity": {"podAntiAffinity": _anti_affinity(group)},
     }
+    _keep_apart(group, spec)
     if settings.placeholder_priority_class:
         spec["priorityClassName"] = settings.placeholder_priority_class
     if group.node_selector:
@@ -171,7 +186,7 @@ def pod_template(
         spec["tolerations"] = [dict(t) for t in group.tolerations]
     node_affinity = NodeConstraints(group.node_selector, group.node_terms).affinity()
     if node_affinity is not None:
-        spec["affinity"]["nodeAffinity"] = node_affinity
+        spec.setdefault("affinity", {})["nodeAffinity"] = node_affinity
     # The group's scheduler places the placeholder too: one scheduler sees the run's pods
     # and their pin. The default one is left implicit so existing templates do not drift.
     if group.scheduler_name and group.scheduler_name != DEFAULT_SCHEDULER:
@@ -221,6 +236,40 @@ def steered_template(
     with the StatefulSet annotations that record it."""
     template = relocation.steer(pod_template(group, settings, claim_templates), annotations)
     return template, set_annotations(group, template_hash(template))
+
+
+# What one version of a placeholder's pod template may hold and another not. A JSON merge
+# patch keeps every key it leaves out, so a template patched in over an older one names
+# these as null when it has none: an upgrade that trades the anti-affinity for the spread
+# constraint, or a move that drops its target node, must not leave the old field behind.
+# (A map that loses keys, such as a smaller nodeSelector, still keeps the old keys.)
+_OPTIONAL_FIELDS: Mapping[str, Any] = {
+    "metadata": {"labels": {LABEL_TENANT: None}},
+    "spec": {
+        "affinity": {"podAntiAffinity": None, "nodeAffinity": {REQUIRED: None, PREFERRED: None}},
+        "topologySpreadConstraints": None,
+        "nodeSelector": None,
+        "tolerations": None,
+        "priorityClassName": None,
+        "schedulerName": None,
+        "volumes": None,
+    },
+}
+
+
+def template_patch(template: Obj) -> Obj:
+    """``template`` as the merge patch that makes a StatefulSet's pod template be it."""
+    return _with_nulls(template, _OPTIONAL_FIELDS)
+
+
+def _with_nulls(wanted: Mapping[str, Any], optional: Mapping[str, Any]) -> Obj:
+    patch = dict(wanted)
+    for key, inner in optional.items():
+        if key not in wanted:
+            patch[key] = None
+        elif inner is not None and isinstance(wanted[key], Mapping):
+            patch[key] = _with_nulls(wanted[key], inner)
+    return patch
 
 
 def build_statefulset(

@@ -51,6 +51,7 @@ from coschedule.reconcile.placeholder import (
     build_statefulset,
     group_spec,
     steered_template,
+    template_patch,
 )
 
 OWNER_RECHECK_SECONDS = 30.0  # how often a quiet run's owner is asked whether it is done
@@ -386,7 +387,7 @@ def drift(
     if group is not None:
         template, annotations = steered_template(group, settings, claim_templates, sts.annotations)
         if sts.annotations.get(ANNOTATION_TEMPLATE_HASH) != annotations[ANNOTATION_TEMPLATE_HASH]:
-            spec["template"] = template
+            spec["template"] = template_patch(template)
             meta["annotations"] = annotations
             reasons.append("pod template")
         root = _owner_for(group, owner)

@@ -41,7 +41,12 @@ from coschedule.reconcile.model import (
     RelocatePlaceholder,
     Requeue,
 )
-from coschedule.reconcile.placeholder import GroupSpec, group_spec, steered_template
+from coschedule.reconcile.placeholder import (
+    GroupSpec,
+    group_spec,
+    steered_template,
+    template_patch,
+)
 
 RECHECK_MARGIN = 0.05  # look just after a grace period ends, not just before
 # A stuck group is looked at again this often: what blocked a move (a running task, no
@@ -284,7 +289,7 @@ def relocation_patch(
             "annotations": {relocation.ANNOTATION_RELOCATIONS: moved_to, **annotations},
             "resourceVersion": sts.resource_version,
         },
-        "spec": {"template": template},
+        "spec": {"template": template_patch(template)},
     }
 
 

@@ -1,5 +1,6 @@
-"""A Tekton-shaped run in each mode lands on one node with its placeholder; isolate mode
-spreads runs; placeholders go when the run is done or its owner is deleted."""
+"""A Tekton-shaped run in each mode lands on one node with its placeholder; runs spread
+over nodes (isolate mode: one per node); placeholders go when the run is done or its owner
+is deleted."""
 
 from __future__ import annotations
 
@@ -95,8 +96,10 @@ def test_run_lands_on_one_node(e2e: E2E, namespace: Callable[..., str], mode: st
     if mode == "isolate-pipelinerun":
         assert anti.get(REQUIRED), f"isolate mode needs required anti-affinity:\n{dump(sts)}"
     else:
-        assert not anti.get(REQUIRED), dump(sts)
-        assert anti.get("preferredDuringSchedulingIgnoredDuringExecution"), dump(sts)
+        # Kept apart by the spread constraint alone: no inter-pod term on the placeholder.
+        assert not anti, dump(sts)
+        [spread] = template["spec"]["topologySpreadConstraints"]
+        assert spread["whenUnsatisfiable"] == "ScheduleAnyway", dump(sts)
 
     pinned = node(wait_placeholder_bound(api, ns, placeholder))
     for task in tasks:
@@ -125,6 +128,23 @@ def test_isolate_mode_puts_two_runs_on_two_nodes(e2e: E2E, namespace: Callable[.
             wait_bound(api, ns, run.pod_name(task), node=pinned)
         nodes.append(pinned)
     assert nodes[0] != nodes[1], describe_namespace(api, ns)
+
+
+def test_runs_of_a_namespace_spread_over_nodes(e2e: E2E, namespace: Callable[..., str]) -> None:
+    """Not isolated, the runs may share a node, but their placeholders' spread constraint
+    makes the real kube-scheduler put three runs on three nodes while nodes are free."""
+    e2e.require(*NEEDS)
+    api = e2e.api
+    ns = namespace(mode="pipelineruns")
+    runs = [TektonRun(api, ns, unique("pr")).create() for _ in range(3)]
+    for run in runs:
+        run.create_pod("report", fixture="tekton-taskrun-no-workspace")
+    nodes = []
+    for run in runs:
+        pinned = node(wait_placeholder_bound(api, ns, run_placeholder(ns, run.name)))
+        wait_bound(api, ns, run.pod_name("report"), node=pinned)
+        nodes.append(pinned)
+    assert len(set(nodes)) == 3, (nodes, describe_namespace(api, ns))
 
 
 def test_teardown_after_completion(e2e: E2E, namespace: Callable[..., str]) -> None:

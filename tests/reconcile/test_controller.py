@@ -360,6 +360,59 @@ async def test_hand_scaled_statefulset_is_patched_back_after_a_conflict(
     )
 
 
+async def test_a_placeholder_made_by_an_older_version_loses_its_anti_affinity_on_upgrade(
+    api: MiniApi, make: Make
+) -> None:
+    """Before, placeholders kept apart by a preferred anti-affinity; now by a spread
+    constraint. A JSON merge patch keeps what it does not name: the drift patch must drop
+    the old term, not leave both (every incoming pod's scoring would still walk it)."""
+    await make()
+    pod = marked_pod("tekton-taskrun")
+    name = placeholder_of(pod)
+    api.put("pods", pod)
+    await eventually(lambda: api.get("statefulsets", "ci", name) is not None)
+    made = api.get("statefulsets", "ci", name)
+    assert made is not None
+    uid = made["metadata"]["uid"]
+    term = {
+        "labelSelector": {"matchLabels": {"app.kubernetes.io/component": "affinity-assistant"}},
+        "topologyKey": "kubernetes.io/hostname",
+    }
+    old_pod_spec = {
+        "affinity": {
+            "podAntiAffinity": {
+                "preferredDuringSchedulingIgnoredDuringExecution": [
+                    {"weight": 100, "podAffinityTerm": term}
+                ]
+            }
+        },
+        "topologySpreadConstraints": None,
+    }
+    api.edit(
+        "statefulsets",
+        "ci",
+        name,
+        {
+            "metadata": {"annotations": {"coschedule.dev/template-hash": "e5a3b58548885428"}},
+            "spec": {"template": {"spec": old_pod_spec}},
+        },
+    )
+
+    def upgraded() -> bool:
+        sts = api.get("statefulsets", "ci", name)
+        return sts is not None and "topologySpreadConstraints" in sts["spec"]["template"]["spec"]
+
+    await eventually(upgraded)
+    sts = api.get("statefulsets", "ci", name)
+    assert sts is not None
+    assert "affinity" not in sts["spec"]["template"]["spec"], sts["spec"]["template"]
+    assert sts["metadata"]["uid"] == uid  # patched in place
+    assert (
+        sts["metadata"]["annotations"]["coschedule.dev/template-hash"]
+        == (made["metadata"]["annotations"]["coschedule.dev/template-hash"])
+    )
+
+
 async def test_patch_from_a_stale_cache_gets_409_and_succeeds_once_the_cache_catches_up(
     api: MiniApi, make: Callable[..., Any]
 ) -> None:

@@ -138,18 +138,14 @@ def test_first_live_pod_creates_the_placeholder_statefulset() -> None:
     assert ctx["allowPrivilegeEscalation"] is False
     assert ctx["capabilities"] == {"drop": ["ALL"]}
     assert ctx["seccompProfile"] == {"type": "RuntimeDefault"}
-    preferred = pod_spec["affinity"]["podAntiAffinity"][
-        "preferredDuringSchedulingIgnoredDuringExecution"
-    ]
-    assert preferred == [
+    # Placeholders keep apart by a topology spread constraint, never by an inter-pod term.
+    assert "affinity" not in pod_spec
+    assert pod_spec["topologySpreadConstraints"] == [
         {
-            "weight": 100,
-            "podAffinityTerm": {
-                "labelSelector": {
-                    "matchLabels": {"app.kubernetes.io/component": "affinity-assistant"}
-                },
-                "topologyKey": "kubernetes.io/hostname",
-            },
+            "maxSkew": 1,
+            "topologyKey": "kubernetes.io/hostname",
+            "whenUnsatisfiable": "ScheduleAnyway",
+            "labelSelector": {"matchLabels": {"app.kubernetes.io/component": "affinity-assistant"}},
         }
     ]
     assert pod_spec["volumes"] == [
@@ -286,13 +282,13 @@ def test_the_runs_required_node_affinity_goes_on_the_placeholder(placement: Plac
     assert _required(body) == [
         {"matchExpressions": [{"key": "pool", "operator": "In", "values": ["a", "b"]}]}
     ]
-    # The anti-affinity that spreads placeholders is still there.
-    assert body["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"]
+    # The constraint that spreads placeholders is still there.
+    assert body["spec"]["template"]["spec"]["topologySpreadConstraints"]
 
 
 def test_pods_without_node_affinity_leave_the_placeholder_as_before() -> None:
     body = created_body(observed_for(marked_pod("tekton-taskrun")))
-    assert "nodeAffinity" not in body["spec"]["template"]["spec"]["affinity"]
+    assert "affinity" not in body["spec"]["template"]["spec"]
 
 
 @pytest.mark.parametrize(

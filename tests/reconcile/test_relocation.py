@@ -14,6 +14,7 @@ from coschedule.reconcile.placeholder import (
     group_spec,
     pod_template,
     template_hash,
+    template_patch,
 )
 from coschedule.reconcile.plan import drift
 from tests.reconcile.pods import marked_pod, parsed
@@ -49,9 +50,12 @@ def test_steer_adds_required_not_in_and_preferred_target() -> None:
     preferred = affinity["nodeAffinity"][PREFERRED]
     assert preferred[0]["weight"] == 100
     assert preferred[0]["preference"]["matchExpressions"][0]["values"] == ["n3"]
-    # The placeholders' anti-affinity stays, and the input is not modified.
-    assert "podAntiAffinity" in affinity
-    assert "nodeAffinity" not in template["spec"]["affinity"]
+    # What keeps placeholders apart stays, and the input is not modified.
+    assert (
+        steered["spec"]["topologySpreadConstraints"]
+        == template["spec"]["topologySpreadConstraints"]
+    )
+    assert "affinity" not in template["spec"]
     assert relocation.steer(template, {}) is template
 
 
@@ -77,7 +81,7 @@ def test_drift_keeps_a_relocated_template() -> None:
     edited = replace(moved, annotations={**moved.annotations, ANNOTATION_TEMPLATE_HASH: "x"})
     patch = drift(edited, group, SETTINGS, None)
     assert patch is not None
-    assert patch.patch["spec"]["template"] == steered
+    assert patch.patch["spec"]["template"] == template_patch(steered)
 
 
 def test_placeholder_copies_the_groups_scheduler_name() -> None:
