@@ -56,7 +56,8 @@ class ReconcileMetrics:
         )
         self.nodes_missing_topology = Gauge(
             "coschedule_nodes_missing_topology_key",
-            "Nodes without the configured topology-key label: anti-affinity misbehaves there.",
+            "Nodes without the configured topology-key label: placeholders avoid them,"
+            " pod affinity cannot reach them.",
             registry=self.registry,
         )
         self.config_reload_errors = reload_errors_counter(self.registry)

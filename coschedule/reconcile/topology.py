@@ -28,7 +28,7 @@ class TopologyLabels:
         elif name not in self.missing:
             self.missing.add(name)
             log.warning(
-                "node lacks the topology-key label: placeholder anti-affinity misbehaves there",
+                "node lacks the topology-key label: placeholders avoid it, pod affinity misses it",
                 extra={"node": name, "topology_key": self.key},
             )
         self._report(len(self.missing))

@@ -78,7 +78,7 @@ _MERGE_KEYS = {"webhooks": "name"}
 def _strategic(target: Any, patch: Any) -> Any:
     """A strategic merge patch, for the lists in ``_MERGE_KEYS``; else a merge patch."""
     if not isinstance(patch, dict) or not isinstance(target, dict):
-        return _merge(target, patch)
+        return merge_patch(target, patch)
     result = dict(target)
     for key, value in patch.items():
         merge_key = _MERGE_KEYS.get(key)
@@ -102,7 +102,7 @@ def _strategic(target: Any, patch: Any) -> Any:
     return result
 
 
-def _merge(target: Any, patch: Any) -> Any:
+def merge_patch(target: Any, patch: Any) -> Any:
     """RFC 7386 JSON merge patch."""
     if not isinstance(patch, dict):
         return copy.deepcopy(patch)
@@ -111,7 +111,7 @@ def _merge(target: Any, patch: Any) -> Any:
         if value is None:
             result.pop(key, None)
         else:
-            result[key] = _merge(result.get(key), value)
+            result[key] = merge_patch(result.get(key), value)
     return result
 
 
@@ -249,7 +249,7 @@ class MiniApi:
         return obj
 
     def edit(self, plural: str, namespace: str | None, name: str, patch: Obj) -> Obj:
-        return self.put(plural, _merge(self.objects[(plural, namespace, name)], patch))
+        return self.put(plural, merge_patch(self.objects[(plural, namespace, name)], patch))
 
     def remove(self, plural: str, namespace: str | None, name: str) -> None:
         obj = self.objects.pop((plural, namespace, name))
@@ -363,7 +363,7 @@ class MiniApi:
             patch.get("metadata", {}).pop("resourceVersion", None)
             if "strategic-merge" in str(request.headers.get("Content-Type")):
                 return self.put(plural, _strategic(current, patch))
-            return self.put(plural, _merge(current, patch))
+            return self.put(plural, merge_patch(current, patch))
         raise kmock.KubernetesError(status=405, reason="MethodNotAllowed", message=method)
 
     def _json_patch(self, plural: str, current: Obj, ops: Any) -> Obj:

@@ -17,6 +17,7 @@ from coschedule.reconcile.placeholder import (
     template_patch,
 )
 from coschedule.reconcile.plan import drift
+from tests.reconcile.apiserver import merge_patch
 from tests.reconcile.pods import marked_pod, parsed
 from tests.reconcile.test_plan import existing_set, observed_for
 
@@ -94,3 +95,21 @@ def test_placeholder_copies_the_groups_scheduler_name() -> None:
     assert default is not None
     # The default scheduler stays implicit: existing placeholders do not drift on upgrade.
     assert "schedulerName" not in pod_template(default, SETTINGS)["spec"]
+
+
+def test_a_template_patch_removes_what_the_new_template_leaves_out() -> None:
+    """Applied as kube-apiserver applies a JSON merge patch over the older template, the
+    patch leaves exactly the new one: an older version's anti-affinity, a tenant label the
+    namespace lost, a relocation's node affinity, are all gone."""
+    group = group_spec("ci", "affinity-assistant-x", [parsed(marked_pod("tekton-taskrun"))])
+    assert group is not None
+    new = pod_template(group, SETTINGS)
+    old = relocation.steer(
+        pod_template(replace(group, tenant="payments"), SETTINGS),
+        {relocation.ANNOTATION_RELOCATIONS: relocation.first(HOST, "n1", "n2", 1.0).encode()},
+    )
+    old["spec"]["affinity"]["podAntiAffinity"] = {PREFERRED: [{"weight": 100}]}
+    assert old["metadata"]["labels"]["coschedule.dev/tenant"] == "payments"
+    assert merge_patch(old, template_patch(new)) == new
+    # And a patch over an equal template changes nothing.
+    assert merge_patch(new, template_patch(new)) == new
