@@ -156,6 +156,9 @@ class CertificateController:
         self._published = None
         self.queue.add(KEY)
 
+    def leader_runs(self) -> list[Coroutine[Any, Any, None]]:
+        return []
+
     def readiness(self) -> tuple[bool, str | None]:
         ready, waiting = caches_readiness(self.configs, self.client)
         if not ready:

@@ -235,6 +235,9 @@ class ConcurrencyController:
             for name in list(controls):
                 self._status_soon(namespace, name)
 
+    def leader_runs(self) -> list[Coroutine[Any, Any, None]]:
+        return []
+
     # ---- what the indexes hold --------------------------------------------------------
 
     def known_groups(self) -> set[str]:

@@ -186,6 +186,7 @@ class Controller:
             pod_version=self._pod_version,
             torn_down=self._forget,
             stuck=self.stuck,
+            release_failed=self._release_failed,
         )
         self.pods.add_handler(self._on_pod)
         # Counted at scrape time from the cache: the oldest pod's wait grows between events.
@@ -245,6 +246,21 @@ class Controller:
         if waited:  # found on taking the lead: no reconciler led while they waited
             self._tasks.add(task := asyncio.get_running_loop().create_task(self._tell(waited)))
             task.add_done_callback(self._tasks.discard)
+
+    def leader_runs(self) -> list[Coroutine[Any, Any, None]]:
+        return self.executor.releases.runs()
+
+    def _release_failed(self, key: str, exc: Exception, failures: int) -> None:
+        """A release sent apart from its pass failed: the run is looked at again, with the
+        backoff of its releases' failures in a row (its pass succeeded: the queue's own
+        count for the key was reset)."""
+        status = exc.status if isinstance(exc, ApiError) else 0
+        self.metrics.errors.labels(self.name, str(status)).inc()
+        delay = self.queue.back_off(key, failures - 1)
+        self.log.warning(
+            "release failed; retrying",
+            extra={**self.log_fields(key), "error": repr(exc), "retry_in": round(delay, 3)},
+        )
 
     async def _tell(self, waited: list[tuple[Obj, float]]) -> None:
         """One Warning Event per pod that waited behind our gate with no reconciler leading."""

@@ -4,7 +4,9 @@ the placeholder controller's (``plan``, ``plan_stuck``, ``plan_pins``,
 cancels, waiting marks, held runs admitted, a control's status; their writes are in
 ``run_writes``).
 
-API errors propagate (the manager retries the key with backoff); Events never do. Before
+API errors propagate (the manager retries the key with backoff); Events never do. A
+pass's pod releases are handed to the release stage (``release_stage``), which sends them
+apart from the pass and queues the run again when one fails. Before
 each action the leader check runs, so a replica that lost the Lease stops at once (the one
 leadership check of both controllers). Each action stands alone: an action's own Event is
 recorded when the action took effect. A placeholder pod is deleted once per
@@ -13,7 +15,6 @@ resourceVersion, whichever action deletes it (one memory, per Executor).
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable
@@ -49,6 +50,7 @@ from coschedule.reconcile.model import (
     WriteControlStatus,
 )
 from coschedule.reconcile.reconciler_metrics import ReconcileMetrics
+from coschedule.reconcile.release_stage import ReleaseStage
 from coschedule.reconcile.stuck_facts import StuckMemory
 
 log = logging.getLogger("coschedule.reconcile")
@@ -59,10 +61,6 @@ BACKGROUND = {"apiVersion": "v1", "kind": "DeleteOptions", "propagationPolicy": 
 # preconditions, a resourceVersion), 422 (a JSON patch's ``test``), 404 (gone). The change
 # that made it stale comes through the watch and the group is looked at again.
 STALE = frozenset({404, 409, 422})
-# Release patches in flight at once, over all workers: a run's gated pods are independent
-# writes, and one after another they cost a round trip each (a burst of runs waited
-# seconds); bounded below the client's connection pool (100), which other calls share.
-RELEASES_IN_FLIGHT = 32
 
 
 class NotLeader(Exception):
@@ -88,13 +86,17 @@ def _nothing(key: str) -> None:
     return None
 
 
+def _release_failed(key: str, exc: Exception, failures: int) -> None:
+    log.warning("release failed", extra={"key": key, "error": repr(exc), "failures": failures})
+
+
 class Executor:
     """One per controller (its memory is its own); every action type has its case.
 
-    ``run_of``, ``pod_version``, ``torn_down`` and ``stuck`` are the placeholder
-    controller's (its log fields, its placeholder pods' versions, a group torn down, its
-    stuck groups); the concurrency controller's Executor leaves them to their defaults and
-    gives its ``clock`` (a run's start delay)."""
+    ``run_of``, ``pod_version``, ``torn_down``, ``stuck`` and ``release_failed`` are the
+    placeholder controller's (its log fields, its placeholder pods' versions, a group torn
+    down, its stuck groups, a release that failed); the concurrency controller's Executor
+    leaves them to their defaults and gives its ``clock`` (a run's start delay)."""
 
     def __init__(
         self,
@@ -107,6 +109,7 @@ class Executor:
         torn_down: Callable[[str], None] = _nothing,
         stuck: StuckMemory | None = None,
         clock: Callable[[], float] = time.time,
+        release_failed: Callable[[str, Exception, int], None] = _release_failed,
     ) -> None:
         self.client = client
         self.metrics = metrics
@@ -129,7 +132,7 @@ class Executor:
         # the watch shows the patch plans the same release from the same version; sent
         # again, its ``test`` on the gate fails (422) and the key is looked at once more.
         self.released: dict[str, str] = {}
-        self._releasing: asyncio.Semaphore | None = None  # made on the running loop
+        self.releases = ReleaseStage(self._send_release, release_failed)
 
     def forget_pod(self, pod_key: str) -> None:
         self.deleted.pop(pod_key, None)
@@ -137,6 +140,7 @@ class Executor:
 
     def forget_group(self, key: str) -> None:
         self.conflicts.pop(key, None)
+        self.releases.forget(key)
 
     def _check_leader(self) -> None:
         if not self.leading():
@@ -164,34 +168,21 @@ class Executor:
             action = actions[index]
             self._check_leader()
             if isinstance(action, ReleasePod):
-                # The pass's releases (consecutive: ``node_pins`` plans them together) go
-                # out at once; each stands alone, as one after another.
+                # The pass's releases (consecutive: ``node_pins`` plans them together) are
+                # handed to the stage, ranked by their place in the run; the pass goes on.
                 releases: list[ReleasePod] = []
                 while index < len(actions) and isinstance(release := actions[index], ReleasePod):
                     releases.append(release)
                     index += 1
-                await self._release_pods(key, releases)
+                self.releases.submit(key, releases)
                 continue
             uid = await self._one(key, action, uid)
             index += 1
 
-    async def _release_pods(self, key: str, releases: list[ReleasePod]) -> None:
-        """Every release at once (``RELEASES_IN_FLIGHT`` at most, with the other workers');
-        the first error of any is raised once all have ended (the others took effect or
-        were stale)."""
-        if self._releasing is None:
-            self._releasing = asyncio.Semaphore(RELEASES_IN_FLIGHT)
-        gate = self._releasing
-
-        async def one(action: ReleasePod) -> None:
-            async with gate:
-                self._check_leader()
-                await self._release_pod(key, action)
-
-        outcomes = await asyncio.gather(*(one(a) for a in releases), return_exceptions=True)
-        for outcome in outcomes:
-            if isinstance(outcome, BaseException):
-                raise outcome
+    async def _send_release(self, key: str, action: ReleasePod) -> None:
+        """One release, from the stage's runners: none once the lead is lost."""
+        if self.leading():
+            await self._release_pod(key, action)
 
     async def _one(self, key: str, action: Action, uid: str) -> str:
         """Carry out one action; the StatefulSet's uid (a create gives the new one). Every
@@ -252,7 +243,7 @@ class Executor:
                         ),
                     )
             case ReleasePod():
-                await self._release_pod(key, action)
+                self.releases.submit(key, [action])
             case DeleteStrandedPod():
                 if await self._delete_stranded(key, action):
                     await self._event(action.event, uid)

@@ -51,6 +51,10 @@ class Reconciler(Protocol):
         """On taking the lead, with full caches: queue everything known."""
         ...
 
+    def leader_runs(self) -> list[Coroutine[Any, Any, None]]:
+        """What runs beside the workers while leading (started and cancelled with them)."""
+        ...
+
     def readiness(self) -> tuple[bool, str | None]: ...
 
     def settings_changed(self) -> None:
@@ -130,6 +134,7 @@ class Manager:
         # Acting on half-filled caches would create what exists or delete what is needed.
         await controller.wait_synced()
         controller.take_over()
+        self._worker_tasks += [asyncio.create_task(run) for run in controller.leader_runs()]
         self._worker_tasks += [
             asyncio.create_task(self._worker(controller)) for _ in range(controller.workers)
         ]

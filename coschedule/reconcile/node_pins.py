@@ -77,7 +77,9 @@ def plan_pins(observed: Observed, earlier: Sequence[Action] = ()) -> Plan:
     node = staying[0] if len(staying) == 1 else None
     left = _left_nodes(observed, leaving)
     actions: list[Action] = []
-    for pod in observed.pods:
+    # Oldest first: the release stage ranks a run's releases in this order, so each run's
+    # first pod (its first task's) goes out before any run's later ones.
+    for pod in sorted(observed.pods, key=lambda p: (p.created, p.name)):
         if not pod.live or pod.deleting or pod.node_name:
             continue
         if pod.gated is not None:

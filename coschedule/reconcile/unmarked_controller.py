@@ -73,6 +73,9 @@ class UnmarkedController:
         for key in self.pods.view():
             self.queue.add(key)
 
+    def leader_runs(self) -> list[Coroutine[Any, Any, None]]:
+        return []
+
     def readiness(self) -> tuple[bool, str | None]:
         return caches_readiness([self.pods], self.client)
 

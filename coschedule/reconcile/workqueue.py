@@ -90,7 +90,13 @@ class WorkQueue:
         """Re-add after this key's next backoff delay (with jitter); returns the delay."""
         failures = self._failures.get(key, 0)
         self._failures[key] = failures + 1
-        delay = min(self.retry_max, self.retry_base * float(2**failures))
+        return self.back_off(key, failures)
+
+    def back_off(self, key: str, failures: int) -> float:
+        """Re-add after the backoff delay of ``failures`` earlier failures counted by the
+        caller (a release sent apart from the passes, whose successes reset the key's own
+        count); returns the delay."""
+        delay = min(self.retry_max, self.retry_base * float(2 ** min(failures, 32)))
         delay *= 0.8 + 0.4 * random.random()
         self.add_after(key, delay)
         return delay

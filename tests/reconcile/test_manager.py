@@ -32,6 +32,7 @@ class Scripted:
         self.queue = WorkQueue(retry_base=10.0)
         self.outcomes = list(outcomes)
         self.seen: list[str] = []
+        self.beside: list[str] = []  # what the leader runs beside the workers did
 
     def informer_runs(self) -> list[Coroutine[Any, Any, None]]:
         return []
@@ -41,6 +42,16 @@ class Scripted:
 
     def take_over(self) -> None:
         self.queue.add("ns/a")
+
+    def leader_runs(self) -> list[Coroutine[Any, Any, None]]:
+        return [self._beside()]
+
+    async def _beside(self) -> None:
+        self.beside.append("started")
+        try:
+            await asyncio.Event().wait()
+        finally:
+            self.beside.append("stopped")
 
     def readiness(self) -> tuple[bool, str | None]:
         return True, None
@@ -123,7 +134,11 @@ async def test_only_the_leader_runs_workers_after_its_caches_are_full() -> None:
             break
         await asyncio.sleep(0.01)
     assert controller.seen == ["ns/a"]
+    assert controller.beside == ["started"]  # the release runners, say: with the workers
     assert sample(manager, "coschedule_reconciler_leader") == 1
+    manager.stop_leading()
+    await asyncio.sleep(0)
+    assert controller.beside == ["started", "stopped"]  # and stopped with them
     await manager.stop()
     assert sample(manager, "coschedule_reconciler_leader") == 0
 

@@ -135,6 +135,23 @@ def test_a_gated_pod_is_pinned_to_its_placeholders_node_and_released_in_one_patc
         assert released["spec"].get(key) == pod["spec"].get(key)
 
 
+def test_a_runs_gated_pods_are_released_oldest_first() -> None:
+    """The release stage ranks a pass's releases in the order planned: the run's first
+    task's pod first, whatever the names sort as."""
+    made = {
+        "pr-7f3k2-a-lint-pod": "2026-11-21T06:00:09Z",
+        "pr-7f3k2-b-build-pod": "2026-11-21T06:00:01Z",
+        "pr-7f3k2-c-test-pod": "2026-11-21T06:00:05Z",
+    }
+    pods = [by_node_name(pending(name, created=at)) for name, at in made.items()]
+    result = plan_pins(group(*pods, on="worker-2"))
+    assert [a.name for a in result.actions if isinstance(a, ReleasePod)] == [
+        "pr-7f3k2-b-build-pod",
+        "pr-7f3k2-c-test-pod",
+        "pr-7f3k2-a-lint-pod",
+    ]
+
+
 def test_a_gated_pod_keeps_the_users_node_affinity_and_other_gates() -> None:
     pod = gated()
     ssd = {"key": "disk", "operator": "In", "values": ["ssd"]}

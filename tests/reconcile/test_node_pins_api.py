@@ -150,3 +150,44 @@ async def test_a_release_built_from_a_stale_view_of_the_gates_changes_nothing(
         "coschedule_reconcile_errors_total", {"controller": "placeholder", "code": "422"}
     )
     assert not errors
+
+
+def passes(controller: Controller) -> float:
+    value = controller.metrics.registry.get_sample_value(
+        "coschedule_reconcile_total", {"controller": "placeholder"}
+    )
+    return value or 0.0
+
+
+async def test_a_release_that_fails_looks_at_its_run_again_and_goes_out_then(
+    api: MiniApi, controller: Controller
+) -> None:
+    """A release is sent apart from its pass: its failure (a 500 here) still queues the run
+    again with backoff, counted as the pass's errors are, and the next look releases it."""
+    api.faults[("PATCH", "pods")] = [500]
+    name = await with_placeholder(api, pending(), None)
+    api.put("pods", placeholder_pod(name, "worker-2"))
+    await eventually(lambda: not stored(api)["spec"]["schedulingGates"])
+    assert api.count("PATCH", "pods") == 2
+    assert pin_of(stored(api)) == [
+        {"key": "metadata.name", "operator": "In", "values": ["worker-2"]}
+    ]
+    errors = controller.metrics.registry.get_sample_value(
+        "coschedule_reconcile_errors_total", {"controller": "placeholder", "code": "500"}
+    )
+    assert errors == 1
+
+
+async def test_a_pass_does_not_wait_for_its_releases(api: MiniApi, controller: Controller) -> None:
+    """Its worker is free for other runs while the release is on its way (a slow API server
+    here): the pass is counted, the pod still gated; then the release lands."""
+    gate = asyncio.Event()
+    api.holds[("PATCH", "pods")] = gate
+    name = await with_placeholder(api, pending(), None)
+    before = passes(controller)
+    api.put("pods", placeholder_pod(name, "worker-2"))
+    await eventually(lambda: api.count("PATCH", "pods") == 1)  # sent, not answered
+    await eventually(lambda: passes(controller) > before and not controller.queue.busy)
+    assert stored(api)["spec"]["schedulingGates"] == [{"name": GATE_PLACEHOLDER}]
+    gate.set()
+    await eventually(lambda: not stored(api)["spec"]["schedulingGates"])

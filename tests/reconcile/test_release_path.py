@@ -6,7 +6,10 @@ work queue puts urgent keys (a placeholder to make, pods to release) first."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import pytest
@@ -21,7 +24,8 @@ from coschedule.reconcile.model import CreateStatefulSet, RecordEvent, ReleasePo
 from coschedule.reconcile.placeholder import build_statefulset, group_spec
 from coschedule.reconcile.reconciler_metrics import ReconcileMetrics
 from coschedule.reconcile.stuck_facts import StuckMemory
-from coschedule.reconcile.workqueue import WorkQueue
+from coschedule.reconcile.workqueue import WorkQueue, cancel_and_wait
+from tests.conftest import PATIENCE_SECONDS
 from tests.reconcile.apiserver import MiniApi
 from tests.reconcile.pods import by_node_name, marked_pod, parsed, placeholder_of
 
@@ -39,6 +43,18 @@ def _executor(client: KubeClient) -> Executor:
         torn_down=lambda key: None,
         stuck=StuckMemory(metrics.stuck_groups),
     )
+
+
+@asynccontextmanager
+async def releasing(executor: Executor) -> AsyncIterator[None]:
+    """The executor's release runners, as while leading; at the end, everything handed
+    over has been sent."""
+    runners = [asyncio.create_task(run) for run in executor.releases.runs()]
+    try:
+        yield
+        await asyncio.wait_for(executor.releases.idle(), PATIENCE_SECONDS)
+    finally:
+        await cancel_and_wait(runners)
 
 
 def gated(name: str) -> dict[str, Any]:
@@ -64,7 +80,9 @@ async def test_every_release_of_a_pass_takes_effect_and_a_stale_one_stops_none(
     actions = [release(pod, api.put("pods", pod)["metadata"]["resourceVersion"]) for pod in pods]
     # The third one's gate went meanwhile (the patch's ``test`` fails: 422, stale).
     api.edit("pods", "ci", pods[2]["metadata"]["name"], {"spec": {"schedulingGates": None}})
-    await _executor(client).execute(f"ci/{placeholder_of(pods[0])}", actions, None)
+    executor = _executor(client)
+    async with releasing(executor):
+        await executor.execute(f"ci/{placeholder_of(pods[0])}", actions, None)
     for index, pod in enumerate(pods):
         stored = api.get("pods", "ci", pod["metadata"]["name"])
         assert stored is not None
@@ -87,15 +105,18 @@ async def test_a_release_is_not_sent_again_from_the_version_it_was_planned_from(
     seen = api.put("pods", pod)["metadata"]["resourceVersion"]
     executor = _executor(client)
     key = f"ci/{placeholder_of(pod)}"
-    await executor.execute(key, [release(pod, seen)], None)
+    async with releasing(executor):
+        await executor.execute(key, [release(pod, seen)], None)
     assert gates(api, "pr-7f3k2-build-pod") == []
     # A look before the watch shows the patch plans the same release from the same version:
     # not sent (it would be refused, 422, and the key looked at once more).
-    await executor.execute(key, [release(pod, seen)], None)
+    async with releasing(executor):
+        await executor.execute(key, [release(pod, seen)], None)
     assert api.count("PATCH", "pods") == 1
     # Gated again (a newer version): released again.
     again = api.put("pods", pod)["metadata"]["resourceVersion"]
-    await executor.execute(key, [release(pod, again)], None)
+    async with releasing(executor):
+        await executor.execute(key, [release(pod, again)], None)
     assert api.count("PATCH", "pods") == 2
     assert gates(api, "pr-7f3k2-build-pod") == []
     # Forgotten with the pod (deleted): a pod made again under its name from the same

@@ -92,3 +92,18 @@ async def test_add_soon_makes_one_pass_of_a_keys_burst_of_changes() -> None:
     queue.add("ci/c", urgent=True)  # what cannot wait does not wait
     assert await asyncio.wait_for(queue.get(), 1) == "ci/c"
     queue.cancel_timers()
+
+
+async def test_back_off_re_adds_after_the_delay_of_the_callers_count() -> None:
+    """A release's failures are counted apart from the key's own (which a pass's success
+    resets): the delay doubles with the caller's count, with the queue's jitter and cap."""
+    queue = WorkQueue(retry_base=1.0, retry_max=10.0)
+    delays = [queue.back_off("ns/a", failures) for failures in (0, 1, 2, 8)]
+    for delay, nominal in zip(delays, (1.0, 2.0, 4.0, 10.0), strict=True):
+        assert 0.8 * nominal <= delay <= 1.2 * nominal
+    assert queue.failures("ns/a") == 0  # the key's own count is the caller's business
+    queue.cancel_timers()
+    assert len(queue) == 0
+    assert queue.back_off("ns/a", 0) > 0  # a timer again, not an add now
+    assert len(queue) == 0
+    queue.cancel_timers()
