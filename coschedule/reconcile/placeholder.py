@@ -241,7 +241,7 @@ def steered_template(
 # What one version of a placeholder's pod template may hold and another not. A JSON merge
 # patch keeps every key it leaves out, so a template patched in over an older one names
 # these as null when it has none: an upgrade that trades the anti-affinity for the spread
-# constraint, or a move that drops its target node, must not leave the old field behind.
+# constraint, or a namespace that lost its tenant label, must not leave the old field behind.
 # (A map that loses keys, such as a smaller nodeSelector, still keeps the old keys.)
 _OPTIONAL_FIELDS: Mapping[str, Any] = {
     "metadata": {"labels": {LABEL_TENANT: None}},
