@@ -113,38 +113,37 @@ def test_run_lands_on_one_node(e2e: E2E, namespace: Callable[..., str], mode: st
     assert names == [placeholder], describe_namespace(api, ns)
 
 
-def test_isolate_mode_puts_two_runs_on_two_nodes(e2e: E2E, namespace: Callable[..., str]) -> None:
-    e2e.require(*NEEDS)
+def runs_on_nodes(e2e: E2E, ns: str, count: int, tasks: tuple[str, ...]) -> list[str]:
+    """Make ``count`` runs of claimless ``tasks`` at once; each run's node, once its
+    placeholder is bound and every task pod is bound beside it."""
     api = e2e.api
-    ns = namespace(mode="isolate-pipelinerun")
-    runs = [TektonRun(api, ns, unique("pr")).create() for _ in range(2)]
+    runs = [TektonRun(api, ns, unique("pr")).create() for _ in range(count)]
     for run in runs:
-        run.create_pod("report", fixture="tekton-taskrun-no-workspace")
-        run.create_pod("notify", fixture="tekton-taskrun-no-workspace")
+        for task in tasks:
+            run.create_pod(task, fixture="tekton-taskrun-no-workspace")
     nodes = []
     for run in runs:
         pinned = node(wait_placeholder_bound(api, ns, run_placeholder(ns, run.name)))
-        for task in ("report", "notify"):
+        for task in tasks:
             wait_bound(api, ns, run.pod_name(task), node=pinned)
         nodes.append(pinned)
-    assert nodes[0] != nodes[1], describe_namespace(api, ns)
+    return nodes
+
+
+def test_isolate_mode_puts_two_runs_on_two_nodes(e2e: E2E, namespace: Callable[..., str]) -> None:
+    e2e.require(*NEEDS)
+    ns = namespace(mode="isolate-pipelinerun")
+    nodes = runs_on_nodes(e2e, ns, 2, ("report", "notify"))
+    assert nodes[0] != nodes[1], describe_namespace(e2e.api, ns)
 
 
 def test_runs_of_a_namespace_spread_over_nodes(e2e: E2E, namespace: Callable[..., str]) -> None:
     """Not isolated, the runs may share a node, but their placeholders' spread constraint
     makes the real kube-scheduler put three runs on three nodes while nodes are free."""
     e2e.require(*NEEDS)
-    api = e2e.api
     ns = namespace(mode="pipelineruns")
-    runs = [TektonRun(api, ns, unique("pr")).create() for _ in range(3)]
-    for run in runs:
-        run.create_pod("report", fixture="tekton-taskrun-no-workspace")
-    nodes = []
-    for run in runs:
-        pinned = node(wait_placeholder_bound(api, ns, run_placeholder(ns, run.name)))
-        wait_bound(api, ns, run.pod_name("report"), node=pinned)
-        nodes.append(pinned)
-    assert len(set(nodes)) == 3, (nodes, describe_namespace(api, ns))
+    nodes = runs_on_nodes(e2e, ns, 3, ("report",))
+    assert len(set(nodes)) == 3, (nodes, describe_namespace(e2e.api, ns))
 
 
 def test_teardown_after_completion(e2e: E2E, namespace: Callable[..., str]) -> None:

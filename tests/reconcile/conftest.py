@@ -17,6 +17,7 @@ from coschedule.reconcile.manager import Manager
 from coschedule.reconcile.reconciler_metrics import ReconcileMetrics
 from tests.conftest import PATIENCE_SECONDS
 from tests.reconcile.apiserver import MiniApi, Scaffold
+from tests.reconcile.pods import placeholder_of
 
 
 @pytest.fixture
@@ -46,6 +47,15 @@ async def eventually(
             raise AssertionError(f"condition not met within {within} s")
         await asyncio.sleep(interval)
     return time.monotonic() - start
+
+
+async def made_placeholder(api: MiniApi, pod: dict[str, Any]) -> str:
+    """Put a marked run pod; once the reconciler has made its placeholder StatefulSet,
+    the placeholder's name."""
+    name = placeholder_of(pod)
+    api.put("pods", pod)
+    await eventually(lambda: api.get("statefulsets", "ci", name) is not None)
+    return name
 
 
 def placeholder_controller(

@@ -294,6 +294,38 @@ async def test_the_leader_writes_each_controls_counts_to_its_status(
     assert api.count("PATCH", "concurrencycontrols") == patches
 
 
+async def test_a_new_lead_rewrites_a_status_left_wrong_while_it_followed(
+    api: MiniApi, controller: ConcurrencyController, manager: Manager
+) -> None:
+    """A status-only change reaches no listener, and steady groups give no run events: so
+    on taking the lead the controller rewrites every control's status from its caches, and
+    what another leader left wrong (one that lost the lead mid-write, an older version) is
+    put right."""
+    api.put(
+        "concurrencycontrols",
+        control("ci", {"selector": {}, "strategy": "Queue", "maxRunning": 1}),
+    )
+    api.put("pipelineruns", pending_pr("a", 1))
+    api.put("pipelineruns", pending_pr("b", 2))
+
+    def status() -> Obj:
+        stored = api.get("concurrencycontrols", "ci", "ci") or {}
+        found: Obj = stored.get("status") or {}
+        return found
+
+    counts = {"groups": 1, "running": 1, "pending": 1, "observedGeneration": 1}
+    manager.start_leading()
+    await eventually(lambda: status() == counts, within=5)
+    manager.stop_leading()
+    api.edit("concurrencycontrols", "ci", "ci", {"status": {"groups": 3, "running": 7}})
+    await asyncio.sleep(0.5)
+    assert status()["running"] == 7  # a follower writes nothing
+    patches = api.count("PATCH", "concurrencycontrols")
+    manager.start_leading()
+    await eventually(lambda: status() == counts, within=5)
+    assert api.count("PATCH", "concurrencycontrols") == patches + 1
+
+
 async def test_a_status_only_change_does_not_reach_listeners(
     api: MiniApi, client: KubeClient
 ) -> None:

@@ -21,7 +21,7 @@ from coschedule.reconcile.manager import Manager
 from coschedule.reconcile.reconciler_metrics import ReconcileMetrics
 from tests.fixtures import DEFAULT_TOLERATIONS
 from tests.reconcile.apiserver import MiniApi
-from tests.reconcile.conftest import eventually, placeholder_controller, start
+from tests.reconcile.conftest import eventually, made_placeholder, placeholder_controller, start
 from tests.reconcile.pods import marked_pod, placeholder_of
 
 SETTINGS = Settings(mode=Mode.PIPELINERUNS, idle_grace_seconds=300)
@@ -146,9 +146,7 @@ async def test_first_marked_pod_gets_its_statefulset(
     # How soon is a benchmark's to say (bench/reconciler.py), not a timed unit test's.
     controller = await make()
     pod = marked_pod("tekton-taskrun")
-    name = placeholder_of(pod)
-    api.put("pods", pod)
-    await eventually(lambda: api.get("statefulsets", "ci", name) is not None)
+    name = await made_placeholder(api, pod)
     assert api.count("POST", "statefulsets") == 1
     sts = api.get("statefulsets", "ci", name)
     assert sts is not None
@@ -190,9 +188,7 @@ async def test_cordon_and_taint_delete_the_placeholder_pod_within_a_second(
 ) -> None:
     controller = await make()
     pod = marked_pod("tekton-taskrun", node="worker-1")
-    name = placeholder_of(pod)
-    api.put("pods", pod)
-    await eventually(lambda: api.get("statefulsets", "ci", name) is not None)
+    name = await made_placeholder(api, pod)
     api.put("pods", placeholder_pod(name, "worker-1"))
     await asyncio.sleep(0.1)
     assert api.count("DELETE", "pods") == 0
@@ -237,9 +233,7 @@ async def test_a_dead_nodes_terminating_placeholder_pod_is_force_deleted_by_uid(
     had: the StatefulSet can make it again elsewhere."""
     controller = await make()
     pod = marked_pod("tekton-taskrun", node="worker-1")
-    name = placeholder_of(pod)
-    api.put("pods", pod)
-    await eventually(lambda: api.get("statefulsets", "ci", name) is not None)
+    name = await made_placeholder(api, pod)
     stranded = placeholder_pod(name, "worker-1")
     stranded["metadata"]["deletionTimestamp"] = "2026-11-21T06:00:01Z"
     stranded["metadata"]["deletionGracePeriodSeconds"] = 1
@@ -294,9 +288,7 @@ async def test_a_silent_node_whose_kubelet_renews_its_lease_keeps_its_placeholde
     (read again after the reconciler's short keep)."""
     controller = await make()
     pod = marked_pod("tekton-taskrun", node="worker-1")
-    name = placeholder_of(pod)
-    api.put("pods", pod)
-    await eventually(lambda: api.get("statefulsets", "ci", name) is not None)
+    name = await made_placeholder(api, pod)
     api.put("pods", placeholder_pod(name, "worker-1"))
     lease = {"metadata": {"name": "worker-1", "namespace": "kube-node-lease"}}
     api.put("leases", {**lease, "spec": {"renewTime": micro_time()}})
@@ -338,9 +330,7 @@ async def test_hand_scaled_statefulset_is_patched_back_after_a_conflict(
 ) -> None:
     controller = await make()
     pod = marked_pod("tekton-taskrun")
-    name = placeholder_of(pod)
-    api.put("pods", pod)
-    await eventually(lambda: api.get("statefulsets", "ci", name) is not None)
+    name = await made_placeholder(api, pod)
     uid = api.objects[("statefulsets", "ci", name)]["metadata"]["uid"]
 
     api.faults[("PATCH", "statefulsets")] = [409]
@@ -368,9 +358,7 @@ async def test_a_placeholder_made_by_an_older_version_loses_its_anti_affinity_on
     the old term, not leave both (every incoming pod's scoring would still walk it)."""
     await make()
     pod = marked_pod("tekton-taskrun")
-    name = placeholder_of(pod)
-    api.put("pods", pod)
-    await eventually(lambda: api.get("statefulsets", "ci", name) is not None)
+    name = await made_placeholder(api, pod)
     made = api.get("statefulsets", "ci", name)
     assert made is not None
     uid = made["metadata"]["uid"]
@@ -418,9 +406,7 @@ async def test_patch_from_a_stale_cache_gets_409_and_succeeds_once_the_cache_cat
 ) -> None:
     controller = await make()
     pod = marked_pod("tekton-taskrun")
-    name = placeholder_of(pod)
-    api.put("pods", pod)
-    await eventually(lambda: api.get("statefulsets", "ci", name) is not None)
+    name = await made_placeholder(api, pod)
     # A hand edit whose watch event is still on its way when we plan.
     api.muted = True
     api.edit("statefulsets", "ci", name, {"metadata": {"annotations": {"team": "ci"}}})
@@ -457,9 +443,7 @@ async def test_hand_edit_missed_by_the_watch_is_fixed_after_the_relist(
 ) -> None:
     await make()
     pod = marked_pod("tekton-taskrun")
-    name = placeholder_of(pod)
-    api.put("pods", pod)
-    await eventually(lambda: api.get("statefulsets", "ci", name) is not None)
+    name = await made_placeholder(api, pod)
     api.muted = True
     api.edit("statefulsets", "ci", name, {"spec": {"replicas": 5}})
     api.muted = False
@@ -477,9 +461,7 @@ async def test_teardown_when_the_pipelinerun_completes_but_not_before(
 ) -> None:
     await make()
     pod = marked_pod("tekton-taskrun")
-    name = placeholder_of(pod)
-    api.put("pods", pod)
-    await eventually(lambda: api.get("statefulsets", "ci", name) is not None)
+    name = await made_placeholder(api, pod)
 
     # The task ends; the PipelineRun goes on (a gap between tasks): keep, and re-check.
     api.edit("pods", "ci", pod["metadata"]["name"], {"status": {"phase": "Succeeded"}})
@@ -515,9 +497,7 @@ async def test_a_placeholder_made_for_a_run_already_done_goes_with_its_last_pod(
     )
     await make()
     pod = marked_pod("tekton-taskrun")
-    name = placeholder_of(pod)
-    api.put("pods", pod)
-    await eventually(lambda: api.get("statefulsets", "ci", name) is not None)
+    name = await made_placeholder(api, pod)
     assert "ownerReferences" not in (api.get("statefulsets", "ci", name) or {})["metadata"]
 
     api.remove("pods", "ci", pod["metadata"]["name"])
@@ -544,9 +524,7 @@ async def test_a_new_leader_removes_an_owner_less_placeholder_whose_run_is_done_
     api.edit("pipelineruns", "ci", "pr-7f3k2", done)
     old = await make()
     pod = marked_pod("tekton-taskrun")
-    name = placeholder_of(pod)
-    api.put("pods", pod)
-    await eventually(lambda: api.get("statefulsets", "ci", name) is not None)
+    name = await made_placeholder(api, pod)
     sts = api.get("statefulsets", "ci", name) or {}
     assert "ownerReferences" not in sts["metadata"]
     assert sts["metadata"]["annotations"]["coschedule.dev/run-label"] == "tekton.dev/pipelineRun"
@@ -674,9 +652,7 @@ async def test_only_the_leader_acts(api: MiniApi, make: Make) -> None:
 async def test_restart_mid_run_creates_and_deletes_nothing(api: MiniApi, make: Make) -> None:
     first = await make()
     pod = marked_pod("tekton-taskrun", node="worker-1")
-    name = placeholder_of(pod)
-    api.put("pods", pod)
-    await eventually(lambda: api.get("statefulsets", "ci", name) is not None)
+    name = await made_placeholder(api, pod)
     api.put("pods", placeholder_pod(name, "worker-1"))
     await asyncio.sleep(0.1)
     await make.manager(first).stop()
@@ -746,9 +722,7 @@ async def test_statefulset_deleted_by_hand_while_the_run_lives_is_recreated(
 ) -> None:
     await make()
     pod = marked_pod("tekton-taskrun")
-    name = placeholder_of(pod)
-    api.put("pods", pod)
-    await eventually(lambda: api.get("statefulsets", "ci", name) is not None)
+    name = await made_placeholder(api, pod)
     first_uid = api.objects[("statefulsets", "ci", name)]["metadata"]["uid"]
     api.remove("statefulsets", "ci", name)
     await eventually(lambda: api.get("statefulsets", "ci", name) is not None)
@@ -828,9 +802,7 @@ async def test_statefulset_that_lost_its_labels_is_relabelled_not_duplicated(
 ) -> None:
     await make()
     pod = marked_pod("tekton-taskrun")
-    name = placeholder_of(pod)
-    api.put("pods", pod)
-    await eventually(lambda: api.get("statefulsets", "ci", name) is not None)
+    name = await made_placeholder(api, pod)
     uid = api.objects[("statefulsets", "ci", name)]["metadata"]["uid"]
     # Dropping managed-by takes it out of our watch's selection: it looks gone to us.
     api.edit(
@@ -855,9 +827,7 @@ async def test_owner_lookup_outage_does_not_delay_the_placeholder(
     await make()
     api.faults[("GET", "taskruns")] = [503, 503]
     pod = marked_pod("tekton-taskrun")
-    name = placeholder_of(pod)
-    api.put("pods", pod)
-    await eventually(lambda: api.get("statefulsets", "ci", name) is not None)
+    name = await made_placeholder(api, pod)
     sts = api.get("statefulsets", "ci", name)
     assert sts is not None
     # Made while the owner lookup still failed: the outage did not hold it back.
@@ -882,9 +852,7 @@ async def test_a_running_pods_status_only_events_start_no_pass_its_end_does(
     try:
         await start(manager)
         pod = marked_pod("tekton-taskrun", node="worker-1")
-        name = placeholder_of(pod)
-        api.put("pods", pod)
-        await eventually(lambda: api.get("statefulsets", "ci", name) is not None)
+        name = await made_placeholder(api, pod)
         api.put("pods", placeholder_pod(name, "worker-1"))
         pod_key = f"ci/{pod['metadata']['name']}"
         before = await settled(controller)
@@ -925,9 +893,7 @@ async def test_status_writes_of_a_placeholder_start_no_pass_its_changes_do(
     try:
         await start(manager)
         pod = marked_pod("tekton-taskrun", node="worker-1")
-        name = placeholder_of(pod)
-        api.put("pods", pod)
-        await eventually(lambda: api.get("statefulsets", "ci", name) is not None)
+        name = await made_placeholder(api, pod)
         api.put("pods", placeholder_pod(name, "worker-1"))
         before = await settled(controller)
         for ready in (0, 1, 1):

@@ -20,8 +20,8 @@ from coschedule.marks import ANNOTATION_PINNED_NODE, GATE_PLACEHOLDER
 from coschedule.reconcile.controller import Controller
 from coschedule.reconcile.node_pins import REASON_STRANDED
 from tests.reconcile.apiserver import MiniApi
-from tests.reconcile.conftest import eventually, placeholder_controller, start
-from tests.reconcile.pods import by_node_name, marked_pod, placeholder_of
+from tests.reconcile.conftest import eventually, made_placeholder, placeholder_controller, start
+from tests.reconcile.pods import by_node_name, marked_pod
 from tests.reconcile.test_controller import SETTINGS, placeholder_pod, seed_cluster
 
 POD = "pr-7f3k2-build-pod"
@@ -63,9 +63,7 @@ def metric(controller: Controller, name: str) -> float:
 
 
 async def with_placeholder(api: MiniApi, pod: dict[str, Any], node: str | None) -> str:
-    name = placeholder_of(pod)
-    api.put("pods", pod)
-    await eventually(lambda: api.get("statefulsets", "ci", name) is not None)
+    name = await made_placeholder(api, pod)
     if node is not None:
         api.put("pods", placeholder_pod(name, node))
     return name

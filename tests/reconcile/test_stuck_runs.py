@@ -22,7 +22,7 @@ from coschedule.marks import Mode
 from coschedule.reconcile import relocation, stuck_runs
 from coschedule.reconcile.controller import Controller
 from tests.reconcile.apiserver import MiniApi
-from tests.reconcile.conftest import eventually, placeholder_controller, start
+from tests.reconcile.conftest import eventually, made_placeholder, placeholder_controller, start
 from tests.reconcile.pods import marked_pod, placeholder_of, unschedulable
 from tests.reconcile.test_controller import PIPELINERUN_UID, placeholder_pod, seed_cluster
 
@@ -283,9 +283,7 @@ async def test_a_placeholder_the_scheduler_cannot_place_is_explained(
     api: MiniApi, controller: Controller
 ) -> None:
     pod = marked_pod("tekton-taskrun")
-    name = placeholder_of(pod)
-    api.put("pods", pod)
-    await eventually(lambda: api.get("statefulsets", "ci", name) is not None)
+    name = await made_placeholder(api, pod)
     pending = placeholder_pod(name, "")
     stamp = datetime.fromtimestamp(time.time() - 10, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     message = (
