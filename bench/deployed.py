@@ -69,12 +69,18 @@ class Deployed:
 
 
 def deploy(
-    plane: ControlPlane, binaries: Path, workdir: Path, log: Callable[[str], None]
+    plane: ControlPlane,
+    binaries: Path,
+    workdir: Path,
+    log: Callable[[str], None],
+    kcm_args: tuple[str, ...] = (),
 ) -> Deployed:
-    """Owner CRDs, the StatefulSet controller, coschedule's RBAC, webhook and reconciler."""
+    """Owner CRDs, the StatefulSet controller (with ``kcm_args``), coschedule's RBAC,
+    webhook and reconciler."""
     assert plane.api is not None
     install_crds(plane.api)
     plane.kcm_controllers = KCM_CONTROLLERS
+    plane.kcm_args = kcm_args
     plane.start_controller_manager()
     product = Coschedule(plane, workdir)
     product.deploy(find_kubectl(binaries), dict(CONFIG), (RECONCILER,))

@@ -7,7 +7,10 @@ e2e suite's control plane, ``tests/e2e/cluster.py``), N Ready nodes (API objects
 128 GiB, 110 pods) with 10 bound background pods each (created with ``spec.nodeName``). The
 scheduler runs with ``--kube-api-qps 500 --kube-api-burst 500`` so its client rate limit
 does not hide what scheduling costs. No node lifecycle controller runs (nothing marks the
-kubelet-less nodes unreachable).
+kubelet-less nodes unreachable). kube-controller-manager runs the StatefulSet controller
+alone, with its own default client limit (20 QPS, burst 30) as most clusters keep it, or
+``--kcm-api-qps N``: the placeholders' pods are its work, and a sustained 5 runs/s outruns
+that default (docs/benchmarks.md).
 
 The pods: 30 PipelineRuns x 10 Tekton pods (``tests/fixtures``: nine ``tekton-taskrun``
 tasks mounting the run's workspace claim and the ``finally`` task), per batch:
@@ -46,9 +49,9 @@ same end. The co-scheduled batch counts only the run pods: the placeholders' cos
 it, amortised.
 
 Run: ``python -m bench.scheduler [--quick | --full] [--nodes N ...] [--rounds 3] [--json
-FILE] [--keep-logs DIR]``: 500 nodes and 3 rounds by default, ``--quick`` 50 nodes and 5
-runs, ``--full`` the issue's scale (5,000 nodes, 5 rounds); in ``python -m bench``
-(``make bench``) unless ``--no-scheduler``.
+FILE] [--keep-logs DIR] [--kcm-api-qps N]``: 500 nodes and 3 rounds by default,
+``--quick`` 50 nodes and 5 runs, ``--full`` the issue's scale (5,000 nodes, 5 rounds);
+in ``python -m bench`` (``make bench``) unless ``--no-scheduler``.
 """
 
 from __future__ import annotations
@@ -210,10 +213,24 @@ class Plan:
     # say at 5,000 nodes against a deadline, keeps its finished scenarios); ``--json``.
     checkpoint: Path | None = None
     encodings: tuple[str, ...] = AS_DEPLOYED
+    # kube-controller-manager's client limit (--kube-api-qps and --kube-api-burst): None is
+    # its own default (20 QPS, burst 30), which a sustained 5 runs/s outruns (a StatefulSet
+    # costs its controller a pod, an Event and status writes); ``--kcm-api-qps``.
+    kcm_api_qps: int | None = None
     # The "affinity" encoding is the pod-affinity one, whatever the default placement.
     settings: Settings = field(
         default_factory=lambda: Settings(mode=Mode.PIPELINERUNS, placement=Placement.POD_AFFINITY)
     )
+
+
+def kcm_args(plan: Plan) -> tuple[str, ...]:
+    """kube-controller-manager's flags for ``plan``'s client limit."""
+    qps = plan.kcm_api_qps
+    return () if qps is None else (f"--kube-api-qps={qps}", f"--kube-api-burst={qps}")
+
+
+def kcm_limit(qps: int | None) -> str:
+    return "its default (20 QPS, burst 30)" if qps is None else f"{qps} QPS, burst {qps}"
 
 
 QUICK: Final = Plan(nodes=(50,), rounds=1, groups=5)
@@ -1203,7 +1220,7 @@ async def measure_nodes(
                 if any(ENCODINGS[name].pods == DEPLOYED for name in plan.encodings):
                     # In a thread: the installer's client is a blocking one.
                     product = await asyncio.to_thread(
-                        deployed.deploy, plane, binaries, Path(tmp), log
+                        deployed.deploy, plane, binaries, Path(tmp), log, kcm_args(plan)
                     )
                 else:
                     api.close()
@@ -1393,6 +1410,7 @@ def summarize(
         "batch": f"{plan.groups} runs x {plan.per_group} pods",
         "mode": plan.settings.mode.value,
         "setup_s": round(setup_s, 1),
+        "kcm_api_qps": plan.kcm_api_qps,
         "load_before": load_before,
         "load_after": load_after,
         "plain": plains["plain"],
@@ -1472,8 +1490,9 @@ def render(results: Sequence[Obj]) -> str:
             lines.append(
                 f"{result['nodes']:,} nodes: {result['background_pods']:,} bound background "
                 f"pods, batches of {result['batch']}, {result['rounds']} round(s), mode "
-                f"{result['mode']}, set up in {result['setup_s']:.0f}s, load "
-                f"{result['load_before']:.1f} -> {result['load_after']:.1f}"
+                f"{result['mode']}, kube-controller-manager client limit "
+                f"{kcm_limit(result.get('kcm_api_qps'))}, set up in {result['setup_s']:.0f}s, "
+                f"load {result['load_before']:.1f} -> {result['load_after']:.1f}"
             )
     goal = next((r for r in results if r.get("available") and r["nodes"] == GOAL_NODES), None)
     for row in goal["encodings"] if goal is not None else []:
@@ -1593,6 +1612,13 @@ def main(argv: list[str] | None = None) -> int:
         help="write the results here (also what is measured so far, after every batch triple)",
     )
     parser.add_argument("--keep-logs", type=Path, default=None, help="copy the logs here")
+    parser.add_argument(
+        "--kcm-api-qps",
+        type=int,
+        default=None,
+        help="kube-controller-manager's --kube-api-qps and --kube-api-burst (default: its own, "
+        "20 and 30)",
+    )
     args = parser.parse_args(argv)
     plan = QUICK if args.quick else FULL if args.full else Plan()
     if args.nodes:
@@ -1607,6 +1633,8 @@ def main(argv: list[str] | None = None) -> int:
         plan = replace(plan, encodings=tuple(args.encoding))
     if args.json is not None:
         plan = replace(plan, checkpoint=args.json)
+    if args.kcm_api_qps is not None:
+        plan = replace(plan, kcm_api_qps=args.kcm_api_qps)
     results = measure(plan)
     if args.json is not None:
         write_json(args.json, results)

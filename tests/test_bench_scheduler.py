@@ -194,3 +194,24 @@ def test_a_run_stopped_early_keeps_the_scenarios_it_measured(tmp_path: Path) -> 
     assert [p.name for p in tmp_path.iterdir()] == ["scheduler.json"]
     assert "| 5,000 | burst, gated | 2.00x (2.00-2.00) |" in sb.render([result])
     assert sb.summarize(5000, plan, rows, 600.0, 3.0, 4.0).get("partial") is None
+
+
+def test_kube_controller_managers_client_limit_is_its_own_unless_raised() -> None:
+    """Its default (20 QPS, burst 30) is what most clusters run, and what a sustained 5 runs/s
+    outruns: the bench keeps it unless asked, and says which limit each result had."""
+    gated = sb.BatchResult(sb.DEPLOYED_GATED, 50, 0.2, 1.0, 5, 5, holder_nodes=5, gated=50)
+    gated.first_bound = [0.5]
+    plain = sb.BatchResult("plain", 50, 0.1, 0.5)
+    plain.first_bound = [0.2]
+    rows = [plain, gated, sb.BatchResult(f"beside:{sb.DEPLOYED_GATED}", 50, 0.1, 0.5)]
+    assert sb.kcm_args(PLAN) == ()
+    default = sb.partial(5000, PLAN, rows, 60.0, 1.0, 1.0)
+    assert default["kcm_api_qps"] is None
+    assert "kube-controller-manager client limit its default (20 QPS, burst 30)" in sb.render(
+        [default]
+    )
+    raised = replace(PLAN, kcm_api_qps=100)
+    assert sb.kcm_args(raised) == ("--kube-api-qps=100", "--kube-api-burst=100")
+    result = sb.partial(5000, raised, rows, 60.0, 1.0, 1.0)
+    assert result["kcm_api_qps"] == 100
+    assert "kube-controller-manager client limit 100 QPS, burst 100" in sb.render([result])
