@@ -173,16 +173,22 @@ def test_each_scenario_is_compared_with_plain_pods_made_the_same_way() -> None:
     ) in table
 
 
+def gated_triple() -> list[sb.BatchResult]:
+    """One round's batches of the gated burst: plain, gated (its placeholders on 5 nodes),
+    plain beside it."""
+    gated = sb.BatchResult(sb.DEPLOYED_GATED, 50, 0.2, 1.0, 5, 5, holder_nodes=5, gated=50)
+    gated.first_bound = [0.5, 0.7]
+    plain = sb.BatchResult("plain", 50, 0.1, 0.5)
+    plain.first_bound = [0.2]
+    return [plain, gated, sb.BatchResult(f"beside:{sb.DEPLOYED_GATED}", 50, 0.1, 0.5)]
+
+
 def test_a_run_stopped_early_keeps_the_scenarios_it_measured(tmp_path: Path) -> None:
     """The checkpoint after a round's first scenario: only that scenario (a summary of one
     with no batch would have nothing to show), the rounds begun, marked partial; written
     whole, and readable by the table."""
     plan = replace(PLAN, rounds=3)  # the three as-deployed scenarios
-    gated = sb.BatchResult(sb.DEPLOYED_GATED, 50, 0.2, 1.0, 5, 5, holder_nodes=5, gated=50)
-    gated.first_bound = [0.5, 0.7]
-    plain = sb.BatchResult("plain", 50, 0.1, 0.5)
-    plain.first_bound = [0.2]
-    rows = [plain, gated, sb.BatchResult(f"beside:{sb.DEPLOYED_GATED}", 50, 0.1, 0.5)]
+    rows = gated_triple()
     result = sb.partial(5000, plan, rows, 600.0, 3.0, 4.0)
     assert result["partial"] is True
     assert result["rounds"] == 1
@@ -199,11 +205,7 @@ def test_a_run_stopped_early_keeps_the_scenarios_it_measured(tmp_path: Path) -> 
 def test_kube_controller_managers_client_limit_is_its_own_unless_raised() -> None:
     """Its default (20 QPS, burst 30) is what most clusters run, and what a sustained 5 runs/s
     outruns: the bench keeps it unless asked, and says which limit each result had."""
-    gated = sb.BatchResult(sb.DEPLOYED_GATED, 50, 0.2, 1.0, 5, 5, holder_nodes=5, gated=50)
-    gated.first_bound = [0.5]
-    plain = sb.BatchResult("plain", 50, 0.1, 0.5)
-    plain.first_bound = [0.2]
-    rows = [plain, gated, sb.BatchResult(f"beside:{sb.DEPLOYED_GATED}", 50, 0.1, 0.5)]
+    rows = gated_triple()
     assert sb.kcm_args(PLAN) == ()
     default = sb.partial(5000, PLAN, rows, 60.0, 1.0, 1.0)
     assert default["kcm_api_qps"] is None

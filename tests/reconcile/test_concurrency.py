@@ -82,6 +82,12 @@ def controller(manager: Manager) -> ConcurrencyController:
     return made
 
 
+def control_status(api: MiniApi, name: str = "ci") -> Obj:
+    stored = api.get("concurrencycontrols", "ci", name) or {}
+    found: Obj = stored.get("status") or {}
+    return found
+
+
 def pr_spec(api: MiniApi, name: str) -> Obj:
     obj = api.get("pipelineruns", "ci", name)
     assert obj is not None
@@ -280,14 +286,9 @@ async def test_the_leader_writes_each_controls_counts_to_its_status(
     api.put("pipelineruns", pending_pr("x", 9, value="other"))
     manager.start_leading()
 
-    def status() -> Obj:
-        stored = api.get("concurrencycontrols", "ci", "ci") or {}
-        found: Obj = stored.get("status") or {}
-        return found
-
     # The emulator keeps a generation, as kube-apiserver does: the status says it is for it.
     counts = {"groups": 2, "running": 2, "pending": 2, "observedGeneration": 1}
-    await eventually(lambda: status() == counts, within=5)
+    await eventually(lambda: control_status(api) == counts, within=5)
     patches = api.count("PATCH", "concurrencycontrols")
     # A status-only change of the control does not requeue its groups or write again.
     await asyncio.sleep(1.5)
@@ -308,21 +309,16 @@ async def test_a_new_lead_rewrites_a_status_left_wrong_while_it_followed(
     api.put("pipelineruns", pending_pr("a", 1))
     api.put("pipelineruns", pending_pr("b", 2))
 
-    def status() -> Obj:
-        stored = api.get("concurrencycontrols", "ci", "ci") or {}
-        found: Obj = stored.get("status") or {}
-        return found
-
     counts = {"groups": 1, "running": 1, "pending": 1, "observedGeneration": 1}
     manager.start_leading()
-    await eventually(lambda: status() == counts, within=5)
+    await eventually(lambda: control_status(api) == counts, within=5)
     manager.stop_leading()
     api.edit("concurrencycontrols", "ci", "ci", {"status": {"groups": 3, "running": 7}})
     await asyncio.sleep(0.5)
-    assert status()["running"] == 7  # a follower writes nothing
+    assert control_status(api)["running"] == 7  # a follower writes nothing
     patches = api.count("PATCH", "concurrencycontrols")
     manager.start_leading()
-    await eventually(lambda: status() == counts, within=5)
+    await eventually(lambda: control_status(api) == counts, within=5)
     assert api.count("PATCH", "concurrencycontrols") == patches + 1
 
 
