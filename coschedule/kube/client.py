@@ -30,6 +30,7 @@ from coschedule.k8s.timefmt import parse_time
 from coschedule.kube.reachability import ApiReachability, is_unreachable
 
 JSON_PATCH = "application/json-patch+json"  # the content type of a JSON patch (RFC 6902)
+STRATEGIC_MERGE = "application/strategic-merge-patch+json"
 # Metadata only (client-go's metadata informer): the API server answers a list or a watch
 # with PartialObjectMetadata(List), each object's metadata and nothing else; a server that
 # does not convert answers the plain JSON after the comma (the same objects, whole).

@@ -6,10 +6,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from coschedule.kube.client import object_path
+from coschedule.kube.client import STRATEGIC_MERGE, object_path
 
 WEBHOOK_API = "admissionregistration.k8s.io/v1"
-STRATEGIC_MERGE = "application/strategic-merge-patch+json"
 
 
 class Patcher(Protocol):

@@ -21,7 +21,14 @@ from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, Never, NoReturn
 
 from coschedule.concurrency.runs import Run
-from coschedule.kube.client import JSON_PATCH, METADATA_ACCEPT, ApiError, KubeClient, object_path
+from coschedule.kube.client import (
+    JSON_PATCH,
+    METADATA_ACCEPT,
+    STRATEGIC_MERGE,
+    ApiError,
+    KubeClient,
+    object_path,
+)
 from coschedule.kube.events import record_event
 from coschedule.kube.informer import Obj
 from coschedule.marks import LABEL_INSTANCE
@@ -199,6 +206,7 @@ class Executor:
                 await self.client.patch(
                     object_path("apps/v1", "statefulsets", action.namespace, action.name),
                     action.patch,
+                    content_type=STRATEGIC_MERGE,
                 )
                 log.info(
                     "patched placeholder",
@@ -385,7 +393,9 @@ class Executor:
     async def _relocate(self, key: str, action: RelocatePlaceholder) -> None:
         """Patch the StatefulSet to its new place, then delete its pods on the old node."""
         await self.client.patch(
-            object_path("apps/v1", "statefulsets", action.namespace, action.name), action.patch
+            object_path("apps/v1", "statefulsets", action.namespace, action.name),
+            action.patch,
+            content_type=STRATEGIC_MERGE,
         )
         for pod in action.pods:
             self._check_leader()

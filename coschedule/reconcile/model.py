@@ -216,7 +216,8 @@ class CreateStatefulSet:
 
 @dataclass(frozen=True, slots=True)
 class PatchStatefulSet:
-    """A JSON merge patch of the fields we own, guarded by the observed resourceVersion."""
+    """A strategic merge patch of the fields we own (the pod template replaced whole),
+    guarded by the observed resourceVersion."""
 
     namespace: str
     name: str
@@ -287,9 +288,10 @@ class DeleteClaim:
 
 @dataclass(frozen=True, slots=True)
 class RelocatePlaceholder:
-    """Move the placeholder off ``from_node``: the conditional merge ``patch`` (relocations
-    annotation, steered template), then delete its pods ``pods`` there (once per pod
-    version) so that the StatefulSet controller recreates them from the new template."""
+    """Move the placeholder off ``from_node``: the conditional strategic merge ``patch``
+    (relocations annotation, steered template), then delete its pods ``pods`` there (once
+    per pod version) so that the StatefulSet controller recreates them from the new
+    template."""
 
     namespace: str
     name: str

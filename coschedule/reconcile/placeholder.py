@@ -16,7 +16,7 @@ import orjson
 
 from coschedule import marks
 from coschedule.config.settings import Settings
-from coschedule.k8s.constants import PREFERRED, REQUIRED
+from coschedule.k8s.constants import REQUIRED
 from coschedule.k8s.node_constraints import NodeConstraints
 from coschedule.marks import (
     ANNOTATION_CLAIMS,
@@ -39,6 +39,8 @@ CONTAINER_NAME = "affinity-assistant"
 RUN_AS_USER = 65532  # the distroless "nonroot" user; pause runs as anyone
 TEMPLATE_MOUNT_ROOT = "/claim-templates"
 UPDATE_STRATEGY = "OnDelete"
+# A strategic merge patch's directive: ``{"$patch": "replace", ...}`` replaces the map whole.
+PATCH_DIRECTIVE = "$patch"
 DEFAULT_SCHEDULER = "default-scheduler"
 
 
@@ -238,38 +240,12 @@ def steered_template(
     return template, set_annotations(group, template_hash(template))
 
 
-# What one version of a placeholder's pod template may hold and another not. A JSON merge
-# patch keeps every key it leaves out, so a template patched in over an older one names
-# these as null when it has none: an upgrade that trades the anti-affinity for the spread
-# constraint, or a namespace that lost its tenant label, must not leave the old field behind.
-# (A map that loses keys, such as a smaller nodeSelector, still keeps the old keys.)
-_OPTIONAL_FIELDS: Mapping[str, Any] = {
-    "metadata": {"labels": {LABEL_TENANT: None}},
-    "spec": {
-        "affinity": {"podAntiAffinity": None, "nodeAffinity": {REQUIRED: None, PREFERRED: None}},
-        "topologySpreadConstraints": None,
-        "nodeSelector": None,
-        "tolerations": None,
-        "priorityClassName": None,
-        "schedulerName": None,
-        "volumes": None,
-    },
-}
-
-
 def template_patch(template: Obj) -> Obj:
-    """``template`` as the merge patch that makes a StatefulSet's pod template be it."""
-    return _with_nulls(template, _OPTIONAL_FIELDS)
-
-
-def _with_nulls(wanted: Mapping[str, Any], optional: Mapping[str, Any]) -> Obj:
-    patch = dict(wanted)
-    for key, inner in optional.items():
-        if key not in wanted:
-            patch[key] = None
-        elif inner is not None and isinstance(wanted[key], Mapping):
-            patch[key] = _with_nulls(wanted[key], inner)
-    return patch
+    """``template`` as the strategic merge patch that makes a StatefulSet's pod template be
+    it, whole: ``$patch: replace`` drops whatever an older template held that this one does
+    not (an upgrade's traded anti-affinity, a tenant label the namespace lost, a smaller
+    nodeSelector's keys), where a merge would keep it."""
+    return {PATCH_DIRECTIVE: "replace", **template}
 
 
 def build_statefulset(

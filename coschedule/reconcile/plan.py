@@ -365,7 +365,7 @@ def drift(
     owner: OwnerState | None,
     claim_templates: Sequence[ClaimTemplate] = (),
 ) -> PatchStatefulSet | None:
-    """A merge patch putting back the fields we own, or None when nothing drifted.
+    """A strategic merge patch putting back the fields we own, or None when nothing drifted.
 
     Never a delete-and-recreate: that would restart the placeholder under a live run, and
     volumeClaimTemplates are immutable anyway.

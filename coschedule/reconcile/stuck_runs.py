@@ -275,8 +275,8 @@ def relocation_patch(
     observed: Observed,
     moved: relocation.Relocations,
 ) -> Obj:
-    """The conditional merge patch that moves the placeholder: the new relocations state and
-    the pod template it steers, by the one template-and-hash rule drift uses."""
+    """The conditional strategic merge patch that moves the placeholder: the new relocations
+    state and the pod template it steers, by the one template-and-hash rule drift uses."""
     moved_to = moved.encode()
     template, annotations = steered_template(
         group,

@@ -15,8 +15,7 @@ from coschedule.cli.certs_apply import (
     apply_in_cluster,
     parse_secret_ref,
 )
-from coschedule.kube.client import ApiError
-from coschedule.kube.webhook_config import STRATEGIC_MERGE
+from coschedule.kube.client import STRATEGIC_MERGE, ApiError
 
 SECRET = "/api/v1/namespaces/coschedule-system/secrets/coschedule-webhook-tls"
 SECRETS = "/api/v1/namespaces/coschedule-system/secrets"

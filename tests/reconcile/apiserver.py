@@ -75,8 +75,11 @@ RESOURCES = {
 _MERGE_KEYS = {"webhooks": "name"}
 
 
-def _strategic(target: Any, patch: Any) -> Any:
-    """A strategic merge patch, for the lists in ``_MERGE_KEYS``; else a merge patch."""
+def strategic_merge_patch(target: Any, patch: Any) -> Any:
+    """A strategic merge patch, for the lists in ``_MERGE_KEYS`` and the ``$patch: replace``
+    directive (the map replaced whole); else a merge patch."""
+    if isinstance(patch, dict) and patch.get("$patch") == "replace":
+        return copy.deepcopy({k: v for k, v in patch.items() if k != "$patch"})
     if not isinstance(patch, dict) or not isinstance(target, dict):
         return merge_patch(target, patch)
     result = dict(target)
@@ -91,14 +94,14 @@ def _strategic(target: Any, patch: Any) -> Any:
                     if item.get(merge_key) == change.get(merge_key)
                 ]
                 if found:
-                    items[found[0]] = _strategic(items[found[0]], change)
+                    items[found[0]] = strategic_merge_patch(items[found[0]], change)
                 else:
                     items.append(copy.deepcopy(change))
             result[key] = items
         elif value is None:
             result.pop(key, None)
         else:
-            result[key] = _strategic(result.get(key), value)
+            result[key] = strategic_merge_patch(result.get(key), value)
     return result
 
 
@@ -362,7 +365,7 @@ class MiniApi:
             patch = copy.deepcopy(body)
             patch.get("metadata", {}).pop("resourceVersion", None)
             if "strategic-merge" in str(request.headers.get("Content-Type")):
-                return self.put(plural, _strategic(current, patch))
+                return self.put(plural, strategic_merge_patch(current, patch))
             return self.put(plural, merge_patch(current, patch))
         raise kmock.KubernetesError(status=405, reason="MethodNotAllowed", message=method)
 

@@ -17,7 +17,7 @@ from coschedule.reconcile.placeholder import (
     template_patch,
 )
 from coschedule.reconcile.plan import drift
-from tests.reconcile.apiserver import merge_patch
+from tests.reconcile.apiserver import merge_patch, strategic_merge_patch
 from tests.reconcile.pods import marked_pod, parsed
 from tests.reconcile.test_plan import existing_set, observed_for
 
@@ -98,18 +98,25 @@ def test_placeholder_copies_the_groups_scheduler_name() -> None:
 
 
 def test_a_template_patch_removes_what_the_new_template_leaves_out() -> None:
-    """Applied as kube-apiserver applies a JSON merge patch over the older template, the
-    patch leaves exactly the new one: an older version's anti-affinity, a tenant label the
-    namespace lost, a relocation's node affinity, are all gone."""
+    """Applied as kube-apiserver applies a strategic merge patch over the older template,
+    the patch leaves exactly the new one: an older version's anti-affinity, a tenant label
+    the namespace lost, a relocation's node affinity, the keys a smaller nodeSelector lost
+    (a merge patch kept those), are all gone."""
     group = group_spec("ci", "affinity-assistant-x", [parsed(marked_pod("tekton-taskrun"))])
     assert group is not None
-    new = pod_template(group, SETTINGS)
+    new = pod_template(replace(group, node_selector={"pool": "ab"}), SETTINGS)
     old = relocation.steer(
-        pod_template(replace(group, tenant="payments"), SETTINGS),
+        pod_template(
+            replace(group, tenant="payments", node_selector={"pool": "ab", "disk": "ssd"}),
+            SETTINGS,
+        ),
         {relocation.ANNOTATION_RELOCATIONS: relocation.first(HOST, "n1", "n2", 1.0).encode()},
     )
     old["spec"]["affinity"]["podAntiAffinity"] = {PREFERRED: [{"weight": 100}]}
     assert old["metadata"]["labels"]["coschedule.dev/tenant"] == "payments"
-    assert merge_patch(old, template_patch(new)) == new
+    assert strategic_merge_patch(old, template_patch(new)) == new
+    # What a JSON merge patch of the same template would have left: the lost key.
+    merged = merge_patch(old, {k: v for k, v in template_patch(new).items() if k != "$patch"})
+    assert merged["spec"]["nodeSelector"] == {"pool": "ab", "disk": "ssd"}
     # And a patch over an equal template changes nothing.
-    assert merge_patch(new, template_patch(new)) == new
+    assert strategic_merge_patch(new, template_patch(new)) == new

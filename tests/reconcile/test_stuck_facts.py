@@ -55,7 +55,7 @@ class Recorder:
     async def delete(self, path: str, body: Any = None) -> None:
         self.calls.append(("DELETE", path))
 
-    async def patch(self, path: str, body: Any) -> dict[str, Any]:
+    async def patch(self, path: str, body: Any, **_: Any) -> dict[str, Any]:
         self.calls.append(("PATCH", path))
         return {}
 
