@@ -4,6 +4,7 @@ placeholder's template, and that ``plan``'s drift check keeps it (never reverts 
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 from coschedule.config.settings import Settings
 from coschedule.k8s.constants import PREFERRED, REQUIRED
@@ -97,11 +98,10 @@ def test_placeholder_copies_the_groups_scheduler_name() -> None:
     assert "schedulerName" not in pod_template(default, SETTINGS)["spec"]
 
 
-def test_a_template_patch_removes_what_the_new_template_leaves_out() -> None:
-    """Applied as kube-apiserver applies a strategic merge patch over the older template,
-    the patch leaves exactly the new one: an older version's anti-affinity, a tenant label
-    the namespace lost, a relocation's node affinity, the keys a smaller nodeSelector lost
-    (a merge patch kept those), are all gone."""
+def older_and_newer_template() -> tuple[dict[str, Any], dict[str, Any]]:
+    """A placeholder's template before and after: the older one has what the newer one
+    lacks (an older version's anti-affinity, a tenant label the namespace lost, a
+    relocation's node affinity, a nodeSelector key the run's pods no longer ask for)."""
     group = group_spec("ci", "affinity-assistant-x", [parsed(marked_pod("tekton-taskrun"))])
     assert group is not None
     new = pod_template(replace(group, node_selector={"pool": "ab"}), SETTINGS)
@@ -112,8 +112,19 @@ def test_a_template_patch_removes_what_the_new_template_leaves_out() -> None:
         ),
         {relocation.ANNOTATION_RELOCATIONS: relocation.first(HOST, "n1", "n2", 1.0).encode()},
     )
-    old["spec"]["affinity"]["podAntiAffinity"] = {PREFERRED: [{"weight": 100}]}
+    term = {"topologyKey": HOST, "labelSelector": {"matchLabels": {"old": "version"}}}
+    old["spec"]["affinity"]["podAntiAffinity"] = {
+        PREFERRED: [{"weight": 100, "podAffinityTerm": term}]
+    }
     assert old["metadata"]["labels"]["coschedule.dev/tenant"] == "payments"
+    return old, new
+
+
+def test_a_template_patch_removes_what_the_new_template_leaves_out() -> None:
+    """Applied as kube-apiserver applies a strategic merge patch over the older template,
+    the patch leaves exactly the new one (the e2e suite checks it on kube-apiserver too:
+    tests/e2e/test_template_patch.py)."""
+    old, new = older_and_newer_template()
     assert strategic_merge_patch(old, template_patch(new)) == new
     # What a JSON merge patch of the same template would have left: the lost key.
     merged = merge_patch(old, {k: v for k, v in template_patch(new).items() if k != "$patch"})
