@@ -106,7 +106,12 @@ def pipeline_run(namespace: str, run: str, batch_label: str, batch: str) -> Obj:
             "namespace": namespace,
             "labels": {"tekton.dev/pipeline": "build-and-test", batch_label: batch},
         },
-        "spec": {"pipelineRef": {"name": "build-and-test"}},
+        # The run's workspace, as its pods mount it (``<run>-ws``): what a PipelineRun that
+        # shares a claim between its tasks declares, and what its placeholder mounts.
+        "spec": {
+            "pipelineRef": {"name": "build-and-test"},
+            "workspaces": [{"name": "source", "persistentVolumeClaim": {"claimName": f"{run}-ws"}}],
+        },
     }
 
 

@@ -13,6 +13,15 @@ from typing import Any, cast
 import pytest
 
 from bench import scheduler as sb
+from bench.decide import run_claims_cache
+from coschedule.config.settings import Settings
+from coschedule.k8s.timefmt import parse_time
+from coschedule.marks import Mode
+from coschedule.mutate.decision import AdmissionContext, decide
+from coschedule.reconcile.model import MarkedPod
+from coschedule.reconcile.placeholder import group_spec, pod_template
+from coschedule.reconcile.run_seed import seed, slim_run
+from coschedule.reconcile.shapes import parse_marked
 
 Obj = dict[str, Any]
 
@@ -217,3 +226,43 @@ def test_kube_controller_managers_client_limit_is_its_own_unless_raised() -> Non
     result = sb.partial(5000, raised, rows, 60.0, 1.0, 1.0)
     assert result["kcm_api_qps"] == 100
     assert "kube-controller-manager client limit 100 QPS, burst 100" in sb.render([result])
+
+
+def test_a_benchmark_runs_seeded_placeholder_is_its_first_pods() -> None:
+    """The bench's PipelineRun declares the claim its pods mount, as a PipelineRun sharing
+    a workspace does: the placeholder made from the run has the template the first pod
+    gives, so the reconciler does not patch it when the pods come. Without the workspace
+    every seeded placeholder was patched (and a third of the patches met a 409)."""
+    batch = sb.deployed_batch("co-0", PLAN, sb.ENCODINGS[sb.DEPLOYED_GATED])
+    assert batch.prepare is not None
+    api = RecordingApi()
+    prepare = batch.prepare
+
+    async def make_runs() -> None:
+        await prepare(cast(sb.Client, api))
+
+    asyncio.run(make_runs())
+    settings = Settings(mode=Mode.PIPELINERUNS)  # bench.deployed's CONFIG
+    [work] = [step({}) for step in batch.steps]
+    runs = [body for _, body in api.made if body["kind"] == "PipelineRun"]
+    assert len(runs) == len(batch.runs)
+    for run in runs:
+        run["metadata"]["creationTimestamp"] = created = "2026-11-28T10:00:00Z"
+        made = parse_time(created)
+        assert made is not None
+        found = seed(slim_run(run), {"coschedule.dev/enabled": "true"}, settings, made + 1.0)
+        assert found is not None
+        first = next(
+            p for p in work.create if p["metadata"]["name"] in batch.runs[run["metadata"]["name"]]
+        )
+        namespace = first["metadata"]["namespace"]
+        ctx = AdmissionContext(settings, namespace, None, run_claims_cache(first, namespace))
+        marked = parse_marked(sb.mutated(first, decide(first, ctx)))
+        assert isinstance(marked, MarkedPod)
+        assert marked.marks.placeholder == found.pod.marks.placeholder
+        from_seed = group_spec(namespace, found.pod.marks.placeholder, [found.pod])
+        from_pod = group_spec(namespace, marked.marks.placeholder, [marked])
+        assert from_seed is not None
+        assert from_pod is not None
+        assert from_seed.claims == from_pod.claims == (f"{run['metadata']['name']}-ws",)
+        assert pod_template(from_seed, settings) == pod_template(from_pod, settings)
