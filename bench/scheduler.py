@@ -82,7 +82,7 @@ import uvloop
 
 from bench import deployed
 from bench.decide import add_placeholder, run_claims_cache
-from bench.servers import loadavg
+from bench.servers import cpu_seconds, loadavg
 from coschedule.config.settings import Settings
 from coschedule.k8s.constants import PREFERRED
 from coschedule.marks import (
@@ -868,12 +868,6 @@ async def make_claims(client: Client, namespace: str, claims: Sequence[str], tag
 
 
 # ---- measuring -----------------------------------------------------------------------
-
-
-def cpu_seconds(pid: int) -> float:
-    """utime + stime of a process, in seconds."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 @dataclass(slots=True)
