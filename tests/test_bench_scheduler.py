@@ -247,8 +247,8 @@ def test_a_benchmark_runs_seeded_placeholder_is_its_first_pods() -> None:
     runs = [body for _, body in api.made if body["kind"] == "PipelineRun"]
     assert len(runs) == len(batch.runs)
     for run in runs:
-        run["metadata"]["creationTimestamp"] = created = "2026-11-28T10:00:00Z"
-        made = parse_time(created)
+        run["metadata"]["creationTimestamp"] = "2026-11-28T10:00:00Z"
+        made = parse_time(run["metadata"]["creationTimestamp"])
         assert made is not None
         found = seed(slim_run(run), {"coschedule.dev/enabled": "true"}, settings, made + 1.0)
         assert found is not None

@@ -8,12 +8,12 @@ from collections.abc import Callable
 from typing import Any
 
 from coschedule.kube.client import STRATEGIC_MERGE
-from coschedule.reconcile.placeholder import PATCH_DIRECTIVE, template_patch
+from coschedule.reconcile.placeholder import template_patch
 from tests.e2e.conftest import E2E
 from tests.reconcile.test_relocation import older_and_newer_template
 
 
-def statefulset(name: str, template: dict[str, Any]) -> dict[str, Any]:
+def statefulset(name: str, template: dict[str, Any], selector: dict[str, str]) -> dict[str, Any]:
     """Not ours (no managed-by label: the reconciler leaves it alone), and no replicas."""
     return {
         "apiVersion": "apps/v1",
@@ -22,7 +22,7 @@ def statefulset(name: str, template: dict[str, Any]) -> dict[str, Any]:
         "spec": {
             "replicas": 0,
             "serviceName": name,
-            "selector": {"matchLabels": dict(template["metadata"]["labels"])},
+            "selector": {"matchLabels": selector},
             "template": template,
         },
     }
@@ -38,9 +38,7 @@ def test_kube_apiserver_leaves_exactly_the_new_template(
     }
     ns = namespace()
     for name in ("replaced", "merged"):
-        made = statefulset(name, old)
-        made["spec"]["selector"] = {"matchLabels": shared}
-        e2e.api.create(made, namespace=ns)
+        e2e.api.create(statefulset(name, old, shared), namespace=ns)
     e2e.api.patch(
         "StatefulSet",
         "replaced",
@@ -48,8 +46,8 @@ def test_kube_apiserver_leaves_exactly_the_new_template(
         ns,
         patch_type=STRATEGIC_MERGE,
     )
-    merge = {k: v for k, v in template_patch(new).items() if k != PATCH_DIRECTIVE}
-    e2e.api.patch("StatefulSet", "merged", {"spec": {"template": merge}}, ns)
+    # The same template as the JSON merge patch the reconciler sent before.
+    e2e.api.patch("StatefulSet", "merged", {"spec": {"template": new}}, ns)
 
     replaced = (e2e.api.get("StatefulSet", "replaced", ns) or {})["spec"]["template"]
     assert replaced["spec"]["nodeSelector"] == {"pool": "ab"}
