@@ -484,6 +484,7 @@ class Controller:
         templates, claims_to_delete = self.volume_claims(key, pods, sts)
         volumes = await self._pinning_volumes(namespace, sts, pods, ppods, nodes)
         gone = await self._claims_gone(namespace, sts, pods, live)
+        kept = await self._claims_kept(namespace, sts, pods)
         observed = Observed(
             namespace=namespace,
             name=name,
@@ -497,6 +498,7 @@ class Controller:
             claims_to_delete=claims_to_delete,
             placeholder_volumes=volumes,
             claims_gone=gone,
+            claims_kept=kept,
             all_nodes_silent=any(kubelet_silent(n) for n in nodes.values())
             and all(kubelet_silent(parse_node(obj)) for obj in self.nodes.values()),
             node_renewed=renewed,
@@ -557,6 +559,20 @@ class Controller:
         return await stuck_facts.claims_gone(
             self.client, namespace, _mounted_claims(namespace, sts, pods)
         )
+
+    async def _claims_kept(
+        self, namespace: str, sts: ObservedSet | None, pods: list[MarkedPod]
+    ) -> tuple[str, ...]:
+        """A run's claims its placeholder records and none of its pods names now, that
+        still exist (claim GETs, only then). A seeded run (no pod yet) has its seed's."""
+        if not pods or sts is None or sts.deleting or not planning.per_run(pods, sts):
+            return ()
+        named = {claim for pod in pods for claim in pod.marks.claims}
+        missing = [c for c in _recorded_claims(sts) if c not in named]
+        if not missing:
+            return ()
+        gone = await stuck_facts.claims_gone(self.client, namespace, missing)
+        return tuple(c for c in missing if c not in gone)
 
     def volume_claims(
         self, key: str, pods: list[MarkedPod], sts: ObservedSet | None
@@ -624,9 +640,13 @@ class Controller:
 
 
 def _mounted_claims(namespace: str, sts: ObservedSet, pods: list[MarkedPod]) -> tuple[str, ...]:
-    """The claims the placeholder mounts as they are: its group's, or (no pod left in the
-    cache) those its StatefulSet's annotation names."""
+    """The claims the placeholder mounts as they are: those its StatefulSet's annotation
+    names, and its group's (a template patch on its way)."""
     group = group_spec(namespace, sts.name, pods)
-    if group is not None:
-        return group.claims
+    named = group.claims if group is not None else ()
+    return tuple(dict.fromkeys((*_recorded_claims(sts), *named)))
+
+
+def _recorded_claims(sts: ObservedSet) -> tuple[str, ...]:
+    """The claims the StatefulSet's template mounts, as its annotation records them."""
     return tuple(c for c in sts.annotations.get(ANNOTATION_CLAIMS, "").split(",") if c)

@@ -151,6 +151,11 @@ class Observed:
     # A quiet workspaces group's claims found deleted or being deleted: no pod can mount
     # them again, so their placeholder goes at once. Read only while such a group is quiet.
     claims_gone: tuple[str, ...] = ()
+    # A run's claims its StatefulSet records that no pod of it in the cache mounts (the pod
+    # that did was deleted: moved off a node, remade by its engine, garbage-collected) and
+    # that still exist: the placeholder keeps them, or a placeholder remade meanwhile would
+    # not hold the run's data where it is. Read only while a claim is so missing (rare).
+    claims_kept: tuple[str, ...] = ()
     # Every node's kubelet silent (Ready Unknown): the node lifecycle controller's full
     # disruption, the control plane's problem, not the nodes'. Read only while a
     # placeholder pod is on a silent node.

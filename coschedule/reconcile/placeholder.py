@@ -74,7 +74,11 @@ def first_pod(pods: Sequence[MarkedPod]) -> MarkedPod:
     return min(pods, key=lambda p: (p.created, p.name))
 
 
-def group_spec(namespace: str, name: str, pods: Sequence[MarkedPod]) -> GroupSpec | None:
+def group_spec(
+    namespace: str, name: str, pods: Sequence[MarkedPod], kept: Sequence[str] = ()
+) -> GroupSpec | None:
+    """The placeholder ``pods`` need. ``kept``: claims a run's placeholder already mounts
+    that no pod of ``pods`` names now (``Observed.claims_kept``); a run keeps them."""
     if not pods:
         return None
     first = first_pod(pods)
@@ -83,7 +87,7 @@ def group_spec(namespace: str, name: str, pods: Sequence[MarkedPod]) -> GroupSpe
         claims = first.marks.claims[:1]
     else:
         # Every claim any pod of the run mounts; sorted so the volume list never reorders.
-        claims = tuple(sorted({claim for pod in pods for claim in pod.marks.claims}))
+        claims = tuple(sorted({*kept, *(claim for pod in pods for claim in pod.marks.claims)}))
     return GroupSpec(
         namespace=namespace,
         name=name,

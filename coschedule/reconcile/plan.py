@@ -102,7 +102,7 @@ def _converge(observed: Observed, settings: Settings, now: float, owner_recheck:
     owner = observed.owner
     lookup_failed = owner is not None and owner.status is OwnerStatus.LOOKUP_FAILED
     pods = (observed.seed,) if seeded and observed.seed is not None else observed.pods
-    group = group_spec(observed.namespace, observed.name, pods)
+    group = group_spec(observed.namespace, observed.name, pods, observed.claims_kept)
     actions: list[Action] = []
     if seeded:
         # Looked at again when the seed expires: a run with no pod by then gives it back.

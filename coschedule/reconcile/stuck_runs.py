@@ -125,7 +125,7 @@ def _clear(
 def _step(observed: Observed, facts: StuckFacts, settings: Settings, now: float) -> Plan | Wanted:
     sts = observed.statefulset
     live = [p for p in observed.pods if p.live]
-    group = group_spec(observed.namespace, observed.name, observed.pods)
+    group = group_spec(observed.namespace, observed.name, observed.pods, observed.claims_kept)
     if sts is None or sts.deleting or not live or group is None:
         return Plan(tuple(_clear(observed, facts, forget=True)))
     state = relocation.parse(sts.annotations)

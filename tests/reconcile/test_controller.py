@@ -779,6 +779,38 @@ async def test_workspaces_group_goes_at_once_when_its_run_and_claim_are_deleted(
     await eventually(lambda: api.get("statefulsets", "data", name) is None, within=60)
 
 
+async def test_a_run_keeps_a_claim_while_the_pod_that_mounts_it_is_remade(
+    api: MiniApi, make: Callable[..., Any]
+) -> None:
+    """The pod mounting the run's claim is deleted (its engine remakes it): the placeholder
+    keeps the claim, read once to see it still exists, and no template patch flaps it out
+    and back. Once the claim is deleted, the template lets it go."""
+    await make()
+    claim = "pvc-1f1344866c"
+    api.put("persistentvolumeclaims", {"metadata": {"name": claim, "namespace": "ci"}})
+    mounting = marked_pod("tekton-taskrun", name="mounting")
+    other = marked_pod("tekton-taskrun-no-workspace", name="other", created="2026-11-21T06:01:00Z")
+    api.put("pods", other)
+    name = await made_placeholder(api, mounting)
+
+    def claims() -> str:
+        sts = api.get("statefulsets", "ci", name) or {}
+        return str(sts["metadata"]["annotations"]["coschedule.dev/claims"])
+
+    await eventually(lambda: claims() == claim)
+    patched = api.count("PATCH", "statefulsets")
+    api.remove("pods", "ci", "mounting")
+    await eventually(lambda: api.count("GET", "persistentvolumeclaims") >= 1)
+    api.put("pods", mounting)
+    api.edit("pods", "ci", "other", {"metadata": {"labels": {"poke": "1"}}})
+    await asyncio.sleep(0.5)
+    assert claims() == claim
+    assert api.count("PATCH", "statefulsets") == patched
+    api.remove("pods", "ci", "mounting")
+    api.remove("persistentvolumeclaims", "ci", claim)
+    await eventually(lambda: claims() == "")
+
+
 async def test_topology_key_reload_recounts_nodes_missing_it(
     api: MiniApi, make: Callable[..., Any]
 ) -> None:

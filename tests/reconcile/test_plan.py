@@ -12,6 +12,7 @@ from coschedule.k8s.nodes import Node, Taint
 from coschedule.k8s.timefmt import parse_time
 from coschedule.k8s.volumes import VolumeTopology
 from coschedule.marks import (
+    ANNOTATION_CLAIMS,
     BadMark,
     ClaimTemplate,
     Mode,
@@ -370,6 +371,31 @@ def test_a_narrower_later_pod_changes_the_template_without_restarting_the_placeh
         }
     ]
     assert not only(plan(later, SETTINGS, NOW), DeletePlaceholderPod)
+
+
+def test_a_run_keeps_the_claims_of_a_pod_deleted_meanwhile() -> None:
+    """The pod that mounted a claim was deleted (moved off a node, remade by its engine):
+    the placeholder keeps the claim while it exists, or a placeholder remade meanwhile
+    would not hold the run's data. A claim deleted too is let go."""
+    two = marked_pod("tekton-taskrun-two-workspaces", name="two")
+    none = marked_pod("tekton-taskrun-no-workspace", name="none", created="2026-11-21T06:01:00Z")
+    sts = existing_set(observed_for(two, none, owner=RUNNING))
+    assert sts.annotations[ANNOTATION_CLAIMS] == "pvc-1f1344866c,pvc-f87b6a85f3"
+    left = observed_for(none, owner=RUNNING, statefulset=sts)
+    kept = replace(left, claims_kept=("pvc-1f1344866c", "pvc-f87b6a85f3"))
+    assert not only(plan(kept, SETTINGS, NOW), PatchStatefulSet)
+    one_gone = replace(left, claims_kept=("pvc-f87b6a85f3",))
+    [patch] = only(plan(one_gone, SETTINGS, NOW), PatchStatefulSet)
+    assert patch.patch["metadata"]["annotations"][ANNOTATION_CLAIMS] == "pvc-f87b6a85f3"
+    assert patch.patch["spec"]["template"]["spec"]["volumes"] == [
+        {"name": "claim-0", "persistentVolumeClaim": {"claimName": "pvc-f87b6a85f3"}}
+    ]
+    # A later pod that names a kept claim again changes nothing.
+    back = marked_pod("tekton-taskrun", name="back", created="2026-11-21T06:02:00Z")
+    again = replace(
+        observed_for(none, back, owner=RUNNING, statefulset=sts), claims_kept=("pvc-f87b6a85f3",)
+    )
+    assert not only(plan(again, SETTINGS, NOW), PatchStatefulSet)
 
 
 def test_spread_constraints_keep_the_placeholder_on_nodes_with_their_key() -> None:

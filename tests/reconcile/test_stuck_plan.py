@@ -183,6 +183,18 @@ def test_the_move_and_drift_keep_one_template_rule() -> None:
     assert patch.patch["spec"]["template"] == move.patch["spec"]["template"]
 
 
+def test_the_moved_placeholder_keeps_the_claims_of_pods_deleted_meanwhile() -> None:
+    """A claim an earlier pod mounted (that pod deleted since): the placeholder remade
+    elsewhere still mounts it, so the run's data moves with the run."""
+    pod = stuck_pod()
+    observed = replace(group(pod), claims_kept=("pvc-earlier",))
+    [move] = only(plan_stuck(observed, facts(observed, pod), SETTINGS, NOW), RelocatePlaceholder)
+    volumes = move.patch["spec"]["template"]["spec"]["volumes"]
+    claims = sorted([*CLAIMS, "pvc-earlier"])
+    assert [v["persistentVolumeClaim"]["claimName"] for v in volumes] == claims
+    assert move.patch["metadata"]["annotations"]["coschedule.dev/claims"] == ",".join(claims)
+
+
 def test_a_group_that_was_stuck_is_forgotten_when_it_moves() -> None:
     pod = stuck_pod()
     observed = group(pod)
