@@ -130,6 +130,39 @@ def argo_params(spec: Obj) -> dict[str, Any]:
 
 
 # Labels an engine's controller adds to a run after admission, from the run's spec.
+# What of a Tekton podTemplate limits where a pod may go (and which scheduler places it).
+TEKTON_PLACEMENT_FIELDS = ("nodeSelector", "tolerations", "affinity", "schedulerName")
+TEKTON_SPREAD = "topologySpreadConstraints"
+
+
+def tekton_placement(template: Obj) -> dict[str, Any]:
+    """A Tekton podTemplate's fields that decide where its pods may go."""
+    kept: dict[str, Any] = {k: template[k] for k in TEKTON_PLACEMENT_FIELDS if template.get(k)}
+    if "affinity" in kept:
+        node_affinity = _map(kept["affinity"]).get("nodeAffinity")
+        if node_affinity:
+            kept["affinity"] = {"nodeAffinity": node_affinity}
+        else:
+            kept.pop("affinity")
+    spread = template.get(TEKTON_SPREAD)
+    spread = [s for s in spread if isinstance(s, Mapping)] if isinstance(spread, list) else []
+    if spread:
+        kept[TEKTON_SPREAD] = spread
+    return kept
+
+
+def tekton_per_task_placement(spec: Obj) -> bool:
+    """Whether a PipelineRun's ``taskRunSpecs`` entry has a podTemplate that limits where
+    its pods go: then its first pod's constraints depend on which task comes first. Fields
+    that do not (a securityContext, env) leave the run's pods placed alike. One rule for the
+    reconciler's seed and the webhook's wait for it: the webhook never holds a first pod
+    for a placeholder the reconciler does not seed."""
+    specs = spec.get("taskRunSpecs")
+    return isinstance(specs, list) and any(
+        tekton_placement(_map(_map(entry).get("podTemplate"))) for entry in specs
+    )
+
+
 TEKTON_PIPELINE_LABEL = "tekton.dev/pipeline"
 ARGO_TEMPLATE_LABEL = "workflows.argoproj.io/workflow-template"
 ARGO_CLUSTER_TEMPLATE_LABEL = "workflows.argoproj.io/cluster-workflow-template"

@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from coschedule.engines import tekton_per_task_placement
 from coschedule.marks import Mode
 
 # How long after its creation a placeholder (StatefulSet, or its pod) still counts as on its
@@ -87,18 +88,13 @@ def seeded_run(mode: Mode | None, labels: Mapping[str, str], rewrite_claims: boo
 
 
 def seedable_run(run: Mapping[str, Any], started: bool = False) -> bool:
-    """Whether the reconciler may seed a placeholder for a PipelineRun as created: not held
+    """Whether the reconciler seeds a placeholder for a PipelineRun as created: not held
     (``spec.status``, unless ``started``: cleared at this admission) and no ``taskRunSpecs``
-    entry with a podTemplate of its own (the first pod's constraints would depend on which
-    task comes first). Errs towards False: a run not counted here only means that its first
-    pod does not wait, as before."""
+    entry whose podTemplate limits where its pods go (the seed's own rule)."""
     spec = run.get("spec")
     if not isinstance(spec, Mapping) or (spec.get("status") and not started):
         return False
-    specs = spec.get("taskRunSpecs") or []
-    if not isinstance(specs, list):
-        return False
-    return not any(not isinstance(e, Mapping) or e.get("podTemplate") for e in specs)
+    return not tekton_per_task_placement(spec)
 
 
 def generated_prefix(name: str) -> str:

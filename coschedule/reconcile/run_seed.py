@@ -12,8 +12,9 @@ constraints the first pod gets.
 No seed (the placeholder waits for the first pod, as before) when:
 - the run is held (``spec.status`` set: pending, by its author or by concurrency control,
   or cancelled), done, or being deleted;
-- a ``taskRunSpecs`` entry has its own podTemplate: the first pod's constraints depend on
-  which task comes first;
+- a ``taskRunSpecs`` entry has its own podTemplate that limits where its pods go
+  (``engines.tekton_per_task_placement``, which the webhook's wait reads too): the first
+  pod's constraints depend on which task comes first;
 - ``rewrite-claims`` is on: the placeholder's volumeClaimTemplates are fixed when it is
   created, and only the first pod's admission knows them;
 - the webhook would not give the run a per-run placeholder (namespace not enabled, mode
@@ -30,6 +31,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from coschedule.config.settings import Settings
+from coschedule.engines import tekton_per_task_placement, tekton_placement
 from coschedule.k8s.timefmt import parse_time
 from coschedule.marks import (
     ANNOTATION_MODE,
@@ -51,9 +53,6 @@ API_VERSION = "tekton.dev/v1"
 KIND = "PipelineRun"
 PLURAL = "pipelineruns"
 LABEL_PIPELINE_RUN = "tekton.dev/pipelineRun"
-# What of a podTemplate limits where a pod may go (and which scheduler places it).
-_PLACEMENT_FIELDS = ("nodeSelector", "tolerations", "affinity", "schedulerName")
-_SPREAD = "topologySpreadConstraints"
 _DONE = ("True", "False")  # the Succeeded condition of a finished run
 # What kube-apiserver's DefaultTolerationSeconds plugin adds to a pod that tolerates neither
 # taint (before webhooks see it): the seed gets them too, so that the first pod's
@@ -79,31 +78,13 @@ def _list(value: Any) -> list[Any]:
     return value if isinstance(value, list) else []
 
 
-def _placement(template: Mapping[str, Any]) -> Obj:
-    """A podTemplate's fields that decide where its pods may go."""
-    kept: Obj = {k: template[k] for k in _PLACEMENT_FIELDS if template.get(k)}
-    if "affinity" in kept:
-        node_affinity = _dict(kept["affinity"]).get("nodeAffinity")
-        if node_affinity:
-            kept["affinity"] = {"nodeAffinity": node_affinity}
-        else:
-            kept.pop("affinity")
-    spread = [s for s in _list(template.get(_SPREAD)) if isinstance(s, dict)]
-    if spread:
-        kept[_SPREAD] = spread
-    return kept
-
-
 def slim_run(obj: Obj) -> Obj:
     """Informer transform: what a seed reads of a PipelineRun (every PipelineRun of the
     cluster is cached, so nothing else is kept)."""
     meta = _dict(obj.get("metadata"))
     spec = _dict(obj.get("spec"))
     template = _dict(_dict(spec.get("taskRunTemplate")).get("podTemplate"))
-    per_task = any(
-        _placement(_dict(_dict(entry).get("podTemplate")))
-        for entry in _list(spec.get("taskRunSpecs"))
-    )
+    per_task = tekton_per_task_placement(spec)
     claims = sorted(
         {
             str(claim)
@@ -121,7 +102,7 @@ def slim_run(obj: Obj) -> Obj:
     slim_meta["labels"] = _dict(meta.get("labels"))
     if meta.get("deletionTimestamp"):
         slim_meta["deletionTimestamp"] = meta["deletionTimestamp"]
-    slim_spec: Obj = {"status": spec.get("status") or "", "podTemplate": _placement(template)}
+    slim_spec: Obj = {"status": spec.get("status") or "", "podTemplate": tekton_placement(template)}
     if per_task:
         slim_spec["perTaskPlacement"] = True
     if claims:

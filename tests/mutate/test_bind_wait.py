@@ -4,6 +4,8 @@ decision marks a pod held only because its placeholder is not bound yet (``unbou
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from coschedule.marks import Mode, Placement
@@ -16,6 +18,7 @@ from coschedule.mutate.bind_wait import (
     seedable_run,
     seeded_run,
 )
+from coschedule.reconcile import run_seed
 from tests.fixtures import load_pod
 from tests.mutate.test_placement import (
     TEKTON,
@@ -106,6 +109,10 @@ def test_only_a_pipelineruns_pod_in_a_per_run_mode_has_a_seeded_run(
     assert seeded_run(mode, labels, rewrite_claims) == run
 
 
+def _task_template(template: dict[str, Any]) -> dict[str, Any]:
+    return {"taskRunSpecs": [{"pipelineTaskName": "a", "podTemplate": template}]}
+
+
 @pytest.mark.parametrize(
     ("spec", "started", "seedable"),
     [
@@ -113,20 +120,23 @@ def test_only_a_pipelineruns_pod_in_a_per_run_mode_has_a_seeded_run(
         ({"status": "PipelineRunPending"}, False, False),  # held: no seed until started
         ({"status": "PipelineRunPending"}, True, True),  # the hold lifted at admission
         ({"taskRunSpecs": [{"pipelineTaskName": "a", "serviceAccountName": "x"}]}, False, True),
-        # A task with its own podTemplate: which task comes first decides the constraints.
-        (
-            {"taskRunSpecs": [{"pipelineTaskName": "a", "podTemplate": {"nodeSelector": {}}}]},
-            False,
-            False,
-        ),
-        ({"taskRunSpecs": "bad"}, False, False),
+        # A task's own placement: which task comes first decides the constraints.
+        (_task_template({"nodeSelector": {"a": "b"}}), False, False),
+        (_task_template({"tolerations": [{"operator": "Exists"}]}), False, False),
+        # A task's podTemplate that places nothing: its pods go where the others do.
+        (_task_template({"securityContext": {"runAsNonRoot": True}}), False, True),
+        (_task_template({"nodeSelector": {}}), False, True),
         (None, False, False),
     ],
 )
-def test_a_run_is_seedable_when_started_and_without_per_task_pod_templates(
+def test_a_run_is_seedable_when_started_and_without_per_task_placement(
     spec: object, started: bool, seedable: bool
 ) -> None:
-    assert seedable_run({"metadata": {"name": "pr"}, "spec": spec}, started) is seedable
+    run = {"metadata": {"name": "pr"}, "spec": spec}
+    assert seedable_run(run, started) is seedable
+    if isinstance(spec, dict) and not started:
+        # The reconciler's seed reads the run alike: the webhook waits for what it seeds.
+        assert run_seed.candidate(run_seed.slim_run(run)) is seedable
 
 
 @pytest.mark.parametrize(
