@@ -129,7 +129,6 @@ def argo_params(spec: Obj) -> dict[str, Any]:
     return _named_values(_map(spec.get("arguments")).get("parameters"))
 
 
-# Labels an engine's controller adds to a run after admission, from the run's spec.
 # What of a Tekton podTemplate limits where a pod may go (and which scheduler places it).
 TEKTON_PLACEMENT_FIELDS = ("nodeSelector", "tolerations", "affinity", "schedulerName")
 TEKTON_SPREAD = "topologySpreadConstraints"
@@ -163,6 +162,7 @@ def tekton_per_task_placement(spec: Obj) -> bool:
     )
 
 
+# Labels an engine's controller adds to a run after admission, from the run's spec.
 TEKTON_PIPELINE_LABEL = "tekton.dev/pipeline"
 ARGO_TEMPLATE_LABEL = "workflows.argoproj.io/workflow-template"
 ARGO_CLUSTER_TEMPLATE_LABEL = "workflows.argoproj.io/cluster-workflow-template"
