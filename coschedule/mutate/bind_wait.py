@@ -22,8 +22,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from coschedule.config.settings import Settings
 from coschedule.engines import tekton_per_task_placement
-from coschedule.marks import Mode
+from coschedule.k8s.timefmt import micro_time, parse_time
+from coschedule.marks import ANNOTATION_RUN_ADMITTED, Mode
+from coschedule.mutate.mode_choice import ModeChoice, choose_mode, cluster_choice
+from coschedule.wire.jsonpatch import Op, add, pointer
 
 # How long after its creation a placeholder (StatefulSet, or its pod) still counts as on its
 # way to being bound. The seed's chain takes about a second on a quiet cluster (see
@@ -95,6 +99,45 @@ def seedable_run(run: Mapping[str, Any], started: bool = False) -> bool:
     if not isinstance(spec, Mapping) or (spec.get("status") and not started):
         return False
     return not tekton_per_task_placement(spec)
+
+
+def seeded_mode(
+    run: Mapping[str, Any], namespace_labels: Mapping[str, str], settings: Settings
+) -> bool:
+    """Whether a PipelineRun's pods get a mode whose placeholder the reconciler seeds (a
+    per-run mode, ``rewrite-claims`` off), by the run's labels (Tekton copies them onto its
+    pods), its namespace's and the cluster's: ``seeded_run``'s rule, read at the run's
+    admission."""
+    meta = run.get("metadata")
+    labels = meta.get("labels") if isinstance(meta, Mapping) else None
+    own = (
+        {k: v for k, v in labels.items() if isinstance(v, str)}
+        if isinstance(labels, Mapping)
+        else {}
+    )
+    cluster = cluster_choice(settings.mode, settings.mode_reason)
+    choice = choose_mode(own, namespace_labels, cluster)
+    return isinstance(choice, ModeChoice) and choice.mode.per_run and not settings.rewrite_claims
+
+
+_ANNOTATIONS_PATH = pointer("metadata", "annotations")
+_ADMITTED_PATH = pointer("metadata", "annotations", ANNOTATION_RUN_ADMITTED)
+
+
+def admitted_op(run: Mapping[str, Any], ops: list[Op], now: float) -> Op:
+    """The op that stamps a seedable run with when it was admitted (``now``), after the
+    admission's other ``ops`` (which may create the annotations map themselves)."""
+    meta = run.get("metadata")
+    have = isinstance(meta, Mapping) and isinstance(meta.get("annotations"), Mapping)
+    if have or any(op.get("path") == _ANNOTATIONS_PATH for op in ops):
+        return add(_ADMITTED_PATH, micro_time(now))
+    return add(_ANNOTATIONS_PATH, {ANNOTATION_RUN_ADMITTED: micro_time(now)})
+
+
+def run_admitted(annotations: Mapping[str, str]) -> float | None:
+    """When a pod's run was admitted as seedable, as its engine copied the run's stamp onto
+    the pod (``admitted_op``); None without one."""
+    return parse_time(annotations.get(ANNOTATION_RUN_ADMITTED))
 
 
 def generated_prefix(name: str) -> str:

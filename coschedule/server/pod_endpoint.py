@@ -29,7 +29,12 @@ from typing import Protocol
 from coschedule.config.settings import Settings
 from coschedule.config.store import SettingsStore
 from coschedule.marks import Mode
-from coschedule.mutate.bind_wait import PlaceholderProgress, on_its_way, seeded_run
+from coschedule.mutate.bind_wait import (
+    PlaceholderProgress,
+    on_its_way,
+    run_admitted,
+    seeded_run,
+)
 from coschedule.mutate.claim_rewrite import ClaimView
 from coschedule.mutate.decision import AdmissionContext, PlaceholderView, VolumeView, decide
 from coschedule.mutate.outcome import Decision
@@ -235,17 +240,18 @@ class PodEndpoint(AdmissionEndpoint):
         now = time.time()
         progress = watch.progress(*key)
         young = self.young
-        if (
-            young is not None
-            and progress.statefulset_created is None
-            and not progress.pods
-            and len(young)
-        ):
+        if young is not None and progress.statefulset_created is None and not progress.pods:
             # Nothing of the placeholder seen yet: the reconciler may be about to make it.
-            labels = podview.string_map(podview.metadata(review.object), "labels")
-            run = seeded_run(decision.mode, labels, settings.rewrite_claims)
+            meta = podview.metadata(review.object)
+            run = seeded_run(
+                decision.mode, podview.string_map(meta, "labels"), settings.rewrite_claims
+            )
             if run is not None:
-                progress = replace(progress, run_admitted=young.admitted(key[0], run, now))
+                # Admitted here, or by another replica (the run's stamp, on its pods).
+                here = young.admitted(key[0], run, now) if len(young) else None
+                stamped = run_admitted(podview.string_map(meta, "annotations"))
+                admitted = max((t for t in (here, stamped) if t is not None), default=None)
+                progress = replace(progress, run_admitted=admitted)
         if not on_its_way(progress, now):
             return None
         return self._wait_bound(watch, key, review.uid, seconds)

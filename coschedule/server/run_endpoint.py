@@ -16,8 +16,9 @@ from typing import Protocol
 
 from coschedule.concurrency.admission import Outcome, admit_run, policy_held
 from coschedule.concurrency.control import Control
+from coschedule.config.store import SettingsStore
 from coschedule.engines import Kind, run_kind_of
-from coschedule.mutate.bind_wait import seedable_run
+from coschedule.mutate.bind_wait import admitted_op, seedable_run, seeded_mode
 from coschedule.server import admission_log
 from coschedule.server.admission import (
     AdmissionEndpoint,
@@ -55,6 +56,7 @@ class RunEndpoint(AdmissionEndpoint):
         namespaces: NamespaceLookup | None = None,
         caches: CacheGate | None = None,
         young: YoungRuns | None = None,
+        settings: SettingsStore | None = None,
     ) -> None:
         super().__init__(
             metrics, decode_review, mode=METRIC_MODE, path="/mutate-runs", object_field="run"
@@ -66,6 +68,9 @@ class RunEndpoint(AdmissionEndpoint):
         # The PipelineRuns admitted a moment ago, for the pod endpoint's wait for a
         # placeholder the reconciler is about to make (``server.young_runs``).
         self.young = young
+        # What decides whether a run's placeholder is seeded (its pods' mode): for the
+        # run's stamp (``bind_wait.admitted_op``); None: no stamp.
+        self.settings = settings
 
     def admit(self, review: Review, start: float, may_wait: bool) -> Answer:
         count = self.metrics.count_request
@@ -129,6 +134,7 @@ class RunEndpoint(AdmissionEndpoint):
                 f"coschedule: grouped by ConcurrencyControl {names}; created pending by its "
                 "author, so coschedule will never start it"
             ]
+        ops = decision.ops
         young = self.young
         if (
             young is not None
@@ -139,16 +145,25 @@ class RunEndpoint(AdmissionEndpoint):
         ):
             meta = review.object.get("metadata")
             if isinstance(meta, Mapping):
+                now = time.time()
                 young.record(
                     review.namespace,
                     str(meta.get("name") or ""),
                     str(meta.get("generateName") or ""),
-                    time.time(),
+                    now,
                 )
+                settings = self.settings
+                if (
+                    settings is not None
+                    and info is not None
+                    and seeded_mode(review.object, info.labels, settings.current)
+                ):
+                    # For the other replicas: Tekton copies it onto the run's pods.
+                    ops = [*ops, admitted_op(review.object, ops, now)]
         self.metrics.admissions.record(
-            (METRIC_MODE, "true", "200"), time.perf_counter() - start, len(decision.ops)
+            (METRIC_MODE, "true", "200"), time.perf_counter() - start, len(ops)
         )
-        return allowed(review.uid, decision.ops, warnings), None
+        return allowed(review.uid, ops, warnings), None
 
 
 # The outcomes that leave a run started at its creation (the reconciler seeds its

@@ -145,7 +145,7 @@ def build_webhook(
         placeholders,
         young,
     )
-    runs = RunEndpoint(metrics, controls, namespaces, run_caches, young)
+    runs = RunEndpoint(metrics, controls, namespaces, run_caches, young, settings)
     return Webhook(settings, metrics, certificate, probes, pods, runs, drain)
 
 

@@ -8,14 +8,18 @@ from typing import Any
 
 import pytest
 
-from coschedule.marks import Mode, Placement
+from coschedule.config.settings import Settings
+from coschedule.marks import ANNOTATION_RUN_ADMITTED, LABEL_MODE, Mode, Placement
 from coschedule.mutate.bind_wait import (
     ON_ITS_WAY_SECONDS,
     PendingPod,
     PlaceholderProgress,
+    admitted_op,
     generated_prefix,
     on_its_way,
+    run_admitted,
     seedable_run,
+    seeded_mode,
     seeded_run,
 )
 from coschedule.reconcile import run_seed
@@ -201,3 +205,51 @@ def test_pods_not_placed_by_node_name_never_wait(
     decision, _ = admit(load_pod(name), context(Placeholders(), placement=placement, mode=mode))
     assert not decision.by_node_name
     assert not decision.unbound
+
+
+# ---- the run's stamp: what every replica reads on the run's first pod ----------------
+
+
+def test_the_stamp_goes_into_the_annotations_as_they_will_be() -> None:
+    now = 1_795_000_000.25
+    bare = {"metadata": {"name": "pr"}}
+    assert admitted_op(bare, [], now) == {
+        "op": "add",
+        "path": "/metadata/annotations",
+        "value": {ANNOTATION_RUN_ADMITTED: "2026-11-18T11:06:40.250000Z"},
+    }
+    # Another op of the admission made the map (a control's notes): one key, not the map.
+    made = [{"op": "add", "path": "/metadata/annotations", "value": {"a": "b"}}]
+    key = "/metadata/annotations/coschedule.dev~1run-admitted-at"
+    assert admitted_op(bare, made, now)["path"] == key
+    annotated = {"metadata": {"name": "pr", "annotations": {"team": "x"}}}
+    op = admitted_op(annotated, [], now)
+    assert op["path"] == key
+    # The pod reads back what the run was stamped with (copied by its engine).
+    assert run_admitted({ANNOTATION_RUN_ADMITTED: op["value"]}) == pytest.approx(now)
+    assert run_admitted({}) is None
+    assert run_admitted({ANNOTATION_RUN_ADMITTED: "yesterday"}) is None
+
+
+@pytest.mark.parametrize(
+    ("run_labels", "namespace_labels", "settings", "stamped"),
+    [
+        ({}, {}, Settings(mode=Mode.PIPELINERUNS), True),
+        ({}, {LABEL_MODE: "isolate-pipelinerun"}, Settings(mode=Mode.WORKSPACES), True),
+        ({LABEL_MODE: "pipelineruns"}, {LABEL_MODE: "disabled"}, Settings(), True),
+        ({}, {LABEL_MODE: "workspaces"}, Settings(mode=Mode.PIPELINERUNS), False),
+        ({LABEL_MODE: "disabled"}, {}, Settings(mode=Mode.PIPELINERUNS), False),
+        ({LABEL_MODE: "bogus"}, {}, Settings(mode=Mode.PIPELINERUNS), False),
+        ({}, {}, Settings(mode=Mode.PIPELINERUNS, rewrite_claims=True), False),
+    ],
+)
+def test_a_run_is_stamped_when_its_pods_get_a_seeded_placeholder(
+    run_labels: dict[str, str],
+    namespace_labels: dict[str, str],
+    settings: Settings,
+    stamped: bool,
+) -> None:
+    """The mode its pods get (their labels are the run's: Tekton copies them), as the pod
+    side's ``seeded_run`` reads it."""
+    run = {"metadata": {"name": "pr", "labels": run_labels}}
+    assert seeded_mode(run, namespace_labels, settings) is stamped

@@ -29,6 +29,7 @@ from typing import ClassVar
 import pytest
 import yaml
 
+from coschedule.marks import ANNOTATION_RUN_ADMITTED
 from tests.conftest import PATIENCE_SECONDS, wait_until
 from tests.e2e.kube import Api, ApiError, Obj, wait_for
 from tests.e2e.world import (
@@ -483,6 +484,15 @@ def test_a_run_per_mode_succeeds_through_the_pods(art: ArtifactStack, wave: Wave
     assert (
         placeholder_name(ns["pipelineruns"], "pr-run") in wave.placeholders_before["pipelineruns"]
     )
+    # The run was stamped when admitted, and Tekton copied the stamp onto every pod of it:
+    # whichever webhook replica a first pod reaches sees that its placeholder is on its way.
+    made = wave.runs["pipelineruns"]["pr-run"]
+    stamp = (made["metadata"].get("annotations") or {}).get(ANNOTATION_RUN_ADMITTED)
+    assert stamp, made["metadata"]
+    for name, pod in task_pods(api, ns["pipelineruns"], "pr-run").items():
+        assert (pod["metadata"].get("annotations") or {}).get(ANNOTATION_RUN_ADMITTED) == stamp, (
+            name
+        )
     shared = claim_placeholder_name(ns["workspaces"], "shared")
     assert shared in wave.placeholders_before["workspaces"], describe(api, ns["workspaces"])
 

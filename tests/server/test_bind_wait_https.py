@@ -27,8 +27,13 @@ import httpx
 import orjson
 import pytest
 
-from coschedule.k8s.timefmt import rfc3339
-from coschedule.marks import ANNOTATION_PINNED_NODE, GATE_PLACEHOLDER, placeholder_labels
+from coschedule.k8s.timefmt import parse_time, rfc3339
+from coschedule.marks import (
+    ANNOTATION_PINNED_NODE,
+    ANNOTATION_RUN_ADMITTED,
+    GATE_PLACEHOLDER,
+    placeholder_labels,
+)
 from coschedule.server.pod_endpoint import TOTAL_WAIT_SECONDS
 from tests.concurrency.runs import pipeline_run
 from tests.concurrency.test_runs_https import (
@@ -301,6 +306,54 @@ async def test_a_pod_before_its_placeholder_exists_waits_when_its_run_was_admitt
 
     text = await metrics(server)
     assert 'coschedule_placeholder_bind_waits_total{outcome="pinned"} 1.0' in text
+
+
+async def test_a_pod_waits_when_another_replica_admitted_its_run(
+    api: MiniApi, tmp_path: Path
+) -> None:
+    """Two webhook replicas: the run's CREATE reaches one, its first pod the other, which
+    never saw the run. The run's stamp, copied onto the pod by Tekton, says that its
+    placeholder is on its way: the pod waits and is pinned, as on the replica that
+    admitted the run. Without the stamp it is gated at once."""
+    api.put("namespaces", namespace("ci", ENABLED))
+    replicas = []
+    for name in ("a", "b"):
+        kubeconfig = write_kubeconfig(tmp_path / f"{name}.kubeconfig", api.url)
+        replicas.append(launch_server(tmp_path / name, kubeconfig=kubeconfig, config=CONFIG))
+    try:
+        one, other = replicas
+        await until(one, lambda: is_ready(one))
+        await until(other, lambda: is_ready(other))
+        review = run_review()
+        async with https(one) as http:
+            run = patched(review, await admit_run(http, review))
+        stamp = run["metadata"]["annotations"][ANNOTATION_RUN_ADMITTED]
+        assert abs(parse_time(stamp) - time.time()) < 5  # type: ignore[operator]
+        pod = load_pod(POD)
+        unstamped = admission_review(pod)
+        # Tekton copies the run's annotations onto its TaskRuns, and theirs onto the pods.
+        pod["metadata"].setdefault("annotations", {}).update(run["metadata"]["annotations"])
+        placeholder = placeholder_of(pod)
+        async with https(other) as http:
+            await watched(api, other, http)
+            response, quick = await timed_admit(http, unstamped)
+            assert quick < 0.5
+            assert patched(unstamped, response)["spec"]["schedulingGates"] == [
+                {"name": GATE_PLACEHOLDER}
+            ]
+            stamped = admission_review(pod)
+            posted = asyncio.create_task(timed_admit(http, stamped))
+            await asyncio.sleep(0.3)
+            assert not posted.done()  # nothing of the placeholder seen here, and yet held
+            api.put("statefulsets", statefulset(placeholder))
+            api.put("pods", young_pod(placeholder, phase="Pending"))
+            api.edit("pods", "ci", f"{placeholder}-0", {"spec": {"nodeName": "node-b"}})
+            response, waited = await posted
+            assert waited < BOUND
+            assert node_pin(patched(stamped, response)) == ["node-b"]
+    finally:
+        for replica in replicas:
+            await asyncio.to_thread(stop_server, replica)
 
 
 async def test_a_run_admitted_here_whose_placeholder_never_comes_gates_its_pod_after_the_bound(
