@@ -124,12 +124,19 @@ _ANNOTATIONS_PATH = pointer("metadata", "annotations")
 _ADMITTED_PATH = pointer("metadata", "annotations", ANNOTATION_RUN_ADMITTED)
 
 
-def admitted_op(run: Mapping[str, Any], ops: list[Op], now: float) -> Op:
+def admitted_op(run: Mapping[str, Any], ops: list[Op], now: float) -> Op | None:
     """The op that stamps a seedable run with when it was admitted (``now``), after the
-    admission's other ``ops`` (which may create the annotations map themselves)."""
+    admission's other ``ops`` (which may create the annotations map themselves). None when
+    the run bears a stamp of this moment already (a reinvocation: the patch stays the same);
+    a copied run's older stamp is replaced."""
     meta = run.get("metadata")
-    have = isinstance(meta, Mapping) and isinstance(meta.get("annotations"), Mapping)
-    if have or any(op.get("path") == _ANNOTATIONS_PATH for op in ops):
+    annotations = meta.get("annotations") if isinstance(meta, Mapping) else None
+    if isinstance(annotations, Mapping):
+        stamped = parse_time(annotations.get(ANNOTATION_RUN_ADMITTED))
+        if stamped is not None and 0.0 <= now - stamped <= ON_ITS_WAY_SECONDS:
+            return None
+        return add(_ADMITTED_PATH, micro_time(now))
+    if any(op.get("path") == _ANNOTATIONS_PATH for op in ops):
         return add(_ADMITTED_PATH, micro_time(now))
     return add(_ANNOTATIONS_PATH, {ANNOTATION_RUN_ADMITTED: micro_time(now)})
 

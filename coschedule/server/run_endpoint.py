@@ -153,13 +153,14 @@ class RunEndpoint(AdmissionEndpoint):
                     now,
                 )
                 settings = self.settings
+                # For the other replicas: Tekton copies the stamp onto the run's pods.
                 if (
                     settings is not None
                     and info is not None
                     and seeded_mode(review.object, info.labels, settings.current)
+                    and (stamp := admitted_op(review.object, ops, now)) is not None
                 ):
-                    # For the other replicas: Tekton copies it onto the run's pods.
-                    ops = [*ops, admitted_op(review.object, ops, now)]
+                    ops = [*ops, stamp]
         self.metrics.admissions.record(
             (METRIC_MODE, "true", "200"), time.perf_counter() - start, len(ops)
         )

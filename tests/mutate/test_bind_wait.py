@@ -212,19 +212,30 @@ def test_pods_not_placed_by_node_name_never_wait(
 
 def test_the_stamp_goes_into_the_annotations_as_they_will_be() -> None:
     now = 1_795_000_000.25
+    stamp = "2026-11-18T11:06:40.250000Z"
     bare = {"metadata": {"name": "pr"}}
     assert admitted_op(bare, [], now) == {
         "op": "add",
         "path": "/metadata/annotations",
-        "value": {ANNOTATION_RUN_ADMITTED: "2026-11-18T11:06:40.250000Z"},
+        "value": {ANNOTATION_RUN_ADMITTED: stamp},
     }
     # Another op of the admission made the map (a control's notes): one key, not the map.
     made = [{"op": "add", "path": "/metadata/annotations", "value": {"a": "b"}}]
     key = "/metadata/annotations/coschedule.dev~1run-admitted-at"
-    assert admitted_op(bare, made, now)["path"] == key
+    assert admitted_op(bare, made, now) == {"op": "add", "path": key, "value": stamp}
     annotated = {"metadata": {"name": "pr", "annotations": {"team": "x"}}}
     op = admitted_op(annotated, [], now)
+    assert op is not None
     assert op["path"] == key
+    # Reinvoked a moment later: stamped already, the patch stays the same. A copied run's
+    # stamp of long ago is replaced.
+    stamped = {"metadata": {"name": "pr", "annotations": {ANNOTATION_RUN_ADMITTED: op["value"]}}}
+    assert admitted_op(stamped, [], now + 0.4) is None
+    assert admitted_op(stamped, [], now + 3600) == {
+        "op": "add",
+        "path": key,
+        "value": "2026-11-18T12:06:40.250000Z",
+    }
     # The pod reads back what the run was stamped with (copied by its engine).
     assert run_admitted({ANNOTATION_RUN_ADMITTED: op["value"]}) == pytest.approx(now)
     assert run_admitted({}) is None
