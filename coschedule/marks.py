@@ -63,12 +63,12 @@ PENDING_BY_CONCURRENCY = "concurrency"
 # webhook (or, when it was unreachable, the reconciler) labels it with its groups, or starts
 # it when no control selects it, and removes this annotation.
 ANNOTATION_HELD_BY = "coschedule.dev/held-by"
+HELD_BY_POLICY = "admission-policy"
 # On a PipelineRun the run webhook admitted started, whose placeholder the reconciler makes
 # at once (the seed): when, RFC 3339. Tekton copies a run's annotations onto its TaskRuns
 # and their pods, so every webhook replica sees on a run's first pod that its placeholder is
 # on its way, not only the replica that admitted the run.
 ANNOTATION_RUN_ADMITTED = "coschedule.dev/run-admitted-at"
-HELD_BY_POLICY = "admission-policy"
 # On a run held pending by a Queue or Replace control: why it waits (its place, the run ahead),
 # written by the reconciler when that changes; removed when the run starts or is cancelled.
 ANNOTATION_WAITING = "coschedule.dev/waiting"

@@ -11,9 +11,11 @@ longer than a placeholder takes to be bound, is not coming soon: the pod is gate
 and the reconciler pins it, as without the wait.
 
 A pod may also come before the reconciler has made the StatefulSet (0.1-0.3 s after the
-run): nothing of the placeholder is seen yet. When this webhook admitted the pod's run a
-moment ago (``/mutate-runs``), and the reconciler seeds a placeholder for such a run
-(``seeded_run``, ``seedable_run``), the placeholder counts as on its way too.
+run): nothing of the placeholder is seen yet. When the pod's run was admitted a moment ago
+(``/mutate-runs``), and the reconciler seeds a placeholder for such a run (``seeded_run``,
+``seedable_run``), the placeholder counts as on its way too: admitted by this webhook
+replica (``server.young_runs``), or by any, as the run's stamp says (``admitted_op``; Tekton
+copies it onto the run's pods, ``run_admitted`` reads it there).
 """
 
 from __future__ import annotations

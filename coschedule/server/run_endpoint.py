@@ -5,7 +5,8 @@ front door (``server.admission``). Until both caches have been read once
 cannot decide on is refused in a 200 review that says why and whether to retry. A run is
 logged only when refused (at the door, as a bad request, not decidable yet, or an internal
 error); an admitted run is counted, not logged. A PipelineRun admitted started is remembered
-for a moment (``server.young_runs``): its first pod may come before its placeholder."""
+for a moment (``server.young_runs``), and stamped when its placeholder is seeded
+(``bind_wait.admitted_op``): its first pod may come before its placeholder, at any replica."""
 
 from __future__ import annotations
 
