@@ -14,11 +14,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from coschedule.concurrency.template import priority_value
-from coschedule.engines import RUN_ENGINES, Kind, run_control
-from coschedule.k8s.timefmt import parse_time
+from coschedule.engines import RUN_ENGINES, Kind, run_control, tekton_per_task_placement
+from coschedule.k8s.timefmt import micro_time, parse_time
 from coschedule.marks import (
     ANNOTATION_PENDING_BY,
     ANNOTATION_PRIORITY_PREFIX,
+    ANNOTATION_RUN_ADMITTED,
     ANNOTATION_WAITING,
     ANNOTATION_WAITING_DATA,
     LABEL_CONCURRENCY_PREFIX,
@@ -94,6 +95,9 @@ class Run:
     annotations: Mapping[str, str]
     state: State
     created_at: float = 0.0  # ``created`` parsed once: plans sort by it
+    # A PipelineRun the reconciler seeds a placeholder for once started (no ``taskRunSpecs``
+    # podTemplate that places its pods: ``engines.tekton_per_task_placement``).
+    seedable: bool = False
     # Unique within a namespace (a PipelineRun and a Workflow may share a name); computed
     # once, since plans use it as a set member.
     ident: str = field(init=False, compare=False)
@@ -150,6 +154,23 @@ def _str_map(value: Any) -> dict[str, str]:
     return {str(k): str(v) for k, v in value.items() if isinstance(v, str)}
 
 
+# What a slim run (the reconciler's cache keeps no ``taskRunSpecs``) says in its spec for
+# ``tekton_per_task_placement``.
+SLIM_PER_TASK_PLACEMENT = "perTaskPlacement"
+
+
+def seedable(kind: Kind, obj: Mapping[str, Any]) -> bool:
+    """Whether the reconciler seeds this run's placeholder when it starts: a PipelineRun
+    without a per-task podTemplate that places its pods, read from the whole run or its
+    slim form."""
+    spec = _spec(obj)
+    return (
+        kind is Kind.PIPELINE_RUN
+        and not spec.get(SLIM_PER_TASK_PLACEMENT)
+        and not tekton_per_task_placement(spec)
+    )
+
+
 def parse_run(kind: Kind, obj: Mapping[str, Any]) -> Run:
     meta = _meta(obj)
     created = str(meta.get("creationTimestamp") or "")
@@ -164,21 +185,25 @@ def parse_run(kind: Kind, obj: Mapping[str, Any]) -> Run:
         annotations=_str_map(meta.get("annotations")),
         state=state_of(kind, obj),
         created_at=parse_time(created) or 0.0,
+        seedable=seedable(kind, obj),
     )
 
 
-def start_patch(run: Run) -> dict[str, Any]:
-    """JSON merge patch: pending mark and our annotations off, only if the run is unchanged."""
+def start_patch(run: Run, now: float | None = None) -> dict[str, Any]:
+    """JSON merge patch: pending mark and our annotations off, only if the run is unchanged.
+    A seedable run started at ``now`` is stamped with it (``ANNOTATION_RUN_ADMITTED``), as
+    the run webhook stamps one admitted started: its placeholder is seeded from then, and
+    its first pod, which Tekton gives the run's annotations, waits for that placeholder."""
     spec: dict[str, Any] = dict(run_control(run.kind).start)
+    annotations: dict[str, str | None] = {
+        ANNOTATION_PENDING_BY: None,
+        ANNOTATION_WAITING: None,
+        ANNOTATION_WAITING_DATA: None,
+    }
+    if now is not None and run.seedable:
+        annotations[ANNOTATION_RUN_ADMITTED] = micro_time(now)
     return {
-        "metadata": {
-            "resourceVersion": run.resource_version,
-            "annotations": {
-                ANNOTATION_PENDING_BY: None,
-                ANNOTATION_WAITING: None,
-                ANNOTATION_WAITING_DATA: None,
-            },
-        },
+        "metadata": {"resourceVersion": run.resource_version, "annotations": annotations},
         "spec": spec,
     }
 

@@ -23,8 +23,8 @@ from typing import Any
 from coschedule.concurrency.admission import policy_held
 from coschedule.concurrency.control import Control
 from coschedule.concurrency.plan import Group, GroupKey, group_keys
-from coschedule.concurrency.runs import State, parse_run, run_labels
-from coschedule.engines import RUN_ENGINES, RUN_SPEC_FIELDS, Kind
+from coschedule.concurrency.runs import SLIM_PER_TASK_PLACEMENT, State, parse_run, run_labels
+from coschedule.engines import RUN_ENGINES, RUN_SPEC_FIELDS, Kind, tekton_per_task_placement
 from coschedule.kube.client import KubeClient, object_path
 from coschedule.kube.controls_cache import ControlCache
 from coschedule.kube.discovery import RETRY_SECONDS, wait_served
@@ -56,7 +56,8 @@ ADMIT_PREFIX = "admit:"
 
 def slim_run(obj: Obj, kind: Kind) -> Obj:
     """What the decisions read of a run: identity, labels (with those its engine adds from
-    the spec, which is not kept), our annotations, start state."""
+    the spec, which is not kept), our annotations, start state, and whether a start seeds
+    its placeholder (``runs.seedable``)."""
     meta = obj.get("metadata") or {}
     annotations = meta.get("annotations") or {}
     spec = obj.get("spec") or {}
@@ -71,6 +72,9 @@ def slim_run(obj: Obj, kind: Kind) -> Obj:
     ]
     if conditions:
         slim_status["conditions"] = conditions
+    slim_spec: dict[str, Any] = {k: spec[k] for k in RUN_SPEC_FIELDS if k in spec}
+    if kind is Kind.PIPELINE_RUN and tekton_per_task_placement(spec):
+        slim_spec[SLIM_PER_TASK_PLACEMENT] = True  # not seeded: its start is not stamped
     return {
         "metadata": {
             "name": meta.get("name"),
@@ -92,7 +96,7 @@ def slim_run(obj: Obj, kind: Kind) -> Obj:
                 or k.startswith((LABEL_CONCURRENCY_PREFIX, ANNOTATION_PRIORITY_PREFIX))
             },
         },
-        "spec": {k: spec[k] for k in RUN_SPEC_FIELDS if k in spec},
+        "spec": slim_spec,
         "status": slim_status,
     }
 

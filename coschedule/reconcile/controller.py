@@ -387,12 +387,12 @@ class Controller:
     def _seed(
         self, key: str, pods: list[MarkedPod], now: float
     ) -> tuple[run_seed.Seed | None, float | None]:
-        """(the run's seed or None, the run's creation while it is cached and not done)."""
+        """(the run's seed or None, when the run began while it is cached and not done)."""
         runs = self.runs.by_index(BY_PLACEHOLDER, key)
         if len(runs) != 1:  # none, or two runs one placeholder (a shared group label)
             return None, None
         run = runs[0]
-        created = run_seed.run_created(run)
+        created = run_seed.run_begun(run, now)
         if pods:
             return None, created
         namespace = str((run.get("metadata") or {}).get("namespace") or "")

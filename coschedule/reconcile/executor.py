@@ -268,7 +268,11 @@ class Executor:
             case StartRun():
                 await _unless_gone(
                     run_writes.start_run(
-                        self.client, action.run, action.why, started=self._count_start
+                        self.client,
+                        action.run,
+                        action.why,
+                        started=self._count_start,
+                        now=time.time(),  # the stamp its pods compare with the wall clock
                     )
                 )
             case CancelRun():

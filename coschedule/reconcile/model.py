@@ -169,8 +169,9 @@ class Observed:
     # placeholder before any pod of it exists; None: no seed.
     seed: MarkedPod | None = None
     seed_until: float = 0.0  # when the seed stops holding the placeholder
-    # The run's creation, while the run is cached and not done: a run that made no pod
-    # within the idle grace of it gives back the placeholder made from its seed.
+    # When the run began (its creation, or coschedule's start of it: ``run_seed.run_begun``),
+    # while the run is cached and not done: a run that made no pod within the idle grace of
+    # it gives back the placeholder made from its seed.
     run_created: float | None = None
 
     @property

@@ -422,7 +422,7 @@ def _run_done(
     root = owner.root if owner is not None else None
     run = per_run(observed.pods, sts)
     if run and not observed.pods and observed.run_created is not None and not sts.templates:
-        # Made from the run's seed and no pod came: the idle grace from the run's creation,
+        # Made from the run's seed and no pod came: the idle grace from the run's beginning,
         # even while it runs (its first pod, if ever, gets a placeholder as any first pod).
         grace = float(settings.idle_grace_seconds)
         if now - observed.run_created >= grace:

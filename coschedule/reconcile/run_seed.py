@@ -19,9 +19,11 @@ No seed (the placeholder waits for the first pod, as before) when:
   created, and only the first pod's admission knows them;
 - the webhook would not give the run a per-run placeholder (namespace not enabled, mode
   ``workspaces`` or ``disabled``, a refusal);
-- the run is older than ``idle-grace-seconds``: a run that made no pod within the idle grace
-  holds no placeholder (``plan`` tears a seeded one down then), so a run that never makes a
-  pod, or is deleted at once, costs at most one idle placeholder pod for that long.
+- the run began more than ``idle-grace-seconds`` ago: a run that made no pod within the
+  idle grace holds no placeholder (``plan`` tears a seeded one down then), so a run that
+  never makes a pod, or is deleted at once, costs at most one idle placeholder pod for that
+  long. A run begins at its creation, or when coschedule started it (a run held by
+  concurrency control, started by the reconciler with its stamp, ``run_begun``).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from coschedule.k8s.timefmt import parse_time
 from coschedule.marks import (
     ANNOTATION_MODE,
     ANNOTATION_RUN,
+    ANNOTATION_RUN_ADMITTED,
     ANNOTATION_RUN_LABEL,
     BadMark,
     Mode,
@@ -100,6 +103,9 @@ def slim_run(obj: Obj) -> Obj:
         k: meta.get(k) for k in ("name", "namespace", "uid", "resourceVersion", "creationTimestamp")
     }
     slim_meta["labels"] = _dict(meta.get("labels"))
+    stamp = _dict(meta.get("annotations")).get(ANNOTATION_RUN_ADMITTED)
+    if isinstance(stamp, str):
+        slim_meta["admitted"] = stamp
     if meta.get("deletionTimestamp"):
         slim_meta["deletionTimestamp"] = meta["deletionTimestamp"]
     slim_spec: Obj = {"status": spec.get("status") or "", "podTemplate": tekton_placement(template)}
@@ -261,12 +267,12 @@ def seed(
 ) -> Seed | None:
     """The run's seed (see the module's doc), or None."""
     meta = _dict(run.get("metadata"))
-    created = parse_time(meta.get("creationTimestamp"))
-    if namespace_labels is None or created is None or not candidate(run):
+    begun = run_begun(run, now)
+    if namespace_labels is None or begun is None or not candidate(run):
         return None
     if settings.rewrite_claims:
         return None
-    expires = created + float(settings.idle_grace_seconds)
+    expires = begun + float(settings.idle_grace_seconds)
     if now >= expires:
         return None
     pod = seed_pod(run)
@@ -288,5 +294,14 @@ def seed(
     return Seed(pod_view, root, expires)
 
 
-def run_created(run: Mapping[str, Any]) -> float | None:
-    return parse_time(_dict(run.get("metadata")).get("creationTimestamp"))
+def run_begun(run: Mapping[str, Any], now: float) -> float | None:
+    """When a (slim) run began, for its idle grace: its creation, or its stamp when later
+    (coschedule started it after holding it). A stamp older than the run was copied with
+    it; one later than ``now`` is not trusted (it would hold an idle placeholder as long as
+    it says): both are left to the creation."""
+    meta = _dict(run.get("metadata"))
+    created = parse_time(meta.get("creationTimestamp"))
+    stamp = parse_time(meta.get("admitted"))
+    if created is None or stamp is None or stamp > now:
+        return created
+    return max(created, stamp)

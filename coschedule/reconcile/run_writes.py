@@ -29,13 +29,20 @@ def run_path(run: Run) -> str:
 
 
 async def start_run(
-    client: KubeClient, run: Run, why: str, *, started: Callable[[Run], None] | None = None
+    client: KubeClient,
+    run: Run,
+    why: str,
+    *,
+    started: Callable[[Run], None] | None = None,
+    now: float | None = None,
 ) -> None:
     """Let a run held pending by coschedule start: its engine's start patch, only if the run
     is unchanged since ``run`` was read (a stale one is 409), then ``started`` (the
     reconciler's metrics), a log line and a ``Started`` Event. The one start path: the
-    reconciler's plans and ``coschedule release-held``."""
-    await client.patch(run_path(run), start_patch(run))
+    reconciler's plans and ``coschedule release-held``. With ``now`` (the reconciler, which
+    seeds the run's placeholder then) a seedable run is stamped with it; not from
+    ``release-held``, which starts runs for a reconciler that is gone."""
+    await client.patch(run_path(run), start_patch(run, now))
     if started is not None:
         started(run)
     message = f"started by coschedule: {why}"

@@ -98,6 +98,9 @@ async def test_it_starts_exactly_the_held_runs(api: MiniApi, client: KubeClient)
     assert "status" not in run["spec"]
     assert "coschedule.dev/pending-by" not in run["metadata"]["annotations"]
     assert "coschedule.dev/waiting" not in run["metadata"]["annotations"]
+    # Not stamped: no reconciler is left to seed its placeholder, so its first pod must not
+    # wait for one.
+    assert "coschedule.dev/run-admitted-at" not in run["metadata"]["annotations"]
     wf = api.get("workflows", "ci", "wf-held")
     assert wf is not None
     assert wf["spec"]["suspend"] is False

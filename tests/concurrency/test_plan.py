@@ -30,6 +30,7 @@ from coschedule.concurrency.runs import (
     waiting_patch,
 )
 from coschedule.engines import Kind
+from coschedule.k8s.timefmt import micro_time, parse_time
 from tests.concurrency.runs import control, pipeline_run, workflow
 
 Obj = dict[str, Any]
@@ -37,6 +38,7 @@ PENDING = {"coschedule.dev/pending-by": "concurrency"}
 WAITING = "coschedule.dev/waiting"
 DATA = "coschedule.dev/waiting-data"
 PENDING_BY = "coschedule.dev/pending-by"
+ADMITTED = "coschedule.dev/run-admitted-at"
 
 
 def ctl(name: str = "ci", **spec: Any) -> Control:
@@ -378,6 +380,39 @@ def test_start_patches_carry_the_version_they_were_decided_on() -> None:
         "spec": {"status": None},
     }
     assert start_patch(pending_wf("w", 0, rv="8"))["spec"] == {"suspend": False}
+
+
+def test_a_seedable_pipeline_run_started_is_stamped_with_the_time() -> None:
+    """A held PipelineRun started by the reconciler gets the run webhook's stamp: its
+    placeholder is seeded from the start, and its first pod (Tekton copies the run's
+    annotations onto it) waits for that placeholder at any webhook replica. Not a Workflow
+    (no placeholder is seeded for one), nor a run whose per-task podTemplate places its
+    pods, nor a start without a time."""
+    now = 1_795_000_000.25
+    stamped = start_patch(pending_pr("p", 0, rv="7"), now)["metadata"]["annotations"]
+    assert stamped[ADMITTED] == micro_time(now)
+    assert parse_time(stamped[ADMITTED]) == now
+    assert {k: v for k, v in stamped.items() if k != ADMITTED} == {
+        PENDING_BY: None,
+        WAITING: None,
+        DATA: None,
+    }
+    assert ADMITTED not in start_patch(pending_pr("p", 0))["metadata"]["annotations"]
+    assert ADMITTED not in start_patch(pending_wf("w", 0), now)["metadata"]["annotations"]
+    placed = pipeline_run("p", status="PipelineRunPending", annotations=PENDING)
+    placed["spec"]["taskRunSpecs"] = [
+        {"pipelineTaskName": "build", "podTemplate": {"nodeSelector": {"pool": "a"}}}
+    ]
+    assert not parse_run(Kind.PIPELINE_RUN, placed).seedable
+    assert (
+        ADMITTED
+        not in (start_patch(parse_run(Kind.PIPELINE_RUN, placed), now)["metadata"]["annotations"])
+    )
+    # A per-task podTemplate that places nothing is seeded like any other run.
+    placed["spec"]["taskRunSpecs"] = [
+        {"pipelineTaskName": "build", "podTemplate": {"securityContext": {"runAsUser": 1}}}
+    ]
+    assert parse_run(Kind.PIPELINE_RUN, placed).seedable
 
 
 def test_a_waiting_patch_writes_only_the_reason_on_the_version_decided_on() -> None:

@@ -14,6 +14,7 @@ from datetime import datetime
 import pytest
 
 from coschedule.cli.main import main
+from coschedule.marks import ANNOTATION_RUN_ADMITTED
 from tests.e2e.kube import Api, ApiError, Obj, wait_for
 from tests.e2e.world import make_namespace, run_events, unique, wait_webhook_sees_control
 from tests.real.runs import (
@@ -295,6 +296,19 @@ def test_queue_runs_one_after_another_in_order(real: RealCluster, groups: Groups
     runs = wait_runs(api, ns, names, timeout=300)
     assert_succeeded(runs, api, ns, *names)
     _assert_one_after_another(api, ns, runs, names)
+    # q1 and q2 waited, then the reconciler started them and stamped each with its start:
+    # real Tekton gave that stamp to every pod of the run (its first pod waits for the
+    # placeholder seeded from the start at any webhook replica).
+    for name in names[1:]:
+        meta = runs[name]["metadata"]
+        stamp = (meta.get("annotations") or {}).get(ANNOTATION_RUN_ADMITTED)
+        assert stamp, f"{name} started by the reconciler without the stamp: {meta}"
+        assert _time(stamp) > _time(meta["creationTimestamp"]), (name, stamp)
+        pods = task_pods(api, ns, name)
+        assert pods, describe(api, ns)
+        for task_name, pod in pods.items():
+            got = (pod["metadata"].get("annotations") or {}).get(ANNOTATION_RUN_ADMITTED)
+            assert got == stamp, f"{name}'s {task_name} pod has stamp {got!r}, the run {stamp!r}"
 
 
 def test_a_run_its_author_created_pending_stays_pending(real: RealCluster, groups: Groups) -> None:

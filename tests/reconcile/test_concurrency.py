@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -15,6 +16,7 @@ from prometheus_client import CollectorRegistry
 
 from coschedule.concurrency.plan import GroupKey
 from coschedule.engines import Kind
+from coschedule.k8s.timefmt import parse_time
 from coschedule.kube.client import Credentials, KubeClient
 from coschedule.kube.controls_cache import ControlCache
 from coschedule.reconcile.concurrency import ConcurrencyController
@@ -26,6 +28,7 @@ from tests.reconcile.conftest import eventually
 
 Obj = dict[str, Any]
 PENDING = {"coschedule.dev/pending-by": "concurrency"}
+ADMITTED = "coschedule.dev/run-admitted-at"
 
 
 def grouped(obj: Obj, control_name: str, value: str, *, ours: bool = True) -> Obj:
@@ -135,6 +138,36 @@ async def test_newest_starts_and_older_is_cancelled_with_events(
     )
     assert sample(registry, "coschedule_concurrency_start_delay_seconds_count") == 1
     await eventually(lambda: sample(registry, "coschedule_concurrency_pending_runs") == 0)
+
+
+async def test_a_started_pipeline_run_is_stamped_unless_its_tasks_place_their_pods(
+    api: MiniApi, manager: Manager
+) -> None:
+    """Through the watch's slim runs: a held PipelineRun started by the reconciler gets the
+    stamp its first pod reads (its placeholder is seeded from the start); one whose
+    ``taskRunSpecs`` podTemplate places its pods is not seeded, so not stamped."""
+    api.put("concurrencycontrols", control("ci", {"selector": {}, "strategy": "Queue"}))
+    plain = pending_pr("plain", 1)
+    placed = pending_pr("placed", 2, value="other")
+    placed["spec"]["taskRunSpecs"] = [
+        {"pipelineTaskName": "build", "podTemplate": {"nodeSelector": {"pool": "a"}}}
+    ]
+    api.put("pipelineruns", plain)
+    api.put("pipelineruns", placed)
+    before = time.time()
+    manager.start_leading()
+    await eventually(lambda: "status" not in pr_spec(api, "plain"))
+    await eventually(lambda: "status" not in pr_spec(api, "placed"))
+    after = time.time()
+
+    def annotations(name: str) -> dict[str, str]:
+        stored = api.get("pipelineruns", "ci", name) or {}
+        return dict(stored["metadata"].get("annotations") or {})
+
+    stamp = parse_time(annotations("plain").get(ADMITTED))
+    assert stamp is not None
+    assert before - 0.001 <= stamp <= after + 0.001
+    assert ADMITTED not in annotations("placed")
 
 
 async def test_runs_are_watched_through_the_grouped_label_only(

@@ -14,7 +14,13 @@ import pytest
 from coschedule.config.settings import Settings
 from coschedule.k8s.timefmt import micro_time, rfc3339
 from coschedule.kube.client import KubeClient
-from coschedule.marks import LABEL_ENABLED, LABEL_MODE, Mode, run_placeholder
+from coschedule.marks import (
+    ANNOTATION_RUN_ADMITTED,
+    LABEL_ENABLED,
+    LABEL_MODE,
+    Mode,
+    run_placeholder,
+)
 from coschedule.reconcile import controller as controller_module
 from coschedule.reconcile.controller import Controller
 from coschedule.reconcile.manager import Manager
@@ -594,6 +600,31 @@ async def test_a_namespace_turned_on_has_its_started_runs_seeded(
     await eventually(lambda: api.get("statefulsets", "late", name) is not None, within=3)
     [owner] = (api.get("statefulsets", "late", name) or {})["metadata"]["ownerReferences"]
     assert (owner["kind"], owner["name"]) == ("PipelineRun", "pr-late")
+
+
+async def test_a_run_held_past_the_idle_grace_is_seeded_when_started_with_the_stamp(
+    api: MiniApi, make: Callable[..., Any]
+) -> None:
+    """A run held by concurrency control for longer than the idle grace, then started by
+    the reconciler (which stamps it): its placeholder is made at the start, before any pod,
+    as for a run started at its creation. Started without the stamp (by its author), it
+    waits for its first pod, as before."""
+    api.put("namespaces", {"metadata": {"name": "ci", "labels": {LABEL_ENABLED: "true"}}})
+    for name in ("pr-held", "pr-author"):
+        run = started_run("ci", name)
+        run["metadata"]["creationTimestamp"] = rfc3339(datetime.now(UTC) - timedelta(hours=1))
+        run["spec"]["status"] = "PipelineRunPending"
+        api.put("pipelineruns", run)
+    await make(settings=Settings(mode=Mode.PIPELINERUNS, idle_grace_seconds=300))
+    started = {"spec": {"status": None}}
+    api.edit("pipelineruns", "ci", "pr-author", started)
+    stamp = {"metadata": {"annotations": {ANNOTATION_RUN_ADMITTED: micro_time()}}}
+    api.edit("pipelineruns", "ci", "pr-held", {**started, **stamp})
+    held = run_placeholder("ci", "pr-held")
+    await eventually(lambda: api.get("statefulsets", "ci", held) is not None, within=3)
+    [owner] = (api.get("statefulsets", "ci", held) or {})["metadata"]["ownerReferences"]
+    assert (owner["kind"], owner["name"]) == ("PipelineRun", "pr-held")
+    assert api.get("statefulsets", "ci", run_placeholder("ci", "pr-author")) is None
 
 
 async def test_malformed_marks_are_logged_and_skipped_and_the_loop_goes_on(

@@ -7,6 +7,7 @@ the pass; and no write at all without the lead."""
 from __future__ import annotations
 
 import copy
+import time
 from typing import Any
 
 import pytest
@@ -16,6 +17,7 @@ from coschedule.concurrency.control import parse_control
 from coschedule.concurrency.plan import Group, GroupKey
 from coschedule.concurrency.runs import Run, State, parse_run, state_of
 from coschedule.engines import Kind
+from coschedule.k8s.timefmt import parse_time
 from coschedule.kube.client import ApiError, KubeClient
 from coschedule.reconcile.executor import Executor, NotLeader
 from coschedule.reconcile.model import Action, Plan, WriteControlStatus
@@ -92,6 +94,12 @@ async def test_a_groups_plan_is_carried_out_write_then_event_in_its_order(
     assert "status" not in spec(api, "pipelineruns", "new")
     new = api.get("pipelineruns", "ci", "new") or {}
     assert "coschedule.dev/pending-by" not in (new["metadata"].get("annotations") or {})
+    # Stamped with the wall clock's start (its pods compare it with theirs), not the plan's.
+    stamp = parse_time(new["metadata"]["annotations"]["coschedule.dev/run-admitted-at"])
+    assert stamp is not None
+    assert abs(stamp - time.time()) < 60
+    old = api.get("pipelineruns", "ci", "old") or {}
+    assert "coschedule.dev/run-admitted-at" not in (old["metadata"].get("annotations") or {})
     cancelled = {"strategy": "GracefullyStop"}
     assert sample(metrics, "coschedule_concurrency_cancellations_total", **cancelled) == 1
     assert sample(metrics, "coschedule_concurrency_starts_total") == 1

@@ -10,8 +10,15 @@ from typing import Any
 import pytest
 
 from coschedule.config.settings import Settings
-from coschedule.k8s.timefmt import parse_time
-from coschedule.marks import LABEL_ENABLED, LABEL_MODE, Mode, Placement, run_placeholder
+from coschedule.k8s.timefmt import micro_time, parse_time
+from coschedule.marks import (
+    ANNOTATION_RUN_ADMITTED,
+    LABEL_ENABLED,
+    LABEL_MODE,
+    Mode,
+    Placement,
+    run_placeholder,
+)
 from coschedule.reconcile.model import (
     CreateStatefulSet,
     DeleteStatefulSet,
@@ -28,6 +35,7 @@ from coschedule.reconcile.run_seed import (
     orphan_done,
     orphan_run,
     placeholder_key,
+    run_begun,
     same_for_seed,
     seed,
     seed_pod,
@@ -287,6 +295,40 @@ def test_held_done_disabled_or_unknowable_runs_are_not_seeded(
     run: dict[str, Any], labels: dict[str, str] | None, settings: Settings, now: float
 ) -> None:
     assert seed(slim_run(run), labels, settings, now) is None
+
+
+def stamped(run: dict[str, Any], at: float) -> dict[str, Any]:
+    run["metadata"].setdefault("annotations", {})[ANNOTATION_RUN_ADMITTED] = micro_time(at)
+    return run
+
+
+def test_a_run_started_after_being_held_is_seeded_for_the_idle_grace_from_its_start() -> None:
+    """A run held by concurrency control and started by the reconciler (stamped then) gets
+    its placeholder from the start, however long it waited; a stamp older than the run
+    (copied with it) or later than now (not to be trusted) leaves the grace to its creation."""
+    started = T0 + 3600.0
+    run = stamped(pipeline_run(), started)
+    assert run_begun(slim_run(run), started + 1.0) == started
+    found = seed(slim_run(run), ENABLED, SETTINGS, started + 1.0)
+    assert found is not None
+    assert found.expires == started + SETTINGS.idle_grace_seconds
+    assert seed(slim_run(run), ENABLED, SETTINGS, started + 300.0) is None
+    assert seed(slim_run(pipeline_run()), ENABLED, SETTINGS, started + 1.0) is None
+    copied = slim_run(stamped(pipeline_run(), T0 - 86400.0))
+    assert run_begun(copied, NOW) == T0
+    future = slim_run(stamped(pipeline_run(), NOW + 3600.0))
+    assert run_begun(future, NOW) == T0
+    assert seed(future, ENABLED, SETTINGS, T0 + 300.0) is None
+    # The stamp is something a seed reads: writing it looks at the run again.
+    assert not same_for_seed(slim_run(pipeline_run()), slim_run(run))
+
+
+def test_a_started_run_with_no_pod_within_the_grace_of_its_start_gives_it_back() -> None:
+    started = T0 + 3600.0
+    keeps = plan(_podless(started + 100.0, run_created=started), SETTINGS, started + 100.0)
+    assert not only(keeps, DeleteStatefulSet)
+    gives = plan(_podless(started + 300.0, run_created=started), SETTINGS, started + 300.0)
+    assert only(gives, DeleteStatefulSet)
 
 
 def test_only_started_unfinished_runs_are_candidates_for_the_index() -> None:
