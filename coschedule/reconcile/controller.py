@@ -392,13 +392,13 @@ class Controller:
         if len(runs) != 1:  # none, or two runs one placeholder (a shared group label)
             return None, None
         run = runs[0]
-        created = run_seed.run_begun(run, now)
+        begun = run_seed.run_begun(run, now)
         if pods:
-            return None, created
+            return None, begun
         namespace = str((run.get("metadata") or {}).get("namespace") or "")
         info = self.namespaces.get(namespace)
         labels = info.labels if info is not None else None
-        return run_seed.seed(run, labels, self.settings(), now), created
+        return run_seed.seed(run, labels, self.settings(), now), begun
 
     def _on_statefulset(self, event: str, obj: Obj, old: Obj | None) -> None:
         # The informer's label selector keeps only ours in the store.
@@ -467,7 +467,7 @@ class Controller:
         renewed = await self.node_leases.renewed(
             name for name, node in nodes.items() if kubelet_silent(node)
         )
-        seed, run_created = self._seed(key, pods, now)
+        seed, run_begun = self._seed(key, pods, now)
         live = seed is not None or any(p.live for p in pods)
         if not pods and sts is None and not ppods and seed is None:
             self._forget(key)
@@ -504,7 +504,7 @@ class Controller:
             node_renewed=renewed,
             seed=seed.pod if seed is not None else None,
             seed_until=seed.expires if seed is not None else 0.0,
-            run_created=run_created,
+            run_begun=run_begun,
         )
         result = planning.plan(observed, settings, now, owner_recheck=self.owner_recheck)
         facts = StuckFacts(

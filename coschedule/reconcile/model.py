@@ -172,7 +172,7 @@ class Observed:
     # When the run began (its creation, or coschedule's start of it: ``run_seed.run_begun``),
     # while the run is cached and not done: a run that made no pod within the idle grace of
     # it gives back the placeholder made from its seed.
-    run_created: float | None = None
+    run_begun: float | None = None
 
     @property
     def key(self) -> str:

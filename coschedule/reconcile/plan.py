@@ -421,11 +421,11 @@ def _run_done(
     owner = observed.owner
     root = owner.root if owner is not None else None
     run = per_run(observed.pods, sts)
-    if run and not observed.pods and observed.run_created is not None and not sts.templates:
+    if run and not observed.pods and observed.run_begun is not None and not sts.templates:
         # Made from the run's seed and no pod came: the idle grace from the run's beginning,
         # even while it runs (its first pod, if ever, gets a placeholder as any first pod).
         grace = float(settings.idle_grace_seconds)
-        if now - observed.run_created >= grace:
+        if now - observed.run_begun >= grace:
             return True, f"the run made no pod within the idle grace ({int(grace)} s)", 0.0
     if run and owner is not None and root is not None:
         if owner.status is OwnerStatus.DONE:

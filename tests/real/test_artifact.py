@@ -778,8 +778,22 @@ def test_helm_chart_installs_and_runs(art: ArtifactStack, upgrade: Upgrade) -> N
     seconds = time.monotonic() - started
     _note(f"Helm chart: kubectl apply to both Deployments Ready {seconds:.0f} s")
     assert "would violate PodSecurity" not in applied, applied
-    jobs = api.request("GET", f"/apis/batch/v1/namespaces/{NAMESPACE}/jobs") or {}
-    assert [j["status"].get("succeeded") for j in jobs["items"]] == [1], jobs
+
+    # The webhook's pods start once the Job has written the Secret; the Job's own status may
+    # say it succeeded a moment after they are Ready (its pod's exit, then the Job
+    # controller's write).
+    def certs_jobs() -> list[Obj]:
+        found = api.request("GET", f"/apis/batch/v1/namespaces/{NAMESPACE}/jobs") or {}
+        return list(found.get("items") or [])
+
+    wait_for(
+        "the certs Job succeeded",
+        lambda: any(j["status"].get("succeeded") for j in certs_jobs()),
+        timeout=60,
+        interval=0.5,
+    )
+    jobs = certs_jobs()
+    assert [j["status"].get("succeeded") for j in jobs] == [1], jobs
     for name in DEPLOYMENTS:
         labels = api.must_get("Deployment", name, NAMESPACE)["metadata"]["labels"]
         assert labels.get("app.kubernetes.io/managed-by") == "Helm", labels

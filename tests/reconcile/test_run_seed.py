@@ -325,9 +325,9 @@ def test_a_run_started_after_being_held_is_seeded_for_the_idle_grace_from_its_st
 
 def test_a_started_run_with_no_pod_within_the_grace_of_its_start_gives_it_back() -> None:
     started = T0 + 3600.0
-    keeps = plan(_podless(started + 100.0, run_created=started), SETTINGS, started + 100.0)
+    keeps = plan(_podless(started + 100.0, run_begun=started), SETTINGS, started + 100.0)
     assert not only(keeps, DeleteStatefulSet)
-    gives = plan(_podless(started + 300.0, run_created=started), SETTINGS, started + 300.0)
+    gives = plan(_podless(started + 300.0, run_begun=started), SETTINGS, started + 300.0)
     assert only(gives, DeleteStatefulSet)
 
 
@@ -439,7 +439,7 @@ def seeded(run: dict[str, Any], **over: Any) -> Observed:
         owner=OwnerState(found.root, OwnerStatus.RUNNING, NOW),
         seed=found.pod,
         seed_until=found.expires,
-        run_created=T0,
+        run_begun=T0,
     )
     return replace(base, **over)
 
@@ -501,7 +501,7 @@ def test_within_the_idle_grace_a_podless_running_run_keeps_it() -> None:
 
 def test_a_deleted_run_gives_its_placeholder_back_at_once() -> None:
     gone = OwnerState(seeded(pipeline_run()).owner.root, OwnerStatus.DONE, NOW, "deleted")  # type: ignore[union-attr]
-    result = plan(_podless(NOW, owner=gone, run_created=None), SETTINGS, NOW)
+    result = plan(_podless(NOW, owner=gone, run_begun=None), SETTINGS, NOW)
     assert only(result, DeleteStatefulSet)
 
 
