@@ -150,6 +150,11 @@ def tekton_placement(template: Obj) -> dict[str, Any]:
     return kept
 
 
+# The key under which a cached, slim PipelineRun (the reconciler keeps no ``taskRunSpecs``)
+# records ``tekton_per_task_placement``'s answer in its spec.
+SLIM_PER_TASK_PLACEMENT = "perTaskPlacement"
+
+
 def tekton_per_task_placement(spec: Obj) -> bool:
     """Whether a PipelineRun's ``taskRunSpecs`` entry has a podTemplate that limits where
     its pods go: then its first pod's constraints depend on which task comes first. Fields

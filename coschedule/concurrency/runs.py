@@ -14,7 +14,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from coschedule.concurrency.template import priority_value
-from coschedule.engines import RUN_ENGINES, Kind, run_control, tekton_per_task_placement
+from coschedule.engines import (
+    RUN_ENGINES,
+    SLIM_PER_TASK_PLACEMENT,
+    Kind,
+    run_control,
+    tekton_per_task_placement,
+)
 from coschedule.k8s.timefmt import micro_time, parse_time
 from coschedule.marks import (
     ANNOTATION_PENDING_BY,
@@ -152,11 +158,6 @@ def _str_map(value: Any) -> dict[str, str]:
     if not isinstance(value, Mapping):
         return {}
     return {str(k): str(v) for k, v in value.items() if isinstance(v, str)}
-
-
-# What a slim run (the reconciler's cache keeps no ``taskRunSpecs``) says in its spec for
-# ``tekton_per_task_placement``.
-SLIM_PER_TASK_PLACEMENT = "perTaskPlacement"
 
 
 def seedable(kind: Kind, obj: Mapping[str, Any]) -> bool:

@@ -23,8 +23,14 @@ from typing import Any
 from coschedule.concurrency.admission import policy_held
 from coschedule.concurrency.control import Control
 from coschedule.concurrency.plan import Group, GroupKey, group_keys
-from coschedule.concurrency.runs import SLIM_PER_TASK_PLACEMENT, State, parse_run, run_labels
-from coschedule.engines import RUN_ENGINES, RUN_SPEC_FIELDS, Kind, tekton_per_task_placement
+from coschedule.concurrency.runs import State, parse_run, run_labels
+from coschedule.engines import (
+    RUN_ENGINES,
+    RUN_SPEC_FIELDS,
+    SLIM_PER_TASK_PLACEMENT,
+    Kind,
+    tekton_per_task_placement,
+)
 from coschedule.kube.client import KubeClient, object_path
 from coschedule.kube.controls_cache import ControlCache
 from coschedule.kube.discovery import RETRY_SECONDS, wait_served

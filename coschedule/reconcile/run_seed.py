@@ -33,7 +33,11 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from coschedule.config.settings import Settings
-from coschedule.engines import tekton_per_task_placement, tekton_placement
+from coschedule.engines import (
+    SLIM_PER_TASK_PLACEMENT,
+    tekton_per_task_placement,
+    tekton_placement,
+)
 from coschedule.k8s.timefmt import parse_time
 from coschedule.marks import (
     ANNOTATION_MODE,
@@ -110,7 +114,7 @@ def slim_run(obj: Obj) -> Obj:
         slim_meta["deletionTimestamp"] = meta["deletionTimestamp"]
     slim_spec: Obj = {"status": spec.get("status") or "", "podTemplate": tekton_placement(template)}
     if per_task:
-        slim_spec["perTaskPlacement"] = True
+        slim_spec[SLIM_PER_TASK_PLACEMENT] = True
     if claims:
         slim_spec["claims"] = claims
     return {"metadata": slim_meta, "spec": slim_spec, "status": {"done": done}}
@@ -134,7 +138,7 @@ def candidate(run: Mapping[str, Any]) -> bool:
     return not (
         meta.get("deletionTimestamp")
         or spec.get("status")
-        or spec.get("perTaskPlacement")
+        or spec.get(SLIM_PER_TASK_PLACEMENT)
         or _dict(run.get("status")).get("done")
     )
 
