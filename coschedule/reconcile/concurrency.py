@@ -323,7 +323,9 @@ class ConcurrencyController:
             stored = await self.client.get(
                 object_path(engine.api_version, engine.plural, namespace, name)
             )
-            result = plan_admit(kind, namespace, stored, self.controls.controls(namespace))
+            result = plan_admit(
+                kind, namespace, stored, self.controls.controls(namespace), self.clock()
+            )
         else:
             group = GroupKey.parse(key)
             result = plan_group(group, self.observe(group), self.clock())

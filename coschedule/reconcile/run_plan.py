@@ -13,11 +13,13 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from coschedule.concurrency.admission import admit_run, policy_held
+from coschedule.concurrency.admission import Outcome, admit_run, policy_held
 from coschedule.concurrency.control import Control
 from coschedule.concurrency.plan import Group, GroupKey, control_status, next_deadline, plan
 from coschedule.concurrency.runs import parse_run
 from coschedule.engines import Kind
+from coschedule.k8s.timefmt import micro_time
+from coschedule.marks import ANNOTATION_PENDING_BY, ANNOTATION_RUN_ADMITTED, PENDING_BY_CONCURRENCY
 from coschedule.reconcile.model import AdmitHeldRun, Plan, Requeue, WriteControlStatus
 from coschedule.wire import jsonpatch
 
@@ -65,25 +67,40 @@ def plan_admit(
     namespace: str,
     stored: Mapping[str, Any] | None,
     controls: Iterable[Control],
+    now: float | None = None,
 ) -> Plan:
     """What the run webhook would have done to a run the admission policy held while no
     webhook answered: its own decision on the run as stored (``stored``, the whole run: its
     params make the key) with the controls of its namespace, in one patch conditional on
     what the decision read (``read_tests``). Labelled, the run joins its groups (and is
-    started when they let it); selected by no control, it is started as its author
-    submitted it. Nothing for a run
-    that is gone or decided already."""
+    started when they let it: ``start_patch`` stamps it then); selected by no control, it is
+    started as its author submitted it, and a seedable run is stamped with ``now`` as a
+    start by the reconciler is, so that its placeholder is seeded from now and its first pod
+    waits for it. Nothing for a run that is gone or decided already."""
     if stored is None or not policy_held(stored):
         return Plan()
     decision = admit_run(kind, stored, namespace, controls)
+    run = parse_run(kind, stored)
     ops = (*read_tests(stored), *decision.ops)
+    if (
+        now is not None
+        and run.seedable
+        and decision.outcome is Outcome.RELEASED
+        # started by this patch: the policy's pending state goes (an author's stays)
+        and run.annotations.get(ANNOTATION_PENDING_BY) == PENDING_BY_CONCURRENCY
+    ):
+        # A policy-held run has annotations (the policy's marks), so the map is there.
+        ops += (jsonpatch.add(_ADMITTED_PATH, micro_time(now)),)
     names = ", ".join(m.control.name for m in decision.matches) or "none"
     message = (
         f"created while the coschedule webhook was unreachable and held by the admission "
         f"policy; decided by the reconciler: {decision.outcome.value} "
         f"(ConcurrencyControls: {names})"
     )
-    return Plan((AdmitHeldRun(parse_run(kind, stored), ops, message),))
+    return Plan((AdmitHeldRun(run, ops, message),))
+
+
+_ADMITTED_PATH = jsonpatch.pointer("metadata", "annotations", ANNOTATION_RUN_ADMITTED)
 
 
 def read_tests(stored: Mapping[str, Any]) -> list[jsonpatch.Op]:

@@ -170,6 +170,32 @@ async def test_a_started_pipeline_run_is_stamped_unless_its_tasks_place_their_po
     assert ADMITTED not in annotations("placed")
 
 
+async def test_a_run_the_policy_held_and_the_admit_started_is_stamped(
+    api: MiniApi, manager: Manager
+) -> None:
+    """A PipelineRun held by the admission policy during a webhook outage, which no control
+    selects, is started by the reconciler's admit with the stamp its first pod reads, as one
+    the reconciler starts from a queue is."""
+    api.put(
+        "concurrencycontrols",
+        control("deploys", {"selector": {"matchLabels": {"team": "x"}}, "strategy": "Queue"}),
+    )
+    held = pending_pr("held", 1)
+    held["metadata"]["annotations"]["coschedule.dev/held-by"] = "admission-policy"
+    del held["metadata"]["labels"]["concurrency.coschedule.dev/ci"]
+    api.put("pipelineruns", held)
+    before = time.time()
+    manager.start_leading()
+    await eventually(lambda: "status" not in pr_spec(api, "held"))
+    after = time.time()
+    stored = api.get("pipelineruns", "ci", "held") or {}
+    annotations = stored["metadata"].get("annotations") or {}
+    assert "coschedule.dev/held-by" not in annotations
+    stamp = parse_time(annotations.get(ADMITTED))
+    assert stamp is not None
+    assert before - 0.001 <= stamp <= after + 0.001
+
+
 async def test_runs_are_watched_through_the_grouped_label_only(
     api: MiniApi, controller: ConcurrencyController
 ) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import jsonpatch as rfc6902
 import pytest
 
 from coschedule.concurrency.control import Control, parse_control
@@ -295,3 +296,58 @@ def test_a_held_run_lacking_a_tested_part_is_held_to_its_version_too(
 )
 def test_a_run_not_held_by_the_policy_is_left_alone(stored: Obj | None) -> None:
     assert plan_admit(Kind.PIPELINE_RUN, "ci", stored, [CI]) == Plan()
+
+
+STAMP_PATH = "/metadata/annotations/coschedule.dev~1run-admitted-at"
+NOW = 1_795_000_000.25  # 2026-11-18T11:06:40.250000Z
+
+
+def stamps(result: Plan) -> list[Any]:
+    (action,) = result.actions
+    assert isinstance(action, AdmitHeldRun)
+    return [op["value"] for op in action.ops if op["path"] == STAMP_PATH]
+
+
+def test_a_held_pipeline_run_started_by_the_admit_is_stamped_with_the_time() -> None:
+    """Started by the reconciler's patch (no control selects it), a seedable PipelineRun is
+    stamped as a run the reconciler starts is: its seed counts from now, and its first pod
+    waits for that placeholder."""
+    stored = policy_held(Kind.PIPELINE_RUN, "r1")
+    result = plan_admit(Kind.PIPELINE_RUN, "ci", stored, [DEPLOYS], NOW)
+    assert stamps(result) == ["2026-11-18T11:06:40.250000Z"]
+    (action,) = result.actions
+    assert isinstance(action, AdmitHeldRun)
+    # The patch applies to the run as stored and leaves it started and stamped.
+    after = rfc6902.apply_patch(stored, [dict(op) for op in action.ops])
+    assert "status" not in after["spec"]
+    assert after["metadata"]["annotations"] == {
+        "coschedule.dev/run-admitted-at": "2026-11-18T11:06:40.250000Z"
+    }
+
+
+def test_a_held_run_not_started_by_the_admit_or_not_seedable_is_not_stamped() -> None:
+    # Without the time (as before): no stamp.
+    assert (
+        stamps(plan_admit(Kind.PIPELINE_RUN, "ci", policy_held(Kind.PIPELINE_RUN, "r1"), [DEPLOYS]))
+        == []
+    )
+    # Grouped and left pending: the reconciler's start stamps it (start_patch), not the admit.
+    assert (
+        stamps(plan_admit(Kind.PIPELINE_RUN, "ci", policy_held(Kind.PIPELINE_RUN, "r1"), [CI], NOW))
+        == []
+    )
+    # Another engine's run: no placeholder is seeded for it.
+    assert (
+        stamps(plan_admit(Kind.WORKFLOW, "ci", policy_held(Kind.WORKFLOW, "r1"), [DEPLOYS], NOW))
+        == []
+    )
+    # Its author's pending state, not the policy's: it stays pending, so it is not started.
+    authored = policy_held(Kind.PIPELINE_RUN, "r1")
+    del authored["metadata"]["annotations"]["coschedule.dev/pending-by"]
+    assert stamps(plan_admit(Kind.PIPELINE_RUN, "ci", authored, [DEPLOYS], NOW)) == []
+    # A per-task podTemplate that places its pods: the seed waits for the first pod.
+    placed = policy_held(Kind.PIPELINE_RUN, "r1")
+    placed["spec"]["taskRunSpecs"] = [
+        {"pipelineTaskName": "build", "podTemplate": {"nodeSelector": {"pool": "big"}}}
+    ]
+    assert stamps(plan_admit(Kind.PIPELINE_RUN, "ci", placed, [DEPLOYS], NOW)) == []
