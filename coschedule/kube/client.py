@@ -16,6 +16,7 @@ import os
 import ssl
 import tempfile
 import time
+import urllib.request
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +28,7 @@ import orjson
 import yaml
 
 from coschedule.k8s.timefmt import parse_time
+from coschedule.kube.http1 import LeanTransport
 from coschedule.kube.reachability import ApiReachability, is_unreachable
 
 JSON_PATCH = "application/json-patch+json"  # the content type of a JSON patch (RFC 6902)
@@ -348,6 +350,16 @@ class _ExecAuth(httpx.Auth):
             yield request
 
 
+def _proxied(server: str) -> bool:
+    """Whether httpx would send to ``server`` through a proxy the environment names
+    (``HTTPS_PROXY`` and the like, unless ``NO_PROXY`` names the server)."""
+    url = httpx.URL(server)
+    proxies = urllib.request.getproxies()
+    return bool(proxies.get(url.scheme) or proxies.get("all")) and not (
+        urllib.request.proxy_bypass(url.host)
+    )
+
+
 def _ssl_context(creds: Credentials) -> ssl.SSLContext | bool:
     if creds.insecure:
         return False
@@ -418,16 +430,27 @@ class KubeClient:
         self.creds = creds
         # Shared by a process's clients of one API server: one "waiting for" line, not one each.
         self.reachability = reachability or ApiReachability(creds.server)
-        self._http = httpx.AsyncClient(
-            base_url=creds.server,
-            verify=_ssl_context(creds),
-            auth=_ExecAuth(creds.exec_plugin) if creds.exec_plugin else _BearerAuth(creds),
-            timeout=httpx.Timeout(timeout, connect=5.0),
-            headers={"User-Agent": user_agent, "Accept": "application/json"},
+        verify = _ssl_context(creds)
+        auth = _ExecAuth(creds.exec_plugin) if creds.exec_plugin else _BearerAuth(creds)
+        options: dict[str, Any] = {
+            "base_url": creds.server,
+            "auth": auth,
+            "timeout": httpx.Timeout(timeout, connect=5.0),
+            "headers": {"User-Agent": user_agent, "Accept": "application/json"},
+        }
+        # Watches stream: httpx's own transport. Every other request: ours (``http1``),
+        # unless a proxy from the environment is to be used, which only httpx's honours.
+        self._watch_http = httpx.AsyncClient(verify=verify, **options)
+        self._http = (
+            self._watch_http
+            if _proxied(creds.server)
+            else httpx.AsyncClient(transport=LeanTransport(creds.server, verify), **options)
         )
 
     async def aclose(self) -> None:
         await self._http.aclose()
+        if self._watch_http is not self._http:
+            await self._watch_http.aclose()
 
     async def _request(
         self,
@@ -539,7 +562,7 @@ class KubeClient:
     ) -> AsyncIterator[httpx.Response]:
         headers = {"Accept": accept} if accept is not None else None
         try:
-            async with self._http.stream(
+            async with self._watch_http.stream(
                 "GET", path, params=query, timeout=limits, headers=headers
             ) as response:
                 self.reachability.answered()

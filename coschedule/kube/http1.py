@@ -1,0 +1,251 @@
+"""HTTP/1.1 requests with whole bodies over kept-alive connections: httpx's transport for
+the client's every request but its watches.
+
+httpx's own transport (httpcore) costs the reconciler more Python per request than the
+request itself: it reads TLS through anyio's memory-BIO stream and h11, looks at every
+pooled connection's socket for each request (so a larger pool costs more per request),
+and keeps only 20 connections alive, so a burst of 32 release patches opened a new TLS
+connection for nearly every one (docs/benchmarks.md). Here a connection is an asyncio
+protocol reading with httptools (C), the pool is a stack of idle connections whose
+closing the event loop reports, and as many are kept as are in use at once (bounded).
+Watches stay on httpx: they stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+import time
+from typing import cast
+
+import httptools
+import httpx
+
+# A connection idle this long is closed, not reused: kube-apiserver closes an idle one at
+# 90 s (Go's IdleTimeout), and one it closed just as a request was sent fails that request.
+IDLE_SECONDS = 30.0
+# Idle connections kept at most; more in use at once are closed when they are done.
+MAX_IDLE = 64
+# Requests on their way at once; more wait for one to end (httpx's own limit).
+MAX_CONNECTIONS = 100
+
+
+class _Closed(Exception):
+    """The server closed the connection before the whole response came."""
+
+    def __init__(self, answered: bool) -> None:
+        super().__init__("the server closed the connection" + (" mid-response" * answered))
+        self.answered = answered
+
+
+class _Connection(asyncio.Protocol):
+    """One HTTP/1.1 connection; one exchange at a time."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.closed = False
+        self.idle_since = 0.0
+        self._waiter: asyncio.Future[None] | None = None
+        self._parser: httptools.HttpResponseParser | None = None
+        self._headers: list[tuple[bytes, bytes]] = []
+        self._body: list[bytes] = []
+        self._answered = False
+        self._complete = False
+        self._keep_alive = False
+
+    # ---- asyncio.Protocol
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports are not asyncio.Transport subclasses: a cast, not a check
+        self.transport = cast(asyncio.Transport, transport)
+
+    def data_received(self, data: bytes) -> None:
+        self._answered = True
+        if self._parser is None:  # nothing asked: a server speaking out of turn
+            self.close()
+            return
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            self._fail(httpx.RemoteProtocolError(f"malformed response: {exc}"))
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self._fail(_Closed(self._answered))
+
+    # ---- httptools callbacks
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._headers.append((name, value))
+
+    def on_body(self, body: bytes) -> None:
+        self._body.append(body)
+
+    def on_message_complete(self) -> None:
+        self._complete = True
+        # asked here: once the message is done the parser is reset and says False
+        assert self._parser is not None
+        self._keep_alive = self._parser.should_keep_alive()
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    # ----
+    def _fail(self, exc: Exception) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_exception(exc)
+
+    def close(self) -> None:
+        self.closed = True
+        if self.transport is not None:
+            self.transport.close()
+
+    async def exchange(
+        self, request: bytes, seconds: float | None
+    ) -> tuple[int, list[tuple[bytes, bytes]], bytes, bool]:
+        """Send one request, read its whole response: (status, headers, body, keep alive)."""
+        assert self.transport is not None
+        parser = httptools.HttpResponseParser(self)
+        self._parser, self._headers, self._body = parser, [], []
+        self._answered = self._complete = self._keep_alive = False
+        self._waiter = asyncio.get_running_loop().create_future()
+        try:
+            self.transport.write(request)
+            async with asyncio.timeout(seconds):
+                await self._waiter
+        finally:
+            self._waiter = None
+            self._parser = None
+        return (
+            parser.get_status_code(),
+            self._headers,
+            b"".join(self._body),
+            self._keep_alive,
+        )
+
+
+def _timeouts(request: httpx.Request) -> tuple[float | None, float | None]:
+    found = request.extensions.get("timeout") or {}
+    return found.get("connect"), found.get("read")
+
+
+def _head(request: httpx.Request) -> bytes:
+    url = request.url
+    lines = [request.method.encode("ascii"), b" ", url.raw_path, b" HTTP/1.1\r\n"]
+    for name, value in request.headers.raw:
+        lines += (name, b": ", value, b"\r\n")
+    lines.append(b"\r\n")
+    return b"".join(lines)
+
+
+class LeanTransport(httpx.AsyncBaseTransport):
+    """httpx's transport for one API server's requests (not streams): HTTP/1.1 over
+    kept-alive connections. A connection the server closed while idle is never picked
+    (the event loop reports the close); one it closes as a request goes out fails that
+    request, which is sent again once on a new connection only when nothing was answered
+    and the method is safe to repeat (GET), as Go's client does."""
+
+    def __init__(
+        self,
+        server: str,
+        verify: ssl.SSLContext | bool,
+        *,
+        max_idle: int = MAX_IDLE,
+        idle_seconds: float = IDLE_SECONDS,
+        max_connections: int = MAX_CONNECTIONS,
+    ) -> None:
+        url = httpx.URL(server)
+        self._host = url.host
+        self._tls = url.scheme == "https"
+        self._port = url.port or (443 if self._tls else 80)
+        self._ssl: ssl.SSLContext | None = None
+        if self._tls:
+            if isinstance(verify, ssl.SSLContext):
+                self._ssl = verify
+            else:
+                self._ssl = ssl.create_default_context()
+                if not verify:
+                    self._ssl.check_hostname = False
+                    self._ssl.verify_mode = ssl.CERT_NONE
+        self._idle: list[_Connection] = []
+        self._max_idle = max_idle
+        self._idle_seconds = idle_seconds
+        self._open: set[_Connection] = set()
+        self._slots = asyncio.Semaphore(max_connections)
+
+    def _pick(self) -> _Connection | None:
+        now = time.monotonic()
+        while self._idle:
+            conn = self._idle.pop()
+            if not conn.closed and now - conn.idle_since < self._idle_seconds:
+                return conn
+            conn.close()
+            self._open.discard(conn)
+        return None
+
+    async def _connect(self, seconds: float | None) -> _Connection:
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(seconds):
+                _, conn = await loop.create_connection(
+                    _Connection,
+                    self._host,
+                    self._port,
+                    ssl=self._ssl,
+                    server_hostname=self._host if self._ssl is not None else None,
+                )
+        except TimeoutError as exc:
+            raise httpx.ConnectTimeout(f"connecting to {self._host}:{self._port}") from exc
+        except OSError as exc:  # ssl.SSLError included
+            raise httpx.ConnectError(str(exc) or type(exc).__name__) from exc
+        self._open.add(conn)
+        return conn
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        data = _head(request) + await request.aread()
+        async with self._slots:
+            return await self._send(request, data)
+
+    async def _send(self, request: httpx.Request, data: bytes) -> httpx.Response:
+        connect_timeout, read_timeout = _timeouts(request)
+        repeatable = request.method == "GET"
+        for attempt in range(2):
+            conn = self._pick()
+            reused = conn is not None
+            if conn is None:
+                conn = await self._connect(connect_timeout)
+            try:
+                status, headers, body, keep = await conn.exchange(data, read_timeout)
+            except _Closed as exc:
+                self._drop(conn)
+                if reused and not exc.answered and repeatable and attempt == 0:
+                    continue
+                raise httpx.RemoteProtocolError(str(exc)) from exc
+            except TimeoutError as exc:
+                self._drop(conn)
+                raise httpx.ReadTimeout("no response in time") from exc
+            except httpx.TransportError:
+                self._drop(conn)
+                raise
+            except BaseException:  # cancelled mid-exchange: the connection is mid-response
+                self._drop(conn)
+                raise
+            if keep and not conn.closed and len(self._idle) < self._max_idle:
+                conn.idle_since = time.monotonic()
+                self._idle.append(conn)
+            else:
+                self._drop(conn)
+            return httpx.Response(
+                status,
+                headers=headers,
+                content=body,
+                extensions={"http_version": b"HTTP/1.1"},
+            )
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _drop(self, conn: _Connection) -> None:
+        conn.close()
+        self._open.discard(conn)
+
+    async def aclose(self) -> None:
+        for conn in self._open:
+            conn.close()
+        self._open.clear()
+        self._idle.clear()

@@ -1,0 +1,321 @@
+"""The client's own HTTP/1.1 transport (``coschedule.kube.http1``) against a real TLS server
+made here: what it answers is scripted per request, and the server counts connections."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import ssl
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httptools
+import httpx
+import pytest
+
+from coschedule import certs
+from coschedule.kube import client as client_module
+from coschedule.kube.client import Credentials, KubeClient
+from coschedule.kube.http1 import LeanTransport
+from coschedule.kube.reachability import is_unreachable
+
+# What the server does with one request: bytes to write (b"": nothing), and whether to
+# close the connection after (or instead).
+Answer = Callable[[str, str, int], tuple[bytes, bool]]
+
+
+def ok(body: bytes = b'{"kind":"Status"}', *, extra: bytes = b"") -> bytes:
+    return (
+        b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+        + extra
+        + b"Content-Length: "
+        + str(len(body)).encode()
+        + b"\r\n\r\n"
+        + body
+    )
+
+
+@dataclass
+class Server:
+    answer: Answer
+    port: int = 0
+    connections: int = 0
+    requests: list[tuple[str, str, bytes]] = field(default_factory=list)
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        number = self.connections
+        try:
+            while True:
+                request = await _read_request(reader)
+                if request is None:
+                    return
+                self.requests.append(request)
+                data, close = self.answer(request[0], request[1], number)
+                if data:
+                    writer.write(data)
+                    await writer.drain()
+                if close:
+                    return
+        except (ConnectionError, ssl.SSLError):
+            return
+        finally:
+            writer.close()
+
+
+async def _read_request(reader: asyncio.StreamReader) -> tuple[str, str, bytes] | None:
+    done: dict[str, object] = {}
+
+    class Sink:
+        def __init__(self) -> None:
+            self.body = b""
+
+        def on_url(self, url: bytes) -> None:
+            done["url"] = url.decode()
+
+        def on_body(self, body: bytes) -> None:
+            self.body += body
+
+        def on_message_complete(self) -> None:
+            done["complete"] = True
+
+    sink = Sink()
+    parser = httptools.HttpRequestParser(sink)
+    while "complete" not in done:
+        chunk = await reader.read(65536)
+        if not chunk:
+            return None
+        parser.feed_data(chunk)
+    return parser.get_method().decode(), str(done["url"]), sink.body
+
+
+@pytest.fixture
+def bundle() -> certs.CertBundle:
+    return certs.generate(["localhost", "127.0.0.1"], days=1)
+
+
+def _client_context(bundle: certs.CertBundle) -> ssl.SSLContext:
+    return ssl.create_default_context(cadata=bundle.ca_pem.decode())
+
+
+Serve = Callable[[Answer], Awaitable[Server]]
+
+
+@pytest.fixture
+def server_context(bundle: certs.CertBundle, tmp_path: Path) -> ssl.SSLContext:
+    cert, key = tmp_path / "tls.crt", tmp_path / "tls.key"
+    cert.write_bytes(bundle.cert_pem)
+    key.write_bytes(bundle.key_pem)
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(cert, key)
+    return context
+
+
+@pytest.fixture
+async def serve(server_context: ssl.SSLContext) -> AsyncIterator[Serve]:
+    """Start TLS servers (the bundle's certificate) that answer as told."""
+    servers: list[asyncio.Server] = []
+
+    async def start(answer: Answer) -> Server:
+        made = Server(answer)
+        server = await asyncio.start_server(made.handle, "127.0.0.1", 0, ssl=server_context)
+        servers.append(server)
+        made.port = server.sockets[0].getsockname()[1]
+        return made
+
+    yield start
+    for server in servers:
+        server.close()
+
+
+def transport(server: Server, bundle: certs.CertBundle, **options: float) -> httpx.AsyncClient:
+    url = f"https://127.0.0.1:{server.port}"
+    lean = LeanTransport(url, _client_context(bundle), **options)  # type: ignore[arg-type]
+    return httpx.AsyncClient(base_url=url, transport=lean, timeout=httpx.Timeout(2.0))
+
+
+async def test_a_burst_of_requests_keeps_its_connections_for_the_next_burst(
+    serve: Serve, bundle: certs.CertBundle
+) -> None:
+    """40 at once open at most 40 connections, and 40 more reuse them: httpx's own transport
+    kept 20 alive, so each burst of the reconciler's 32 releases connected again."""
+    server = await serve(lambda method, url, conn: (ok(), False))
+    async with transport(server, bundle) as http:
+        first = await asyncio.gather(*(http.patch(f"/p/{i}", content=b"{}") for i in range(40)))
+        opened = server.connections
+        second = await asyncio.gather(*(http.patch(f"/p/{i}", content=b"{}") for i in range(40)))
+    assert [r.status_code for r in first + second] == [200] * 80
+    assert opened <= 40
+    assert server.connections == opened
+    assert len(server.requests) == 80
+    assert all(body == b"{}" for method, _, body in server.requests if method == "PATCH")
+
+
+async def test_bodies_by_length_chunked_and_gzip_are_read_whole(
+    serve: Serve, bundle: certs.CertBundle
+) -> None:
+    big = b'{"items":[' + b",".join(b'{"n":%d}' % i for i in range(20000)) + b"]}"
+    packed = gzip.compress(big)
+
+    def answer(method: str, url: str, conn: int) -> tuple[bytes, bool]:
+        if url == "/chunked":
+            chunks = [big[i : i + 7000] for i in range(0, len(big), 7000)]
+            body = b"".join(b"%x\r\n%s\r\n" % (len(c), c) for c in chunks) + b"0\r\n\r\n"
+            head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+            return head + body, False
+        if url == "/gzip":
+            return ok(packed, extra=b"Content-Encoding: gzip\r\n"), False
+        return ok(big), False
+
+    server = await serve(answer)
+    async with transport(server, bundle) as http:
+        for path in ("/length", "/chunked", "/gzip"):
+            response = await http.get(path)
+            assert response.status_code == 200
+            assert response.content == big, path
+    assert server.connections == 1
+
+
+async def test_a_connection_the_server_closed_while_idle_is_not_reused(
+    serve: Serve, bundle: certs.CertBundle
+) -> None:
+    # The server closes each connection after its answer, without saying so in a header.
+    server = await serve(lambda method, url, conn: (ok(), True))
+    async with transport(server, bundle) as http:
+        for _ in range(3):
+            assert (await http.patch("/p", content=b"{}")).status_code == 200
+            await asyncio.sleep(0.05)  # the close reaches the client
+    assert server.connections == 3
+    assert len(server.requests) == 3
+
+
+@pytest.mark.parametrize(
+    ("method", "sent_again"),
+    [
+        pytest.param("GET", True, id="a GET is sent again"),
+        pytest.param("PATCH", False, id="a PATCH is not"),
+    ],
+)
+async def test_a_kept_connection_closed_as_a_request_goes_out(
+    serve: Serve, bundle: certs.CertBundle, method: str, sent_again: bool
+) -> None:
+    """The server reads the second request on the first connection and closes it unanswered
+    (as when its idle timeout fires as the request arrives)."""
+
+    def answer(method_seen: str, url: str, conn: int) -> tuple[bytes, bool]:
+        if conn == 1 and url == "/second":
+            return b"", True
+        return ok(), False
+
+    server = await serve(answer)
+    async with transport(server, bundle) as http:
+        assert (await http.request(method, "/first", content=b"{}")).status_code == 200
+        if sent_again:
+            assert (await http.request(method, "/second")).status_code == 200
+            assert [url for _, url, _ in server.requests] == ["/first", "/second", "/second"]
+        else:
+            with pytest.raises(httpx.RemoteProtocolError):
+                await http.request(method, "/second", content=b"{}")
+            assert [url for _, url, _ in server.requests] == ["/first", "/second"]
+            # The next request gets a new connection.
+            assert (await http.request(method, "/third", content=b"{}")).status_code == 200
+            assert server.connections == 2
+
+
+async def test_no_answer_in_time_is_a_read_timeout_and_the_connection_is_dropped(
+    serve: Serve, bundle: certs.CertBundle
+) -> None:
+    server = await serve(lambda method, url, conn: (b"" if url == "/slow" else ok(), False))
+    async with transport(server, bundle) as http:
+        with pytest.raises(httpx.ReadTimeout):
+            await http.get("/slow", timeout=0.3)
+        assert (await http.get("/fast")).status_code == 200
+    assert server.connections == 2  # the one left mid-request is not reused
+
+
+async def test_a_malformed_answer_is_a_protocol_error(
+    serve: Serve, bundle: certs.CertBundle
+) -> None:
+    server = await serve(lambda method, url, conn: (b"NOT HTTP AT ALL\r\n\r\n", False))
+    async with transport(server, bundle) as http:
+        with pytest.raises(httpx.RemoteProtocolError):
+            await http.get("/")
+
+
+async def test_a_cancelled_request_leaves_no_connection_to_reuse(
+    serve: Serve, bundle: certs.CertBundle
+) -> None:
+    server = await serve(lambda method, url, conn: (b"" if url == "/slow" else ok(), False))
+    async with transport(server, bundle) as http:
+        task = asyncio.create_task(http.get("/slow"))
+        await asyncio.sleep(0.2)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert (await http.get("/fast")).status_code == 200
+    assert server.connections == 2
+
+
+async def test_connections_idle_past_their_time_are_not_reused(
+    serve: Serve, bundle: certs.CertBundle
+) -> None:
+    server = await serve(lambda method, url, conn: (ok(), False))
+    async with transport(server, bundle, idle_seconds=0.0) as http:
+        for _ in range(3):
+            assert (await http.get("/")).status_code == 200
+    assert server.connections == 3
+
+
+async def test_the_servers_certificate_is_verified_and_a_refusal_is_unreachable(
+    serve: Serve, bundle: certs.CertBundle
+) -> None:
+    server = await serve(lambda method, url, conn: (ok(), False))
+    other = certs.generate(["localhost"], days=1)  # another CA: the server is not trusted
+    url = f"https://127.0.0.1:{server.port}"
+    async with httpx.AsyncClient(
+        base_url=url, transport=LeanTransport(url, _client_context(other))
+    ) as http:
+        with pytest.raises(httpx.ConnectError, match="CERTIFICATE_VERIFY_FAILED"):
+            await http.get("/")
+    assert server.requests == []
+    closed = f"https://127.0.0.1:{_free_port()}"
+    async with httpx.AsyncClient(
+        base_url=closed, transport=LeanTransport(closed, _client_context(bundle))
+    ) as http:
+        with pytest.raises(httpx.ConnectError) as refused:
+            await http.get("/")
+    assert is_unreachable(refused.value)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+    return port
+
+
+async def test_the_client_streams_watches_through_httpx_and_a_proxy_keeps_httpx(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    creds = Credentials(server="https://10.0.0.1:6443", token="t", insecure=True)
+    client = KubeClient(creds)
+    try:
+        assert isinstance(client._http._transport, LeanTransport)
+        assert not isinstance(client._watch_http._transport, LeanTransport)
+    finally:
+        await client.aclose()
+    # Only httpx's transport goes through a proxy the environment names.
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy.example:3128")
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    monkeypatch.delenv("no_proxy", raising=False)
+    assert client_module._proxied(creds.server)
+    proxied = KubeClient(creds)
+    try:
+        assert proxied._http is proxied._watch_http
+    finally:
+        await proxied.aclose()
+    monkeypatch.setenv("NO_PROXY", "10.0.0.1")
+    assert not client_module._proxied(creds.server)
