@@ -50,7 +50,6 @@ class _Connection(asyncio.Protocol):
         self._headers: list[tuple[bytes, bytes]] = []
         self._body: list[bytes] = []
         self._answered = False
-        self._complete = False
         self._keep_alive = False
 
     # ---- asyncio.Protocol
@@ -80,7 +79,6 @@ class _Connection(asyncio.Protocol):
         self._body.append(body)
 
     def on_message_complete(self) -> None:
-        self._complete = True
         # asked here: once the message is done the parser is reset and says False
         assert self._parser is not None
         self._keep_alive = self._parser.should_keep_alive()
@@ -104,7 +102,7 @@ class _Connection(asyncio.Protocol):
         assert self.transport is not None
         parser = httptools.HttpResponseParser(self)
         self._parser, self._headers, self._body = parser, [], []
-        self._answered = self._complete = self._keep_alive = False
+        self._answered = self._keep_alive = False
         self._waiter = asyncio.get_running_loop().create_future()
         try:
             self.transport.write(request)
@@ -221,10 +219,7 @@ class LeanTransport(httpx.AsyncBaseTransport):
             except TimeoutError as exc:
                 self._drop(conn)
                 raise httpx.ReadTimeout("no response in time") from exc
-            except httpx.TransportError:
-                self._drop(conn)
-                raise
-            except BaseException:  # cancelled mid-exchange: the connection is mid-response
+            except BaseException:  # a malformed answer, or cancelled mid-response
                 self._drop(conn)
                 raise
             if keep and not conn.closed and len(self._idle) < self._max_idle:

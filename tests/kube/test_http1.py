@@ -17,8 +17,9 @@ import pytest
 from coschedule import certs
 from coschedule.kube import client as client_module
 from coschedule.kube.client import Credentials, KubeClient
-from coschedule.kube.http1 import LeanTransport
+from coschedule.kube.http1 import IDLE_SECONDS, LeanTransport
 from coschedule.kube.reachability import is_unreachable
+from tests.conftest import free_port
 
 # What the server does with one request: bytes to write (b"": nothing), and whether to
 # close the connection after (or instead).
@@ -133,10 +134,21 @@ async def serve(server_context: ssl.SSLContext) -> AsyncIterator[Serve]:
         server.close()
 
 
-def transport(server: Server, bundle: certs.CertBundle, **options: float) -> httpx.AsyncClient:
+def transport(
+    server: Server, bundle: certs.CertBundle, *, idle_seconds: float = IDLE_SECONDS
+) -> httpx.AsyncClient:
     url = f"https://127.0.0.1:{server.port}"
-    lean = LeanTransport(url, _client_context(bundle), **options)  # type: ignore[arg-type]
+    lean = LeanTransport(url, _client_context(bundle), idle_seconds=idle_seconds)
     return httpx.AsyncClient(base_url=url, transport=lean, timeout=httpx.Timeout(2.0))
+
+
+def answer_all(method: str, url: str, conn: int) -> tuple[bytes, bool]:
+    return ok(), False
+
+
+def silent_on_slow(method: str, url: str, conn: int) -> tuple[bytes, bool]:
+    """Never answers ``/slow``; answers the rest."""
+    return (b"" if url == "/slow" else ok()), False
 
 
 async def test_a_burst_of_requests_keeps_its_connections_for_the_next_burst(
@@ -145,7 +157,7 @@ async def test_a_burst_of_requests_keeps_its_connections_for_the_next_burst(
     """40 at once (the server answers none before all 40 are in) open 40 connections, and 40
     more reuse every one: httpx's own transport kept 20 alive, so each burst of the
     reconciler's 32 releases connected again (this fails on it: 60 connections)."""
-    server = await serve(lambda method, url, conn: (ok(), False))
+    server = await serve(answer_all)
     server.together = asyncio.Barrier(40)
     async with transport(server, bundle) as http:
         first = await asyncio.gather(*(http.patch(f"/p/{i}", content=b"{}") for i in range(40)))
@@ -231,7 +243,7 @@ async def test_a_kept_connection_closed_as_a_request_goes_out(
 async def test_no_answer_in_time_is_a_read_timeout_and_the_connection_is_dropped(
     serve: Serve, bundle: certs.CertBundle
 ) -> None:
-    server = await serve(lambda method, url, conn: (b"" if url == "/slow" else ok(), False))
+    server = await serve(silent_on_slow)
     async with transport(server, bundle) as http:
         with pytest.raises(httpx.ReadTimeout):
             await http.get("/slow", timeout=0.3)
@@ -251,7 +263,7 @@ async def test_a_malformed_answer_is_a_protocol_error(
 async def test_a_cancelled_request_leaves_no_connection_to_reuse(
     serve: Serve, bundle: certs.CertBundle
 ) -> None:
-    server = await serve(lambda method, url, conn: (b"" if url == "/slow" else ok(), False))
+    server = await serve(silent_on_slow)
     async with transport(server, bundle) as http:
         task = asyncio.create_task(http.get("/slow"))
         await asyncio.sleep(0.2)
@@ -265,7 +277,7 @@ async def test_a_cancelled_request_leaves_no_connection_to_reuse(
 async def test_connections_idle_past_their_time_are_not_reused(
     serve: Serve, bundle: certs.CertBundle
 ) -> None:
-    server = await serve(lambda method, url, conn: (ok(), False))
+    server = await serve(answer_all)
     async with transport(server, bundle, idle_seconds=0.0) as http:
         for _ in range(3):
             assert (await http.get("/")).status_code == 200
@@ -275,7 +287,7 @@ async def test_connections_idle_past_their_time_are_not_reused(
 async def test_the_servers_certificate_is_verified_and_a_refusal_is_unreachable(
     serve: Serve, bundle: certs.CertBundle
 ) -> None:
-    server = await serve(lambda method, url, conn: (ok(), False))
+    server = await serve(answer_all)
     other = certs.generate(["localhost"], days=1)  # another CA: the server is not trusted
     url = f"https://127.0.0.1:{server.port}"
     async with httpx.AsyncClient(
@@ -284,22 +296,13 @@ async def test_the_servers_certificate_is_verified_and_a_refusal_is_unreachable(
         with pytest.raises(httpx.ConnectError, match="CERTIFICATE_VERIFY_FAILED"):
             await http.get("/")
     assert server.requests == []
-    closed = f"https://127.0.0.1:{_free_port()}"
+    closed = f"https://127.0.0.1:{free_port()}"
     async with httpx.AsyncClient(
         base_url=closed, transport=LeanTransport(closed, _client_context(bundle))
     ) as http:
         with pytest.raises(httpx.ConnectError) as refused:
             await http.get("/")
     assert is_unreachable(refused.value)
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-    return port
 
 
 async def test_the_client_streams_watches_through_httpx_and_a_proxy_keeps_httpx(
