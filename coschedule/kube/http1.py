@@ -172,7 +172,14 @@ class LeanTransport(httpx.AsyncBaseTransport):
         now = time.monotonic()
         while self._idle:
             conn = self._idle.pop()
-            if not conn.closed and now - conn.idle_since < self._idle_seconds:
+            # is_closing: the close has begun (the server's EOF or TLS close_notify read)
+            # but the loop has not called connection_lost yet
+            if (
+                not conn.closed
+                and conn.transport is not None
+                and not conn.transport.is_closing()
+                and now - conn.idle_since < self._idle_seconds
+            ):
                 return conn
             conn.close()
             self._open.discard(conn)

@@ -240,6 +240,31 @@ async def test_a_kept_connection_closed_as_a_request_goes_out(
             assert server.connections == 2
 
 
+async def test_a_kept_connection_whose_close_has_begun_is_not_picked(
+    serve: Serve, bundle: certs.CertBundle
+) -> None:
+    """A close begun (the server's TLS close_notify read: the transport is closing) is
+    reported to the protocol only on a later pass of the loop; a PATCH picked in between
+    went out on it and failed. Here the close begins and the PATCH is sent with no pass of
+    the loop between."""
+    server = await serve(answer_all)
+    url = f"https://127.0.0.1:{server.port}"
+    lean = LeanTransport(url, _client_context(bundle))
+    try:
+        first = httpx.Request("PATCH", f"{url}/first", content=b"{}")
+        assert (await lean.handle_async_request(first)).status_code == 200
+        [kept] = lean._idle
+        assert kept.transport is not None
+        kept.transport.close()
+        assert not kept.closed  # not reported yet
+        second = httpx.Request("PATCH", f"{url}/second", content=b"{}")
+        assert (await lean.handle_async_request(second)).status_code == 200
+    finally:
+        await lean.aclose()
+    assert server.connections == 2
+    assert [u for _, u, _ in server.requests] == ["/first", "/second"]
+
+
 async def test_no_answer_in_time_is_a_read_timeout_and_the_connection_is_dropped(
     serve: Serve, bundle: certs.CertBundle
 ) -> None:
