@@ -382,12 +382,20 @@ def plain_batch(name: str, plan: Plan, kind: str = "", cadence_s: float = 0.0) -
         pod["metadata"]["name"] += f"-{name}"
     work = Work(pods, [], [pod["metadata"]["name"] for pod in pods])
     runs: dict[str, list[str]] = {}
+    by_run: dict[str, list[Obj]] = {}
     for pod in pods:
         run = pod["metadata"]["labels"]["tekton.dev/pipelineRun"]
         runs.setdefault(run, []).append(pod["metadata"]["name"])
+        by_run.setdefault(run, []).append(pod)
+
+    async def prepare_run(client: Client, run: str) -> None:
+        await deployed.own(client.create, PLAIN_NS, {run: by_run[run]}, BATCH_LABEL, name)
+
+    # Steady: a run's window starts before its owners are made, as the deployed runs' do, so
+    # plain runs make theirs too (in a namespace coschedule does not serve: no webhook).
     return Batch(
         name, kind or plain_kind(cadence_s), PLAIN_NS, len(pods), [lambda _: work], runs=runs,
-        cadence_s=cadence_s,
+        cadence_s=cadence_s, prepare_run=prepare_run if cadence_s else None,
     )  # fmt: skip
 
 
@@ -1186,11 +1194,19 @@ async def delete_batch(client: Client, batch: Batch) -> None:
     if batch.kind in AS_DEPLOYED:
         await deployed.clean(client.request, batch.namespace, f"{BATCH_LABEL}={batch.name}")
         return
+    selector = f"{BATCH_LABEL}={batch.name}"
     await client.request(
         "DELETE",
         pods_path(batch.namespace),
-        params={"labelSelector": f"{BATCH_LABEL}={batch.name}", "gracePeriodSeconds": "0"},
+        params={"labelSelector": selector, "gracePeriodSeconds": "0"},
     )
+    if batch.prepare_run is not None:  # plain steady runs' owners: their names come again
+        for plural in ("taskruns", "pipelineruns"):
+            await client.request(
+                "DELETE",
+                f"{deployed.TEKTON}/{batch.namespace}/{plural}",
+                params={"labelSelector": selector},
+            )
 
 
 # ---- one cluster size ----------------------------------------------------------------

@@ -100,6 +100,31 @@ def test_a_steady_run_is_owned_alone_at_its_arrival() -> None:
         assert pods[name]["metadata"]["labels"]["tekton.dev/pipelineRunUID"] != "uid-1"
 
 
+def test_plain_steady_runs_make_their_owners_at_arrival_as_the_deployed_ones_do() -> None:
+    """A steady window holds each run's owners being made: plain runs make theirs too (in
+    the namespace coschedule does not serve), so the two windows hold the same work; a plain
+    burst makes none (its owners would be made before its window)."""
+    assert sb.plain_batch("plain-0", PLAN).prepare_run is None
+    batch = sb.plain_batch("plain-0", PLAN, cadence_s=0.2)
+    assert batch.prepare_run is not None
+    prepare_run = batch.prepare_run
+    api = RecordingApi()
+    run = list(batch.runs)[1]
+
+    async def arrive() -> None:
+        await prepare_run(cast(sb.Client, api), run)
+
+    asyncio.run(arrive())
+    assert [body["kind"] for _, body in api.made] == ["PipelineRun"] + ["TaskRun"] * 4
+    assert {path.split("/")[5] for path, _ in api.made} == {sb.PLAIN_NS}
+    assert api.made[0][1]["metadata"]["name"] == run
+    [work] = [step({}) for step in batch.steps]
+    owned = [pod for pod in work.create if pod["metadata"]["name"] in batch.runs[run]]
+    assert {pod["metadata"]["ownerReferences"][0]["uid"] for pod in owned} == {
+        f"uid-{i}" for i in range(2, 6)
+    }
+
+
 def test_steady_arrivals_are_one_run_every_cadence_with_its_own_pods() -> None:
     batch = sb.plain_batch("plain-0", PLAN, cadence_s=0.2)
     assert batch.kind == "plain:steady"
