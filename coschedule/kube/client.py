@@ -28,7 +28,7 @@ import orjson
 import yaml
 
 from coschedule.k8s.timefmt import parse_time
-from coschedule.kube.http1 import LeanTransport
+from coschedule.kube.http1 import STREAM, LeanTransport
 from coschedule.kube.reachability import ApiReachability, is_unreachable
 
 JSON_PATCH = "application/json-patch+json"  # the content type of a JSON patch (RFC 6902)
@@ -438,19 +438,16 @@ class KubeClient:
             "timeout": httpx.Timeout(timeout, connect=5.0),
             "headers": {"User-Agent": user_agent, "Accept": "application/json"},
         }
-        # Watches stream: httpx's own transport. Every other request: ours (``http1``),
-        # unless a proxy from the environment is to be used, which only httpx's honours.
-        self._watch_http = httpx.AsyncClient(verify=verify, **options)
+        # Our transport (``http1``), watches included, unless a proxy from the environment
+        # is to be used, which only httpx's own honours.
         self._http = (
-            self._watch_http
+            httpx.AsyncClient(verify=verify, **options)
             if _proxied(creds.server)
             else httpx.AsyncClient(transport=LeanTransport(creds.server, verify), **options)
         )
 
     async def aclose(self) -> None:
         await self._http.aclose()
-        if self._watch_http is not self._http:
-            await self._watch_http.aclose()
 
     async def _request(
         self,
@@ -549,10 +546,24 @@ class KubeClient:
                 raise _error(response)
             if opened is not None:
                 opened()
-            async for line in response.aiter_lines():
-                if not line:
-                    continue
-                event = orjson.loads(line)
+            # One event per line; lines split as bytes (orjson reads bytes: no text decoding)
+            # and joined only when an event spans reads.
+            partial: list[bytes] = []
+            async for data in response.aiter_bytes():
+                *lines, rest = data.split(b"\n")
+                if lines and partial:
+                    lines[0] = b"".join((*partial, lines[0]))
+                    partial.clear()
+                if rest:
+                    partial.append(rest)
+                for line in lines:
+                    if line.strip():
+                        event = orjson.loads(line)
+                        if isinstance(event, dict):
+                            yield event
+            last = b"".join(partial)  # a last line the server did not end
+            if last.strip():
+                event = orjson.loads(last)
                 if isinstance(event, dict):
                     yield event
 
@@ -562,8 +573,13 @@ class KubeClient:
     ) -> AsyncIterator[httpx.Response]:
         headers = {"Accept": accept} if accept is not None else None
         try:
-            async with self._watch_http.stream(
-                "GET", path, params=query, timeout=limits, headers=headers
+            async with self._http.stream(
+                "GET",
+                path,
+                params=query,
+                timeout=limits,
+                headers=headers,
+                extensions={STREAM: True},
             ) as response:
                 self.reachability.answered()
                 yield response

@@ -8,7 +8,8 @@ and keeps only 20 connections alive, so a burst of 32 release patches opened a n
 connection for nearly every one (docs/benchmarks.md). Here a connection is an asyncio
 protocol reading with httptools (C), the pool is a stack of idle connections whose
 closing the event loop reports, and as many are kept as are in use at once (bounded).
-Watches stay on httpx: they stream.
+A request marked ``STREAM`` (a watch) is answered as soon as its head is in, its body
+read as it comes, on a connection of its own that is closed when the body is.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import ssl
 import time
+from collections.abc import AsyncIterator, Callable
 from typing import cast
 
 import httptools
@@ -26,8 +28,14 @@ import httpx
 IDLE_SECONDS = 30.0
 # Idle connections kept at most; more in use at once are closed when they are done.
 MAX_IDLE = 64
-# Requests on their way at once; more wait for one to end (httpx's own limit).
+# Requests on their way at once; more wait for one to end (httpx's own limit). Streams
+# (watches) are not counted: they last minutes and a process holds a few.
 MAX_CONNECTIONS = 100
+# The request extension that asks for the body as it comes (``client.stream(...,
+# extensions={STREAM: True})``); httpx's own transport ignores it.
+STREAM = "coschedule.stream"
+# Bytes a stream holds unread before the connection stops reading (TCP then slows the server).
+STREAM_HIGH_WATER = 1 << 20
 
 
 class _Closed(Exception):
@@ -51,6 +59,13 @@ class _Connection(asyncio.Protocol):
         self._body: list[bytes] = []
         self._answered = False
         self._keep_alive = False
+        # a stream's body: read as it comes (``read``), not joined at the end
+        self._streaming = False
+        self._unread: list[bytes] = []
+        self._unread_bytes = 0
+        self._ended = False
+        self._failure: Exception | None = None
+        self._reader: asyncio.Future[None] | None = None
 
     # ---- asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -75,20 +90,41 @@ class _Connection(asyncio.Protocol):
     def on_header(self, name: bytes, value: bytes) -> None:
         self._headers.append((name, value))
 
+    def on_headers_complete(self) -> None:
+        if self._streaming and self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
     def on_body(self, body: bytes) -> None:
-        self._body.append(body)
+        if not self._streaming:
+            self._body.append(body)
+            return
+        self._unread.append(body)
+        self._unread_bytes += len(body)
+        if self._unread_bytes > STREAM_HIGH_WATER and self.transport is not None:
+            self.transport.pause_reading()
+        self._wake_reader()
 
     def on_message_complete(self) -> None:
         # asked here: once the message is done the parser is reset and says False
         assert self._parser is not None
         self._keep_alive = self._parser.should_keep_alive()
-        if self._waiter is not None and not self._waiter.done():
+        if self._streaming:
+            self._ended = True
+            self._wake_reader()
+        elif self._waiter is not None and not self._waiter.done():
             self._waiter.set_result(None)
 
     # ----
     def _fail(self, exc: Exception) -> None:
         if self._waiter is not None and not self._waiter.done():
             self._waiter.set_exception(exc)
+        elif self._streaming and self._failure is None and not self._ended:
+            self._failure = exc
+            self._wake_reader()
+
+    def _wake_reader(self) -> None:
+        if self._reader is not None and not self._reader.done():
+            self._reader.set_result(None)
 
     def close(self) -> None:
         self.closed = True
@@ -117,6 +153,71 @@ class _Connection(asyncio.Protocol):
             b"".join(self._body),
             self._keep_alive,
         )
+
+    async def open_stream(
+        self, request: bytes, seconds: float | None
+    ) -> tuple[int, list[tuple[bytes, bytes]]]:
+        """Send one request, wait for its head only: (status, headers); the body is ``read``."""
+        assert self.transport is not None
+        parser = httptools.HttpResponseParser(self)
+        self._parser, self._headers = parser, []
+        self._answered = self._keep_alive = self._ended = False
+        self._streaming = True
+        self._waiter = asyncio.get_running_loop().create_future()
+        try:
+            self.transport.write(request)
+            async with asyncio.timeout(seconds):
+                await self._waiter
+        finally:
+            self._waiter = None
+        return parser.get_status_code(), self._headers
+
+    async def read(self, seconds: float | None) -> bytes:
+        """What of a stream's body came since the last read; b"" once it is all read."""
+        while not self._unread:
+            if self._failure is not None:
+                raise self._failure
+            if self._ended:
+                return b""
+            self._reader = asyncio.get_running_loop().create_future()
+            try:
+                async with asyncio.timeout(seconds):
+                    await self._reader
+            finally:
+                self._reader = None
+        data = b"".join(self._unread) if len(self._unread) > 1 else self._unread[0]
+        self._unread.clear()
+        if self._unread_bytes > STREAM_HIGH_WATER and self.transport is not None:
+            self.transport.resume_reading()
+        self._unread_bytes = 0
+        return data
+
+
+_Done = Callable[[_Connection], None]
+
+
+class _Body(httpx.AsyncByteStream):
+    """A stream's body as it comes; closing it closes its connection."""
+
+    def __init__(self, conn: _Connection, seconds: float | None, done: _Done) -> None:
+        self._conn = conn
+        self._seconds = seconds
+        self._done = done
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        while True:
+            try:
+                data = await self._conn.read(self._seconds)
+            except _Closed as exc:
+                raise httpx.RemoteProtocolError(str(exc)) from exc
+            except TimeoutError as exc:
+                raise httpx.ReadTimeout("no more of the body in time") from exc
+            if not data:
+                return
+            yield data
+
+    async def aclose(self) -> None:
+        self._done(self._conn)
 
 
 def _timeouts(request: httpx.Request) -> tuple[float | None, float | None]:
@@ -205,8 +306,38 @@ class LeanTransport(httpx.AsyncBaseTransport):
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         data = _head(request) + await request.aread()
+        if request.extensions.get(STREAM):
+            return await self._start_stream(request, data)
         async with self._slots:
             return await self._send(request, data)
+
+    async def _start_stream(self, request: httpx.Request, data: bytes) -> httpx.Response:
+        connect_timeout, read_timeout = _timeouts(request)
+        for attempt in range(2):
+            conn = self._pick()
+            reused = conn is not None
+            if conn is None:
+                conn = await self._connect(connect_timeout)
+            try:
+                status, headers = await conn.open_stream(data, read_timeout)
+            except _Closed as exc:
+                self._drop(conn)
+                if reused and not exc.answered and request.method == "GET" and attempt == 0:
+                    continue
+                raise httpx.RemoteProtocolError(str(exc)) from exc
+            except TimeoutError as exc:
+                self._drop(conn)
+                raise httpx.ReadTimeout("no response in time") from exc
+            except BaseException:
+                self._drop(conn)
+                raise
+            return httpx.Response(
+                status,
+                headers=headers,
+                stream=_Body(conn, read_timeout, self._drop),
+                extensions={"http_version": b"HTTP/1.1"},
+            )
+        raise AssertionError("unreachable")  # pragma: no cover
 
     async def _send(self, request: httpx.Request, data: bytes) -> httpx.Response:
         connect_timeout, read_timeout = _timeouts(request)

@@ -16,7 +16,7 @@ import pytest
 
 from coschedule import certs
 from coschedule.kube import client as client_module
-from coschedule.kube.client import Credentials, KubeClient
+from coschedule.kube.client import ApiError, Credentials, KubeClient
 from coschedule.kube.http1 import IDLE_SECONDS, LeanTransport
 from coschedule.kube.reachability import is_unreachable
 from tests.conftest import free_port
@@ -330,25 +330,215 @@ async def test_the_servers_certificate_is_verified_and_a_refusal_is_unreachable(
     assert is_unreachable(refused.value)
 
 
-async def test_the_client_streams_watches_through_httpx_and_a_proxy_keeps_httpx(
+async def test_the_client_sends_requests_and_watches_through_ours_and_a_proxy_keeps_httpx(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     creds = Credentials(server="https://10.0.0.1:6443", token="t", insecure=True)
     client = KubeClient(creds)
     try:
         assert isinstance(client._http._transport, LeanTransport)
-        assert not isinstance(client._watch_http._transport, LeanTransport)
     finally:
         await client.aclose()
-    # Only httpx's transport goes through a proxy the environment names.
     monkeypatch.setenv("HTTPS_PROXY", "http://proxy.example:3128")
     monkeypatch.delenv("NO_PROXY", raising=False)
     monkeypatch.delenv("no_proxy", raising=False)
     assert client_module._proxied(creds.server)
     proxied = KubeClient(creds)
     try:
-        assert proxied._http is proxied._watch_http
+        assert not isinstance(proxied._http._transport, LeanTransport)
     finally:
         await proxied.aclose()
     monkeypatch.setenv("NO_PROXY", "10.0.0.1")
     assert not client_module._proxied(creds.server)
+
+
+# ---- streams (watches)
+
+Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+CHUNKED_HEAD = (
+    b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+)
+
+
+def chunk(data: bytes) -> bytes:
+    return b"%x\r\n%s\r\n" % (len(data), data)
+
+
+def event(n: int, pad: int = 0) -> bytes:
+    obj = b'{"metadata":{"name":"p%d","resourceVersion":"%d"},"pad":"%s"}' % (n, n, b"x" * pad)
+    return b'{"type":"ADDED","object":' + obj + b"}\n"
+
+
+@pytest.fixture
+async def raw_server(
+    server_context: ssl.SSLContext,
+) -> AsyncIterator[Callable[..., Awaitable[str]]]:
+    """A TLS server that runs ``handler`` on each connection; returns its URL."""
+    servers: list[asyncio.Server] = []
+    counts: list[int] = []
+
+    async def start(handler: Handler) -> str:
+        async def counted(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            counts.append(1)
+            try:
+                await handler(reader, writer)
+            except (ConnectionError, ssl.SSLError):
+                pass
+            finally:
+                writer.close()
+
+        server = await asyncio.start_server(counted, "127.0.0.1", 0, ssl=server_context)
+        servers.append(server)
+        return f"https://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+
+    start.connections = counts  # type: ignore[attr-defined]
+    yield start
+    for server in servers:
+        server.close()
+
+
+def kube(url: str, bundle: certs.CertBundle, tmp_path: Path) -> KubeClient:
+    ca = tmp_path / "ca.crt"
+    ca.write_bytes(bundle.ca_pem)
+    return KubeClient(Credentials(server=url, token="t", ca_file=str(ca)))
+
+
+async def watch_names(
+    client: KubeClient, names: list[str], opened: Callable[[], None] | None = None
+) -> None:
+    async for got in client.watch("/api/v1/pods", {}, opened=opened):
+        names.append(got["object"]["metadata"]["name"])
+
+
+async def test_a_watch_yields_each_event_as_it_comes_with_lines_split_across_reads(
+    raw_server: Callable[..., Awaitable[str]], bundle: certs.CertBundle, tmp_path: Path
+) -> None:
+    """The server holds the rest of the body until the client has the first event: a
+    transport that read the body whole would wait forever. Event 2 is split across chunks
+    and reads, event 3 comes with it."""
+    first_seen = asyncio.Event()
+    asked: list[str] = []
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        request = await _read_request(reader)
+        assert request is not None
+        asked.append(request[1])
+        two = event(2)
+        writer.write(CHUNKED_HEAD + chunk(event(1) + two[:10]))
+        await writer.drain()
+        await asyncio.wait_for(first_seen.wait(), 5)
+        writer.write(chunk(two[10:25]))
+        await writer.drain()
+        await asyncio.sleep(0.05)
+        writer.write(chunk(two[25:] + event(3)) + b"0\r\n\r\n")
+        await writer.drain()
+
+    client = kube(await raw_server(handler), bundle, tmp_path)
+    names: list[str] = []
+    try:
+        async for got in client.watch("/api/v1/pods", {"resourceVersion": "7"}):
+            names.append(got["object"]["metadata"]["name"])
+            first_seen.set()
+    finally:
+        await client.aclose()
+    assert names == ["p1", "p2", "p3"]
+    assert asked == ["/api/v1/pods?resourceVersion=7&watch=true"]
+
+
+async def test_a_watch_cut_mid_body_is_a_transport_error_after_the_events_that_came(
+    raw_server: Callable[..., Awaitable[str]], bundle: certs.CertBundle, tmp_path: Path
+) -> None:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await _read_request(reader)
+        writer.write(CHUNKED_HEAD + chunk(event(1) + event(2)[:7]))
+        await writer.drain()
+        await asyncio.sleep(0.1)  # then closed, the body unfinished
+
+    client = kube(await raw_server(handler), bundle, tmp_path)
+    names: list[str] = []
+    try:
+        with pytest.raises(httpx.RemoteProtocolError):
+            await watch_names(client, names)
+    finally:
+        await client.aclose()
+    assert names == ["p1"]
+
+
+async def test_a_watch_refused_is_an_api_error_with_the_servers_status(
+    raw_server: Callable[..., Awaitable[str]], bundle: certs.CertBundle, tmp_path: Path
+) -> None:
+    gone = b'{"kind":"Status","status":"Failure","reason":"Expired","message":"too old","code":410}'
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await _read_request(reader)
+        writer.write(ok(gone).replace(b"200 OK", b"410 Gone"))
+        await writer.drain()
+        await asyncio.sleep(0.5)
+
+    client = kube(await raw_server(handler), bundle, tmp_path)
+    opened = []
+    try:
+        with pytest.raises(ApiError) as refused:
+            await watch_names(client, [], opened=lambda: opened.append(1))
+    finally:
+        await client.aclose()
+    assert refused.value.status == 410
+    assert "too old" in refused.value.message
+    assert opened == []
+
+
+async def test_a_watch_left_early_closes_its_connection_and_requests_go_on(
+    raw_server: Callable[..., Awaitable[str]], bundle: certs.CertBundle, tmp_path: Path
+) -> None:
+    """A watch whose reader stops (a cancelled watch task) closes its connection (the
+    server sees the close) and is never reused; a later request gets one of its own."""
+    closed_seen = asyncio.Event()
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        request = await _read_request(reader)
+        assert request is not None
+        if request[1].startswith("/api/v1/pods?"):
+            writer.write(CHUNKED_HEAD + chunk(event(1)))
+            await writer.drain()
+            if not await reader.read(1):  # the client closed it
+                closed_seen.set()
+            return
+        writer.write(ok())
+        await writer.drain()
+
+    url = await raw_server(handler)
+    client = kube(url, bundle, tmp_path)
+    try:
+        async for _ in client.watch("/api/v1/pods", {}):
+            break
+        await asyncio.wait_for(closed_seen.wait(), 5)
+        assert await client.get("/api/v1/namespaces/default") == {"kind": "Status"}
+    finally:
+        await client.aclose()
+    assert len(raw_server.connections) == 2  # type: ignore[attr-defined]
+
+
+async def test_a_long_body_read_slowly_comes_whole_and_in_order(
+    raw_server: Callable[..., Awaitable[str]], bundle: certs.CertBundle, tmp_path: Path
+) -> None:
+    """Far more than the stream holds unread (the connection stops reading, then reads on)."""
+    count = 600
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await _read_request(reader)
+        writer.write(CHUNKED_HEAD)
+        for n in range(count):
+            writer.write(chunk(event(n, pad=8000)))
+        writer.write(b"0\r\n\r\n")
+        await writer.drain()
+
+    client = kube(await raw_server(handler), bundle, tmp_path)
+    names: list[str] = []
+    try:
+        async for got in client.watch("/api/v1/pods", {}):
+            if not names:
+                await asyncio.sleep(0.3)  # the server writes all the while
+            names.append(got["object"]["metadata"]["name"])
+    finally:
+        await client.aclose()
+    assert names == [f"p{n}" for n in range(count)]
