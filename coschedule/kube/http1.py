@@ -1,5 +1,5 @@
-"""HTTP/1.1 requests with whole bodies over kept-alive connections: httpx's transport for
-the client's every request but its watches.
+"""HTTP/1.1 over kept-alive connections: httpx's transport for the client's every request,
+its watches included.
 
 httpx's own transport (httpcore) costs the reconciler more Python per request than the
 request itself: it reads TLS through anyio's memory-BIO stream and h11, looks at every
@@ -100,8 +100,9 @@ class _Connection(asyncio.Protocol):
             return
         self._unread.append(body)
         self._unread_bytes += len(body)
-        if self._unread_bytes > STREAM_HIGH_WATER and self.transport is not None:
-            self.transport.pause_reading()
+        transport = self.transport
+        if self._unread_bytes > STREAM_HIGH_WATER and transport and not transport.is_closing():
+            transport.pause_reading()
         self._wake_reader()
 
     def on_message_complete(self) -> None:
@@ -187,8 +188,9 @@ class _Connection(asyncio.Protocol):
                 self._reader = None
         data = b"".join(self._unread) if len(self._unread) > 1 else self._unread[0]
         self._unread.clear()
-        if self._unread_bytes > STREAM_HIGH_WATER and self.transport is not None:
-            self.transport.resume_reading()
+        transport = self.transport
+        if self._unread_bytes > STREAM_HIGH_WATER and transport and not transport.is_closing():
+            transport.resume_reading()
         self._unread_bytes = 0
         return data
 
@@ -211,7 +213,7 @@ class _Body(httpx.AsyncByteStream):
             except _Closed as exc:
                 raise httpx.RemoteProtocolError(str(exc)) from exc
             except TimeoutError as exc:
-                raise httpx.ReadTimeout("no more of the body in time") from exc
+                raise httpx.ReadTimeout(f"nothing more of the body in {self._seconds:g} s") from exc
             if not data:
                 return
             yield data

@@ -9,10 +9,12 @@ import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httptools
 import httpx
 import pytest
+import uvloop
 
 from coschedule import certs
 from coschedule.kube import client as client_module
@@ -542,3 +544,47 @@ async def test_a_long_body_read_slowly_comes_whole_and_in_order(
     finally:
         await client.aclose()
     assert names == [f"p{n}" for n in range(count)]
+
+
+def test_a_watch_on_uvloop_pauses_reads_on_and_comes_whole(
+    server_context: ssl.SSLContext, bundle: certs.CertBundle, tmp_path: Path
+) -> None:
+    """The webhook's process runs on uvloop, whose transports are its own: the same long
+    body read slowly (reading paused and resumed), then a request on the same client."""
+    count = 400
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            request = await _read_request(reader)
+            assert request is not None
+            if request[1].startswith("/api/v1/pods?"):
+                writer.write(CHUNKED_HEAD)
+                for n in range(count):
+                    writer.write(chunk(event(n, pad=8000)))
+                writer.write(b"0\r\n\r\n")
+            else:
+                writer.write(ok())
+            await writer.drain()
+            await reader.read(1)
+        finally:
+            writer.close()
+
+    async def scenario() -> tuple[list[str], dict[str, Any] | None]:
+        server = await asyncio.start_server(handler, "127.0.0.1", 0, ssl=server_context)
+        url = f"https://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+        client = kube(url, bundle, tmp_path)
+        names: list[str] = []
+        try:
+            async for got in client.watch("/api/v1/pods", {}):
+                if not names:
+                    await asyncio.sleep(0.3)
+                names.append(got["object"]["metadata"]["name"])
+            answer = await client.get("/api/v1/namespaces/default")
+        finally:
+            await client.aclose()
+            server.close()
+        return names, answer
+
+    names, answer = uvloop.run(scenario())
+    assert names == [f"p{n}" for n in range(count)]
+    assert answer == {"kind": "Status"}
