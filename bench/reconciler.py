@@ -231,6 +231,7 @@ class FakeApi:
         *,
         opened: Callable[[], None] | None = None,
         accept: str | None = None,
+        read_timeout: float | None = None,
     ) -> AsyncIterator[dict[str, Any]]:
         kind = self._kind(path, params)
         if kind in self.watching:

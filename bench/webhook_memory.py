@@ -149,6 +149,7 @@ class FakeApi:
         *,
         opened: Callable[[], None] | None = None,
         accept: str | None = None,
+        read_timeout: float | None = None,
     ) -> AsyncIterator[dict[str, Any]]:
         if opened is not None:
             opened()

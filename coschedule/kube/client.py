@@ -534,12 +534,14 @@ class KubeClient:
         *,
         opened: Callable[[], None] | None = None,
         accept: str | None = None,
+        read_timeout: float | None = None,
     ) -> AsyncIterator[dict[str, Any]]:
         """Stream watch events (``{"type": ..., "object": {...}}``) until the server ends it;
         ``opened()`` once the server accepted the watch (before any event); ``accept``: the
-        objects' representation (``METADATA_ACCEPT``)."""
+        objects' representation (``METADATA_ACCEPT``); ``read_timeout``: the longest silence
+        before ``httpx.ReadTimeout`` (None: wait for ever)."""
         query = {**params, "watch": "true"}
-        timeout = httpx.Timeout(None, connect=5.0)  # a watch is long by design
+        timeout = httpx.Timeout(None, connect=5.0, read=read_timeout)  # long by design
         async with self._stream(path, query, timeout, accept) as response:
             if response.status_code >= 300:
                 await response.aread()

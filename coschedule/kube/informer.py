@@ -41,6 +41,9 @@ Handler = Callable[[str, Obj, Obj | None], None]
 IndexFunc = Callable[[Obj], Iterable[str]]
 
 WATCH_TIMEOUT_SECONDS = 290  # the server ends each watch; we resume from the last version
+# A watch silent this long is dead (the server ends every one at WATCH_TIMEOUT_SECONDS): a
+# connection whose peer vanished without a FIN or RST would otherwise be waited on forever.
+WATCH_READ_TIMEOUT_SECONDS = WATCH_TIMEOUT_SECONDS + 60
 BACKOFF_START = 0.5
 BACKOFF_MAX = 30.0
 # An API server that does not answer (restarting, upgraded) is tried again at least this
@@ -250,7 +253,13 @@ class Informer:
             "timeoutSeconds": WATCH_TIMEOUT_SECONDS,
         }
         accept = METADATA_ACCEPT if self.metadata_only else None
-        async for event in self.client.watch(self.path, params, opened=self._opened, accept=accept):
+        async for event in self.client.watch(
+            self.path,
+            params,
+            opened=self._opened,
+            accept=accept,
+            read_timeout=WATCH_READ_TIMEOUT_SECONDS,
+        ):
             self._heard()
             event_type = event.get("type")
             obj = event.get("object")

@@ -146,6 +146,28 @@ async def test_watch_errors_back_off_with_jitter_and_recover(
     assert informer.lists == 1  # errors other than 410 resume the watch, never relist
 
 
+async def test_a_watch_silent_past_its_read_timeout_is_watched_again_without_a_relist(
+    api: MiniApi,
+    client: KubeClient,
+    running: list[asyncio.Task[None]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The emulator's watch stays open and sends nothing (as a connection whose peer is
+    gone without a FIN): past the read timeout the informer watches again, from where it
+    was, and an object made then arrives."""
+    monkeypatch.setattr(informer_module, "WATCH_READ_TIMEOUT_SECONDS", 0.3)
+    monkeypatch.setattr(informer_module, "BACKOFF_START", 0.05)
+    informer = Informer(client, "/api/v1/nodes", name="nodes")
+    start(informer, running)
+    await asyncio.wait_for(informer.synced.wait(), 3)
+    await eventually(lambda: api.count("WATCH", "nodes") >= 3, within=5)
+    assert informer.last_error is not None
+    assert "nothing more of the body in 0.3 s" in informer.last_error
+    api.put("nodes", {"metadata": {"name": "n2"}})
+    await eventually(lambda: "n2" in informer)
+    assert informer.lists == 1
+
+
 def by_run(obj: dict[str, Any]) -> list[str]:
     run = (obj["metadata"].get("labels") or {}).get("run")
     return [run] if run else []
