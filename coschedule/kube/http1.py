@@ -17,8 +17,8 @@ from __future__ import annotations
 import asyncio
 import ssl
 import time
-from collections.abc import AsyncIterator, Callable
-from typing import cast
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TypeVar, cast
 
 import httptools
 import httpx
@@ -132,14 +132,15 @@ class _Connection(asyncio.Protocol):
         if self.transport is not None:
             self.transport.close()
 
-    async def exchange(
-        self, request: bytes, seconds: float | None
-    ) -> tuple[int, list[tuple[bytes, bytes]], bytes, bool]:
-        """Send one request, read its whole response: (status, headers, body, keep alive)."""
+    async def _ask(
+        self, request: bytes, seconds: float | None, streaming: bool
+    ) -> httptools.HttpResponseParser:
+        """Send one request and wait for its whole answer, or for its head only if ``streaming``."""
         assert self.transport is not None
         parser = httptools.HttpResponseParser(self)
         self._parser, self._headers, self._body = parser, [], []
-        self._answered = self._keep_alive = False
+        self._answered = self._keep_alive = self._ended = False
+        self._streaming = streaming
         self._waiter = asyncio.get_running_loop().create_future()
         try:
             self.transport.write(request)
@@ -147,30 +148,22 @@ class _Connection(asyncio.Protocol):
                 await self._waiter
         finally:
             self._waiter = None
-            self._parser = None
-        return (
-            parser.get_status_code(),
-            self._headers,
-            b"".join(self._body),
-            self._keep_alive,
-        )
+            if not streaming:  # a stream's parser reads its body on
+                self._parser = None
+        return parser
+
+    async def exchange(
+        self, request: bytes, seconds: float | None
+    ) -> tuple[int, list[tuple[bytes, bytes]], bytes, bool]:
+        """Send one request, read its whole response: (status, headers, body, keep alive)."""
+        parser = await self._ask(request, seconds, streaming=False)
+        return parser.get_status_code(), self._headers, b"".join(self._body), self._keep_alive
 
     async def open_stream(
         self, request: bytes, seconds: float | None
     ) -> tuple[int, list[tuple[bytes, bytes]]]:
         """Send one request, wait for its head only: (status, headers); the body is ``read``."""
-        assert self.transport is not None
-        parser = httptools.HttpResponseParser(self)
-        self._parser, self._headers = parser, []
-        self._answered = self._keep_alive = self._ended = False
-        self._streaming = True
-        self._waiter = asyncio.get_running_loop().create_future()
-        try:
-            self.transport.write(request)
-            async with asyncio.timeout(seconds):
-                await self._waiter
-        finally:
-            self._waiter = None
+        parser = await self._ask(request, seconds, streaming=True)
         return parser.get_status_code(), self._headers
 
     async def read(self, seconds: float | None) -> bytes:
@@ -196,6 +189,7 @@ class _Connection(asyncio.Protocol):
 
 
 _Done = Callable[[_Connection], None]
+_T = TypeVar("_T")
 
 
 class _Body(httpx.AsyncByteStream):
@@ -313,15 +307,19 @@ class LeanTransport(httpx.AsyncBaseTransport):
         async with self._slots:
             return await self._send(request, data)
 
-    async def _start_stream(self, request: httpx.Request, data: bytes) -> httpx.Response:
-        connect_timeout, read_timeout = _timeouts(request)
+    async def _attempt(
+        self, request: httpx.Request, ask: Callable[[_Connection], Awaitable[_T]]
+    ) -> tuple[_Connection, _T]:
+        """``ask`` on a kept connection or a new one; a GET sent on a kept connection that the
+        server closed unanswered is sent once more, on a new one."""
+        connect_timeout, _ = _timeouts(request)
         for attempt in range(2):
             conn = self._pick()
             reused = conn is not None
             if conn is None:
                 conn = await self._connect(connect_timeout)
             try:
-                status, headers = await conn.open_stream(data, read_timeout)
+                return conn, await ask(conn)
             except _Closed as exc:
                 self._drop(conn)
                 if reused and not exc.answered and request.method == "GET" and attempt == 0:
@@ -330,50 +328,39 @@ class LeanTransport(httpx.AsyncBaseTransport):
             except TimeoutError as exc:
                 self._drop(conn)
                 raise httpx.ReadTimeout("no response in time") from exc
-            except BaseException:
-                self._drop(conn)
-                raise
-            return httpx.Response(
-                status,
-                headers=headers,
-                stream=_Body(conn, read_timeout, self._drop),
-                extensions={"http_version": b"HTTP/1.1"},
-            )
-        raise AssertionError("unreachable")  # pragma: no cover
-
-    async def _send(self, request: httpx.Request, data: bytes) -> httpx.Response:
-        connect_timeout, read_timeout = _timeouts(request)
-        repeatable = request.method == "GET"
-        for attempt in range(2):
-            conn = self._pick()
-            reused = conn is not None
-            if conn is None:
-                conn = await self._connect(connect_timeout)
-            try:
-                status, headers, body, keep = await conn.exchange(data, read_timeout)
-            except _Closed as exc:
-                self._drop(conn)
-                if reused and not exc.answered and repeatable and attempt == 0:
-                    continue
-                raise httpx.RemoteProtocolError(str(exc)) from exc
-            except TimeoutError as exc:
-                self._drop(conn)
-                raise httpx.ReadTimeout("no response in time") from exc
             except BaseException:  # a malformed answer, or cancelled mid-response
                 self._drop(conn)
                 raise
-            if keep and not conn.closed and len(self._idle) < self._max_idle:
-                conn.idle_since = time.monotonic()
-                self._idle.append(conn)
-            else:
-                self._drop(conn)
-            return httpx.Response(
-                status,
-                headers=headers,
-                content=body,
-                extensions={"http_version": b"HTTP/1.1"},
-            )
         raise AssertionError("unreachable")  # pragma: no cover
+
+    async def _start_stream(self, request: httpx.Request, data: bytes) -> httpx.Response:
+        _, read_timeout = _timeouts(request)
+        conn, (status, headers) = await self._attempt(
+            request, lambda conn: conn.open_stream(data, read_timeout)
+        )
+        return httpx.Response(
+            status,
+            headers=headers,
+            stream=_Body(conn, read_timeout, self._drop),
+            extensions={"http_version": b"HTTP/1.1"},
+        )
+
+    async def _send(self, request: httpx.Request, data: bytes) -> httpx.Response:
+        _, read_timeout = _timeouts(request)
+        conn, (status, headers, body, keep) = await self._attempt(
+            request, lambda conn: conn.exchange(data, read_timeout)
+        )
+        if keep and not conn.closed and len(self._idle) < self._max_idle:
+            conn.idle_since = time.monotonic()
+            self._idle.append(conn)
+        else:
+            self._drop(conn)
+        return httpx.Response(
+            status,
+            headers=headers,
+            content=body,
+            extensions={"http_version": b"HTTP/1.1"},
+        )
 
     def _drop(self, conn: _Connection) -> None:
         conn.close()
