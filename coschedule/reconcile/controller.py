@@ -59,8 +59,8 @@ from coschedule.reconcile.node_leases import NodeLeases
 from coschedule.reconcile.placeholder import group_spec
 from coschedule.reconcile.reconciler_metrics import ReconcileMetrics
 from coschedule.reconcile.resolver import OwnerLookupFailed, OwnerResolver
-from coschedule.reconcile.stuck_facts import StuckMemory, gather
-from coschedule.reconcile.stuck_runs import StuckFacts, plan_stuck
+from coschedule.reconcile.stuck_facts import StuckMemory, read_and_plan
+from coschedule.reconcile.stuck_runs import StuckFacts
 from coschedule.reconcile.topology import TopologyLabels
 from coschedule.reconcile.workqueue import WorkQueue
 
@@ -518,8 +518,8 @@ class Controller:
             explained=self.stuck.explained(key),
             was_stuck=self.stuck.is_stuck(key),
         )
-        facts = await gather(self.client, observed, facts, settings, now)
-        result = result.then(plan_stuck(observed, facts, settings, now))
+        _, stuck_plan = await read_and_plan(self.client, observed, facts, settings, now)
+        result = result.then(stuck_plan)
         result = node_pins.stranded_first(result, node_pins.plan_pins(observed, result.actions))
         result = result.then(plan_assistant_conflict(observed))
         await self.executor.execute(key, result.actions, sts_obj)

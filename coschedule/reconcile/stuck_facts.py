@@ -1,8 +1,8 @@
 """What stuck-run planning reads beyond the caches, and what the reconciler remembers of it.
 
 Reading: the claims and volumes of a stuck run (GET) and the requests of the pods bound to
-a node (LIST by ``spec.nodeName``), only what ``stuck_runs.facts_wanted`` asks for (a pod
-is stuck: rare). Remembering: which groups are stuck (the ``coschedule_stuck_groups``
+a node (LIST by ``spec.nodeName``), only what ``stuck_runs.step`` asks for (a pod is
+stuck: rare). Remembering: which groups are stuck (the ``coschedule_stuck_groups``
 gauge) and what was explained about each, so that an explanation is given once per change.
 """
 
@@ -21,8 +21,8 @@ from coschedule.k8s.constants import TERMINAL_PHASES
 from coschedule.k8s.volumes import volume_topology
 from coschedule.kube.client import KubeClient, object_path
 from coschedule.reconcile import stuck
-from coschedule.reconcile.model import Observed
-from coschedule.reconcile.stuck_runs import StuckFacts, facts_wanted
+from coschedule.reconcile.model import Observed, Plan
+from coschedule.reconcile.stuck_runs import StuckFacts, Wanted, step
 
 
 class StuckMemory:
@@ -55,19 +55,20 @@ class StuckMemory:
         return was
 
 
-async def gather(
+async def read_and_plan(
     client: KubeClient, observed: Observed, facts: StuckFacts, settings: Settings, now: float
-) -> StuckFacts:
-    """``facts`` with everything ``plan_stuck`` wants read (usually nothing)."""
-    while (wanted := facts_wanted(observed, facts, settings, now)) is not None:
-        if wanted.claims is not None:
+) -> tuple[StuckFacts, Plan]:
+    """``facts`` with everything the stuck-run plan wants read (usually nothing), and that
+    plan: each step is decided once (a reconcile's every group goes through here)."""
+    while isinstance(planned := step(observed, facts, settings, now), Wanted):
+        if planned.claims is not None:
             facts = replace(
-                facts, claims=tuple(await claims(client, observed.namespace, wanted.claims))
+                facts, claims=tuple(await claims(client, observed.namespace, planned.claims))
             )
-        if wanted.usage:
-            read = {node: await usage(client, node) for node in wanted.usage}
+        if planned.usage:
+            read = {node: await usage(client, node) for node in planned.usage}
             facts = replace(facts, usage={**facts.usage, **read})
-    return facts
+    return facts, planned
 
 
 async def usage(client: KubeClient, node: str) -> dict[str, Decimal]:

@@ -8,7 +8,8 @@ actions the ``Executor`` carries out, and a look again instead of a timer.
 
 What the caches do not hold is read only when a pod is stuck (rare): ``facts_wanted`` says
 which claims (GET) and which nodes' bound requests (LIST by ``spec.nodeName``) the next
-step needs; ``stuck_facts.gather`` reads them until nothing more is wanted.
+step needs; ``stuck_facts.read_and_plan`` reads them until nothing more is wanted, and
+plans with what it read.
 """
 
 from __future__ import annotations
@@ -99,18 +100,18 @@ class _Case:
 def plan_stuck(observed: Observed, facts: StuckFacts, settings: Settings, now: float) -> Plan:
     """The actions for one group's stuck pods (if any) and when to look again. Pure; the
     facts ``facts_wanted`` asks for must have been read."""
-    step = _step(observed, facts, settings, now)
-    if isinstance(step, Wanted):
-        raise ValueError(f"stuck-run facts not read yet: {step}")
-    return step
+    planned = step(observed, facts, settings, now)
+    if isinstance(planned, Wanted):
+        raise ValueError(f"stuck-run facts not read yet: {planned}")
+    return planned
 
 
 def facts_wanted(
     observed: Observed, facts: StuckFacts, settings: Settings, now: float
 ) -> Wanted | None:
     """What to read before ``plan_stuck`` can decide; None when nothing more."""
-    step = _step(observed, facts, settings, now)
-    return step if isinstance(step, Wanted) else None
+    planned = step(observed, facts, settings, now)
+    return planned if isinstance(planned, Wanted) else None
 
 
 def _clear(
@@ -122,7 +123,8 @@ def _clear(
     return []
 
 
-def _step(observed: Observed, facts: StuckFacts, settings: Settings, now: float) -> Plan | Wanted:
+def step(observed: Observed, facts: StuckFacts, settings: Settings, now: float) -> Plan | Wanted:
+    """The plan, or the facts to read before it can be decided. Pure."""
     sts = observed.statefulset
     live = [p for p in observed.pods if p.live]
     group = group_spec(observed.namespace, observed.name, observed.pods, observed.claims_kept)

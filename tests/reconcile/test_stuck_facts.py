@@ -18,7 +18,8 @@ from coschedule.reconcile.model import (
     RelocatePlaceholder,
 )
 from coschedule.reconcile.reconciler_metrics import ReconcileMetrics
-from coschedule.reconcile.stuck_facts import StuckMemory, gather
+from coschedule.reconcile.stuck_facts import StuckMemory, read_and_plan
+from coschedule.reconcile.stuck_runs import plan_stuck
 from tests.reconcile.pods import marked_pod
 from tests.reconcile.test_stuck_plan import (
     CLAIMS,
@@ -88,7 +89,7 @@ async def test_a_stuck_pod_reads_claims_volumes_and_the_nodes_it_may_go_to() -> 
             ]
         },
     )
-    read = await gather(
+    read, planned = await read_and_plan(
         cast(KubeClient, client), observed, facts(observed, pod, read=False), SETTINGS, NOW
     )
     assert client.calls == [
@@ -103,6 +104,9 @@ async def test_a_stuck_pod_reads_claims_volumes_and_the_nodes_it_may_go_to() -> 
     # The finished pod is not counted.
     assert read.usage["worker-1"] == resources({"cpu": "1500m", "pods": "1"})
     assert read.usage["worker-2"] == {}
+    # The plan returned is the one decided with what was read, a move or an explanation.
+    assert planned == plan_stuck(observed, read, SETTINGS, NOW)
+    assert planned.actions
 
 
 async def test_a_run_with_a_running_task_lists_only_its_own_node() -> None:
@@ -110,7 +114,7 @@ async def test_a_run_with_a_running_task_lists_only_its_own_node() -> None:
     pod = stuck_pod()
     observed = group(running, pod)
     client = Recorder()
-    await gather(
+    await read_and_plan(
         cast(KubeClient, client),
         observed,
         facts(observed, running, pod, read=False),
@@ -125,7 +129,9 @@ async def test_a_quiet_group_reads_nothing() -> None:
     observed = group(pod)
     client = Recorder()
     unread = facts(observed, pod, read=False)
-    assert await gather(cast(KubeClient, client), observed, unread, SETTINGS, NOW) == unread
+    read, planned = await read_and_plan(cast(KubeClient, client), observed, unread, SETTINGS, NOW)
+    assert read == unread
+    assert planned == plan_stuck(observed, unread, SETTINGS, NOW)
     assert client.calls == []
 
 
