@@ -13,8 +13,9 @@ Tekton's controller, the suite's hostPath provisioner, coschedule deployed), the
    does not enable, Tekton's assistant off); Tekton's assistant in its ``pipelineruns`` mode
    (feature-flags ``coschedule: pipelineruns``; a namespace coschedule does not enable);
    coschedule ``pipelineruns`` (Tekton's assistant off). Rows: creation -> first TaskRun pod
-   Running (median, min-max), its paired (round by round) difference over no co-scheduling,
-   creation -> PipelineRun Succeeded.
+   bound to a node, and Running (median, min-max), each with its paired (round by round)
+   difference over no co-scheduling; creation -> PipelineRun Succeeded; then in how many
+   rounds coschedule's first pod was bound, and Running, no later than Tekton's assistant's.
 2. **Behaviours**, one run each with Tekton's assistant (``pipelineruns``) and with coschedule
    (``pipelineruns``): the first task's node cordoned mid-run (network volume class); a node too
    small for the second task (the small pool nodes, another workload's pod taking the CPU, a
@@ -54,7 +55,15 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from bench.real_latency import WITHOUT, clean, measure, paired_differences, summary
+from bench.real_latency import (
+    METRICS,
+    WITHOUT,
+    RunTimes,
+    clean,
+    measure,
+    paired_differences,
+    summary,
+)
 from bench.servers import loadavg, write_results
 from bench.suite import source
 from tests.e2e.kube import Api, ApiError, Obj, wait_for
@@ -156,36 +165,46 @@ def latency(
     make_namespace(api, namespaces[COSCHEDULE], MODE)
     if stack.CONFIG["coschedule"] != MODE:  # until seen, the cluster's mode applies
         wait_webhook_sees(api, namespaces[COSCHEDULE], MODE)
-    figures: dict[str, dict[str, list[float]]] = {
-        c: {"first_running": [], "succeeded": []} for c in COLUMNS
-    }
+    figures: dict[str, dict[str, list[float]]] = {c: {k: [] for k, _ in METRICS} for c in COLUMNS}
 
-    def one(column: str, name: str) -> tuple[float, float]:
+    def one(column: str, name: str) -> RunTimes:
         flag.set(TEKTON_FLAG[column])
-        first, total = measure(api, namespaces[column], name, cluster.local_class)
+        times = measure(api, namespaces[column], name, cluster.local_class)
         check_flag(api, namespaces[column], name, TEKTON_FLAG[column])
         clean(api, namespaces[column], name)
-        return first, total
+        return times
 
     for column in COLUMNS:  # warm-up: images in the page cache, informers listed
         one(column, "warm-up")
     for index in range(rounds):
         shift = index % len(COLUMNS)
         for column in COLUMNS[shift:] + COLUMNS[:shift]:
-            first, total = one(column, f"run-{index}")
-            figures[column]["first_running"].append(first)
-            figures[column]["succeeded"].append(total)
+            times = one(column, f"run-{index}")
+            for key, _ in METRICS:
+                figures[column][key].append(getattr(times, key))
             log(
-                f"{column:10} round {index:2}: first pod Running {first:5.2f} s, "
-                f"Succeeded {total:5.2f} s"
+                f"{column:10} round {index:2}: first pod bound {times.first_bound:5.2f} s, "
+                f"Running {times.first_running:5.2f} s, Succeeded {times.succeeded:5.2f} s"
             )
     return figures
 
 
 def latency_table(figures: dict[str, dict[str, list[float]]]) -> tuple[str, dict[str, Any]]:
-    """The markdown table, and its figures (summaries and paired differences)."""
+    """The markdown table, and its figures (summaries, paired differences, and the rounds in
+    which coschedule's first pod was no later than Tekton's assistant's)."""
     summaries = {c: {k: summary(v) for k, v in figures[c].items()} for c in COLUMNS}
-    paired = {c: summary(paired_differences(figures, c, "first_running")) for c in COLUMNS[1:]}
+    paired = {
+        key: {c: summary(paired_differences(figures, c, key)) for c in COLUMNS[1:]}
+        for key in ("first_bound", "first_running")
+    }
+    rounds = len(figures[COSCHEDULE]["first_running"])
+    not_behind = {
+        key: sum(
+            ours <= theirs
+            for ours, theirs in zip(figures[COSCHEDULE][key], figures[TEKTON][key], strict=True)
+        )
+        for key in ("first_bound", "first_running")
+    }
 
     def cell(s: dict[str, float]) -> str:
         return f"{s['median']:.2f} s ({s['min']:.2f}-{s['max']:.2f})"
@@ -193,20 +212,34 @@ def latency_table(figures: dict[str, dict[str, list[float]]]) -> tuple[str, dict
     def diff(s: dict[str, float]) -> str:
         return f"{s['median']:+.2f} s ({s['min']:+.2f} to {s['max']:+.2f})"
 
+    def figure_rows(key: str, what: str) -> list[str]:
+        return [
+            f"| first TaskRun pod {what}, median (min-max) | "
+            + " | ".join(cell(summaries[c][key]) for c in COLUMNS)
+            + " |",
+            "| paired difference over none, median (min to max) | - | "
+            + " | ".join(diff(paired[key][c]) for c in COLUMNS[1:])
+            + " |",
+        ]
+
     rows = [
         "| creation → | " + " | ".join(HEADINGS[c] for c in COLUMNS) + " |",
         "|---" * (len(COLUMNS) + 1) + "|",
-        "| first TaskRun pod Running, median (min-max) | "
-        + " | ".join(cell(summaries[c]["first_running"]) for c in COLUMNS)
-        + " |",
-        "| paired difference over none, median (min to max) | - | "
-        + " | ".join(diff(paired[c]) for c in COLUMNS[1:])
-        + " |",
+        *figure_rows("first_bound", "bound to a node"),
+        *figure_rows("first_running", "Running"),
         "| PipelineRun Succeeded, median (min-max) | "
         + " | ".join(cell(summaries[c]["succeeded"]) for c in COLUMNS)
         + " |",
+        "| rounds with coschedule's first pod no later than Tekton's assistant's "
+        f"(bound / Running) | - | - | {not_behind['first_bound']} / "
+        f"{not_behind['first_running']} of {rounds} |",
     ]
-    return "\n".join(rows), {"summary": summaries, "paired_first_running": paired}
+    return "\n".join(rows), {
+        "summary": summaries,
+        "paired_first_bound": paired["first_bound"],
+        "paired_first_running": paired["first_running"],
+        "coschedule_not_behind_tekton": {**not_behind, "rounds": rounds},
+    }
 
 
 # ---- behaviours -----------------------------------------------------------------------------

@@ -44,10 +44,23 @@ def test_each_column_switches_tekton_s_assistant_as_the_docstring_says() -> None
 def _figures() -> dict[str, dict[str, list[float]]]:
     # Round by round, Tekton's column is 0.1, 0.5, 0.9 s behind: a paired median of +0.50 s,
     # while its median minus the other's median is +0.30 s (the pairing is what is shown).
+    # Bound: coschedule's first pod before Tekton's in rounds 0 and 2, after it in round 1.
     return {
-        WITHOUT: {"first_running": [3.0, 3.4, 3.2], "succeeded": [9.0, 10.0, 9.5]},
-        "tekton": {"first_running": [3.1, 3.9, 4.1], "succeeded": [9.2, 10.4, 11.0]},
-        "coschedule": {"first_running": [3.2, 3.3, 3.4], "succeeded": [9.1, 9.6, 9.9]},
+        WITHOUT: {
+            "first_bound": [0.5, 0.6, 0.4],
+            "first_running": [3.0, 3.4, 3.2],
+            "succeeded": [9.0, 10.0, 9.5],
+        },
+        "tekton": {
+            "first_bound": [0.9, 0.6, 0.8],
+            "first_running": [3.1, 3.9, 4.1],
+            "succeeded": [9.2, 10.4, 11.0],
+        },
+        "coschedule": {
+            "first_bound": [0.6, 0.7, 0.5],
+            "first_running": [3.2, 3.3, 3.4],
+            "succeeded": [9.1, 9.6, 9.9],
+        },
     }
 
 
@@ -60,16 +73,36 @@ def test_latency_table_medians_ranges_and_paired_differences() -> None:
     )
     assert rows[1] == "|---|---|---|---|"
     assert rows[2] == (
-        "| first TaskRun pod Running, median (min-max) | 3.20 s (3.00-3.40) "
-        "| 3.90 s (3.10-4.10) | 3.30 s (3.20-3.40) |"
+        "| first TaskRun pod bound to a node, median (min-max) | 0.50 s (0.40-0.60) "
+        "| 0.80 s (0.60-0.90) | 0.60 s (0.50-0.70) |"
     )
     assert rows[3] == (
         "| paired difference over none, median (min to max) | - "
+        "| +0.40 s (+0.00 to +0.40) | +0.10 s (+0.10 to +0.10) |"
+    )
+    assert rows[4] == (
+        "| first TaskRun pod Running, median (min-max) | 3.20 s (3.00-3.40) "
+        "| 3.90 s (3.10-4.10) | 3.30 s (3.20-3.40) |"
+    )
+    assert rows[5] == (
+        "| paired difference over none, median (min to max) | - "
         "| +0.50 s (+0.10 to +0.90) | +0.20 s (-0.10 to +0.20) |"
     )
-    assert rows[4].startswith("| PipelineRun Succeeded, median (min-max) | 9.50 s (9.00-10.00) ")
+    assert rows[6].startswith("| PipelineRun Succeeded, median (min-max) | 9.50 s (9.00-10.00) ")
+    # Running: coschedule's 3.2 / 3.3 / 3.4 against Tekton's 3.1 / 3.9 / 4.1, behind in
+    # round 0 only; bound: behind in round 1 only (0.7 against 0.6).
+    assert rows[7] == (
+        "| rounds with coschedule's first pod no later than Tekton's assistant's "
+        "(bound / Running) | - | - | 2 / 2 of 3 |"
+    )
     assert result["paired_first_running"]["tekton"]["median"] == pytest.approx(0.5)
+    assert result["paired_first_bound"]["coschedule"]["median"] == pytest.approx(0.1)
     assert result["summary"]["coschedule"]["succeeded"]["max"] == 9.9
+    assert result["coschedule_not_behind_tekton"] == {
+        "first_bound": 2,
+        "first_running": 2,
+        "rounds": 3,
+    }
 
 
 def test_behaviour_cells_say_the_outcome_and_when() -> None:
