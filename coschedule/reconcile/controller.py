@@ -382,7 +382,29 @@ class Controller:
         if event == "MODIFIED" and old is not None and run_seed.same_for_seed(old, obj):
             return  # a change of nothing a seed reads (most runs' status updates)
         keys = {run_seed.placeholder_key(o, self.settings()) for o in (obj, old) if o is not None}
-        self._enqueue(sorted(k for k in keys if k is not None))
+        found = sorted(k for k in keys if k is not None)
+        self._run_ended(found, None if event == "DELETED" else obj, obj)
+        self._enqueue(found)
+
+    def _run_ended(self, keys: list[str], run: Obj | None, last: Obj) -> None:
+        """A run done or gone, as the runs' cache says, is its placeholder's owner state at
+        once: no placeholder is made again for the last pods of a run deleted while they
+        ran (the garbage collector takes the StatefulSet first), and a done run's goes when
+        its pods end without asking the API server."""
+        name = (last.get("metadata") or {}).get("name")
+        for key in keys:
+            state = self.owners.states.get(key)
+            if (
+                state is None
+                or state.root is None
+                or state.status is OwnerStatus.DONE
+                or state.root.kind != run_seed.KIND
+                or state.root.name != name
+            ):
+                continue
+            why = run_seed.ended(state.root, run)
+            if why is not None:
+                self.owners.done(key, why)
 
     def _seed(
         self, key: str, pods: list[MarkedPod], now: float
@@ -474,6 +496,10 @@ class Controller:
             return Plan()
         if seed is not None:  # no pod yet: the run itself is the owner, and runs
             owner: OwnerState | None = OwnerState(seed.root, OwnerStatus.RUNNING, now)
+        elif sts is None and not live:
+            # Torn down, its last pods ended: nothing to make or tear down reads the owner
+            # (it was forgotten at the teardown; walking to it again cost two GETs a run).
+            owner = None
         else:
             owner = await self._owner(key, namespace, pods, sts, live, now)
         if live:

@@ -146,6 +146,17 @@ def _converge_live(
     sts = observed.statefulset
     actions: list[Action] = []
     assert group is not None  # live pods make a group
+    if (
+        sts is None
+        and not seeded
+        and group.mode is not Mode.WORKSPACES
+        and owner is not None
+        and owner.status is OwnerStatus.DONE
+    ):
+        # Its engine makes no pod for a done run: its last pods are ending or being deleted
+        # (a run deleted while its last pod ran: the garbage collector took the StatefulSet
+        # first). A placeholder made now would be torn down at once.
+        return Plan(note=f"run done, no placeholder made for its last pods: {owner.detail}")
     if sts is None:
         root = _owner_for(group, owner)
         body = build_statefulset(group, settings, root, observed.claim_templates)
@@ -213,9 +224,9 @@ def _describe(group: GroupSpec) -> str:
 
 
 def _owner_for(group: GroupSpec, owner: OwnerState | None) -> OwnerRef | None:
-    # Workspaces groups follow a claim that many runs may share: no single owner. An owner
-    # already gone must not own a new StatefulSet (the garbage collector would delete it).
-    if group.mode is Mode.WORKSPACES or owner is None or owner.status is OwnerStatus.DONE:
+    # Workspaces groups follow a claim that many runs may share: no single owner. (A done
+    # run's group gets no new StatefulSet: ``_converge_live``.)
+    if group.mode is Mode.WORKSPACES or owner is None:
         return None
     return owner.root
 

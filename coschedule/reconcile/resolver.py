@@ -35,6 +35,12 @@ class OwnerResolver:
     def forget(self, key: str) -> None:
         self.states.pop(key, None)
 
+    def done(self, key: str, why: str) -> None:
+        """The run is done, as a watch of its kind said: no need to ask the API server."""
+        self.states[key] = replace(
+            self.states[key], status=OwnerStatus.DONE, checked_at=self.clock(), detail=why
+        )
+
     async def _get(self, namespace: str, ref: OwnerRef) -> dict[str, Any] | None:
         self.gets += 1
         path = object_path(ref.api_version, owners.PLURALS[ref.kind], namespace, ref.name)

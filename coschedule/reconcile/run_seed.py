@@ -120,6 +120,14 @@ def slim_run(obj: Obj) -> Obj:
     return {"metadata": slim_meta, "spec": slim_spec, "status": {"done": done}}
 
 
+def ended(root: OwnerRef, run: Mapping[str, Any] | None) -> str | None:
+    """Why the PipelineRun ``root`` names is done as the runs' cache says (``run``: its slim
+    form, None once deleted), or None while it may still make pods."""
+    if run is not None and _dict(run.get("metadata")).get("uid") not in (root.uid, None, ""):
+        run = None  # another run under its name: it was deleted
+    return orphan_done(root.name, run)
+
+
 def same_for_seed(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
     """Whether two slim versions of a run differ in nothing a seed reads (its version aside:
     most of a run's updates are its status, which the slim form leaves out)."""

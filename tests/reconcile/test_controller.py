@@ -23,7 +23,9 @@ from coschedule.marks import (
 )
 from coschedule.reconcile import controller as controller_module
 from coschedule.reconcile.controller import Controller
+from coschedule.reconcile.event_keys import BY_PLACEHOLDER
 from coschedule.reconcile.manager import Manager
+from coschedule.reconcile.model import OwnerStatus
 from coschedule.reconcile.reconciler_metrics import ReconcileMetrics
 from tests.fixtures import DEFAULT_TOLERATIONS
 from tests.reconcile.apiserver import MiniApi
@@ -488,13 +490,18 @@ async def test_teardown_when_the_pipelinerun_completes_but_not_before(
     assert options["propagationPolicy"] == "Background"
 
 
-async def test_a_placeholder_made_for_a_run_already_done_goes_with_its_last_pod(
+def run_reads(api: MiniApi) -> int:
+    """GETs of a PipelineRun by name (a watch's list names none)."""
+    return len([c for c in api.calls("GET", "pipelineruns") if c[1] is not None])
+
+
+async def test_a_run_already_done_gets_no_placeholder_for_its_last_pod(
     api: MiniApi, make: Callable[..., Any]
 ) -> None:
     """Found by the fault tier (the leader killed under a Cancel control): the new leader
-    cancels a run whose pod the old one had not placed yet and, a moment later, places that
-    pod. The run is done: its StatefulSet gets no owner, and must go when the engine deletes
-    the pod, not after the idle grace (300 s here)."""
+    cancels a run whose pod the old one had not placed yet. The run is done, its engine
+    deletes that pod, and no placeholder is made for it (one was, without an owner, that
+    then had to go with the pod)."""
     api.edit(
         "pipelineruns",
         "ci",
@@ -502,12 +509,60 @@ async def test_a_placeholder_made_for_a_run_already_done_goes_with_its_last_pod(
         {"status": {"conditions": [{"type": "Succeeded", "status": "False"}]}},
     )
     await make()
+    before = run_reads(api)
+    pod = marked_pod("tekton-taskrun")
+    api.put("pods", pod)
+    # The pod's owner walk ends at the run, which says it is done.
+    await eventually(lambda: run_reads(api) > before, within=30)
+    await asyncio.sleep(0.5)
+    assert api.get("statefulsets", "ci", placeholder_of(pod)) is None
+
+
+async def test_a_run_deleted_while_its_last_pod_runs_gets_no_placeholder_again(
+    api: MiniApi, make: Callable[..., Any]
+) -> None:
+    """Found on the real stack: a PipelineRun deleted as it finished, its last pod still
+    Running. The garbage collector deleted the run's StatefulSet, the reconciler made it
+    again (its cached owner said running) twice over, each time deleted by the collector,
+    until it asked the API server. The runs' watch said the run was gone first."""
+    ctl = await make()
     pod = marked_pod("tekton-taskrun")
     name = await made_placeholder(api, pod)
-    assert "ownerReferences" not in (api.get("statefulsets", "ci", name) or {})["metadata"]
+    key = f"ci/{name}"
+    await eventually(lambda: key in ctl.owners.states)  # its owner walked once and cached
+    made = len(api.calls("POST", "statefulsets"))
+    reads = run_reads(api)
+    api.remove("pipelineruns", "ci", "pr-7f3k2")
+    await eventually(lambda: not ctl.runs.by_index(BY_PLACEHOLDER, key))
+    api.remove("statefulsets", "ci", name)  # the garbage collector, the run gone
+    await asyncio.sleep(0.5)
+    assert api.get("statefulsets", "ci", name) is None
+    assert len(api.calls("POST", "statefulsets")) == made
+    assert run_reads(api) == reads  # known from the watch, not asked
 
-    api.remove("pods", "ci", pod["metadata"]["name"])
-    await eventually(lambda: api.get("statefulsets", "ci", name) is None, within=2)
+
+async def test_a_finished_runs_placeholder_goes_with_its_last_pod_without_asking_for_the_run(
+    api: MiniApi, make: Callable[..., Any]
+) -> None:
+    """The runs' watch says the run is done: its placeholder goes once its last pod has
+    ended, with no GET of the run (before, a quiet run's owner was asked, and walked to
+    again, TaskRun then PipelineRun, in the pass after the teardown)."""
+    ctl = await make()
+    pod = marked_pod("tekton-taskrun")
+    name = await made_placeholder(api, pod)
+    key = f"ci/{name}"
+    await eventually(lambda: key in ctl.owners.states)
+    reads = run_reads(api)
+    done = {"status": {"conditions": [{"type": "Succeeded", "status": "True"}]}}
+    api.edit("pipelineruns", "ci", "pr-7f3k2", done)
+    await eventually(lambda: ctl.owners.states[key].status is OwnerStatus.DONE, within=30)
+    assert ctl.owners.states[key].detail == "PipelineRun pr-7f3k2 is done"
+    api.edit("pods", "ci", pod["metadata"]["name"], {"status": {"phase": "Succeeded"}})
+    await eventually(lambda: api.get("statefulsets", "ci", name) is None, within=30)
+    await asyncio.sleep(0.5)  # the passes after the teardown (the StatefulSet's deletion)
+    assert run_reads(api) == reads
+    # Nor is the run's owner walked to again once its group is torn down.
+    assert len(api.calls("GET", "taskruns")) == 1
 
 
 @pytest.mark.parametrize(
@@ -521,20 +576,22 @@ async def test_a_placeholder_made_for_a_run_already_done_goes_with_its_last_pod(
 async def test_a_new_leader_removes_an_owner_less_placeholder_whose_run_is_done_or_gone(
     api: MiniApi, make: Make, run: str, goes: bool
 ) -> None:
-    """Found by the fault tier: the old leader made a StatefulSet for a run already done (no
-    owner reference) and was SIGKILLed before the run's pod went. The new leader has no
-    root cached: it reads the run its annotations name and removes the StatefulSet at once
-    when the run is done or gone, not after the idle grace (300 s); a run that may still
-    make pods keeps it."""
-    done = {"status": {"conditions": [{"type": "Succeeded", "status": "False"}]}}
-    api.edit("pipelineruns", "ci", "pr-7f3k2", done)
+    """Found by the fault tier: an old leader (of a version that did so) made a StatefulSet
+    for a run already done (no owner reference) and was SIGKILLed before the run's pod
+    went. The new leader has no root cached: it reads the run its annotations name and
+    removes the StatefulSet at once when the run is done or gone, not after the idle grace
+    (300 s); a run that may still make pods keeps it."""
     old = await make()
     pod = marked_pod("tekton-taskrun")
     name = await made_placeholder(api, pod)
+    await make.manager(old).stop()  # killed: nothing of it is left to the new leader
+    # What an earlier version left: the run done, its StatefulSet made with no owner.
+    done = {"status": {"conditions": [{"type": "Succeeded", "status": "False"}]}}
+    api.edit("pipelineruns", "ci", "pr-7f3k2", done)
+    api.edit("statefulsets", "ci", name, {"metadata": {"ownerReferences": None}})
     sts = api.get("statefulsets", "ci", name) or {}
     assert "ownerReferences" not in sts["metadata"]
     assert sts["metadata"]["annotations"]["coschedule.dev/run-label"] == "tekton.dev/pipelineRun"
-    await make.manager(old).stop()  # killed: nothing of it is left to the new leader
 
     api.remove("pods", "ci", pod["metadata"]["name"])
     if run == "gone":
@@ -548,15 +605,12 @@ async def test_a_new_leader_removes_an_owner_less_placeholder_whose_run_is_done_
         }
         api.edit("pipelineruns", "ci", "pr-7f3k2", running)
 
-    def reads() -> int:  # GETs of the run by name (a watch's list names none)
-        return len([c for c in api.calls("GET", "pipelineruns") if c[1] is not None])
-
-    before = reads()
+    before = run_reads(api)
     await make()
     if goes:  # long before the 300 s idle grace (a busy machine's patience is under it)
         await eventually(lambda: api.get("statefulsets", "ci", name) is None, within=30)
     else:
-        await eventually(lambda: reads() > before, within=30)
+        await eventually(lambda: run_reads(api) > before, within=30)
         await asyncio.sleep(0.5)
         assert api.get("statefulsets", "ci", name) is not None
 

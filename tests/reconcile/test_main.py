@@ -71,6 +71,9 @@ async def test_two_replicas_one_acts_and_the_other_takes_over_on_shutdown(
     took = await eventually(lambda: leading(follower[1]))
     assert took < 7.5, f"took {took:.1f} s: the lease was waited out, not released"
     second = marked_pod("argo-workflow-pod")
+    [owner] = second["metadata"]["ownerReferences"]
+    workflow = {"metadata": {"name": owner["name"], "namespace": "ci", "uid": owner["uid"]}}
+    api.put("workflows", {**workflow, "status": {"phase": "Running"}})  # its run runs
     api.put("pods", second)
     await eventually(lambda: api.get("statefulsets", "ci", placeholder_of(second)) is not None)
     follower[0].set()

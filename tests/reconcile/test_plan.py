@@ -92,6 +92,10 @@ def existing_set(observed: Observed, settings: Settings = SETTINGS, **over: Any)
 
 
 def created_body(observed: Observed, settings: Settings = SETTINGS) -> dict[str, Any]:
+    owner = observed.owner
+    if owner is not None and owner.status is OwnerStatus.DONE:
+        # Made while the run ran (a done run's pods get none).
+        observed = replace(observed, owner=replace(owner, status=OwnerStatus.RUNNING))
     creates = only(plan(observed, settings, NOW), CreateStatefulSet)
     assert len(creates) == 1
     body: dict[str, Any] = creates[0].body
@@ -936,6 +940,19 @@ def test_live_pods_keep_the_placeholder_even_when_the_owner_reports_done() -> No
     observed = observed_for(marked_pod("tekton-taskrun"), owner=done)
     observed = replace(observed, statefulset=existing_set(observed))
     assert not only(plan(observed, SETTINGS, NOW), DeleteStatefulSet)
+
+
+def test_a_done_run_s_live_pods_get_no_new_placeholder() -> None:
+    # A run deleted as it finished, its last pod still Running: the garbage collector took
+    # the StatefulSet first. Its engine makes no pod for it any more.
+    gone = replace(RUNNING, status=OwnerStatus.DONE, detail="PipelineRun pr-7f3k2 is gone")
+    observed = observed_for(marked_pod("tekton-taskrun"), owner=gone)
+    result = plan(observed, SETTINGS, NOW)
+    assert not result.actions
+    assert result.note is not None
+    assert "PipelineRun pr-7f3k2 is gone" in result.note
+    # While it runs, its pods get theirs.
+    assert only(plan(observed_for(marked_pod("tekton-taskrun")), SETTINGS, NOW), CreateStatefulSet)
 
 
 def test_runs_without_owner_go_after_the_idle_grace() -> None:

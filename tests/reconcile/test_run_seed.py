@@ -23,6 +23,7 @@ from coschedule.reconcile.model import (
     CreateStatefulSet,
     DeleteStatefulSet,
     Observed,
+    OwnerRef,
     OwnerState,
     OwnerStatus,
     PatchStatefulSet,
@@ -31,6 +32,7 @@ from coschedule.reconcile.placeholder import group_spec, pod_template
 from coschedule.reconcile.plan import plan
 from coschedule.reconcile.run_seed import (
     candidate,
+    ended,
     namespace_changed,
     orphan_done,
     orphan_run,
@@ -154,6 +156,29 @@ def test_an_owner_less_placeholder_goes_when_its_run_is_done_or_gone(
 ) -> None:
     slim = slim_run(stored) if stored is not None else None
     assert orphan_done("pr-7f3k2", slim) == why
+
+
+@pytest.mark.parametrize(
+    ("cached", "why"),
+    [
+        pytest.param(None, "PipelineRun pr-7f3k2 is gone", id="deleted"),
+        pytest.param(done(pipeline_run(), "True"), "PipelineRun pr-7f3k2 is done", id="done"),
+        pytest.param(
+            deleting(pipeline_run()), "PipelineRun pr-7f3k2 is being deleted", id="deleting"
+        ),
+        pytest.param(pipeline_run(), None, id="running"),
+        pytest.param(
+            {**pipeline_run(), "metadata": {**pipeline_run()["metadata"], "uid": "uid-new"}},
+            "PipelineRun pr-7f3k2 is gone",
+            id="another run under its name",
+        ),
+    ],
+)
+def test_a_run_s_owner_state_follows_the_runs_cache(
+    cached: dict[str, Any] | None, why: str | None
+) -> None:
+    root = OwnerRef("tekton.dev/v1", "PipelineRun", "pr-7f3k2", "uid-pr")
+    assert ended(root, slim_run(cached) if cached is not None else None) == why
 
 
 # ---- which runs get a seed ------------------------------------------------------------
