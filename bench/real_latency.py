@@ -10,8 +10,9 @@ interleaved round by round, and the order of the columns rotates from round to r
 the machine's load and whatever a previous run leaves behind hit every column alike. Each run is
 deleted, and its pods are gone, before the next one starts.
 
-For each run it polls the API every 0.1 s and records, from the PipelineRun's creation: the
-first of its TaskRun pods bound to a node and Running, and Tekton's verdict Succeeded. Prints
+For each run it records, from the PipelineRun's creation: when the first of its TaskRun pods
+was made and bound to a node (a watch of the namespace's pods), when one was Running and
+Tekton's verdict Succeeded (the API polled every 0.1 s). Prints
 the medians, min and max of each per column, and the medians' differences from the column
 without coschedule, the load average before and after, and the commit measured. A benchmark:
 it prints figures and asserts nothing but Tekton's verdict.
@@ -22,10 +23,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime as dt
+import json
 import shutil
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -41,6 +44,7 @@ POLL = 0.1
 WITHOUT = "without"
 MODES = ("pipelineruns", "workspaces")
 METRICS = (
+    ("first_created", "first pod created"),
     ("first_bound", "first pod bound"),
     ("first_running", "first pod Running"),
     ("succeeded", "Succeeded"),
@@ -60,30 +64,62 @@ def _run(namespace: str, name: str, storage_class: str) -> dict[str, object]:
 class RunTimes(NamedTuple):
     """One run, in seconds from its creation."""
 
-    first_bound: float  # the first TaskRun pod seen bound to a node
-    first_running: float  # the first TaskRun pod seen Running
-    succeeded: float  # the PipelineRun seen Succeeded
+    first_created: float  # the first TaskRun pod made (its watch event)
+    first_bound: float  # the first TaskRun pod bound to a node (its watch event)
+    first_running: float  # the first TaskRun pod seen Running (polled)
+    succeeded: float  # the PipelineRun seen Succeeded (polled)
+
+
+class _FirstPod(threading.Thread):
+    """When the first of a run's pods is made, and when one is first bound, as a watch of
+    the namespace's pods delivers them: the events' arrival, not a poll's period."""
+
+    def __init__(self, api: Api, namespace: str, selector: str) -> None:
+        super().__init__(daemon=True)
+        self.api, self.namespace, self.selector = api, namespace, selector
+        self.started = 0.0  # the run's creation (monotonic), set before it is made
+        self.created: float | None = None
+        self.bound: float | None = None
+        self.opened = threading.Event()
+
+    def run(self) -> None:
+        params = {"watch": "1", "labelSelector": self.selector, "timeoutSeconds": "120"}
+        path = f"/api/v1/namespaces/{self.namespace}/pods"
+        with self.api.http.stream("GET", path, params=params, timeout=None) as response:
+            self.opened.set()
+            for line in response.iter_lines():
+                now = time.monotonic()
+                if not line:
+                    continue
+                event = json.loads(line)
+                pod = event.get("object") or {}
+                if event.get("type") == "ADDED" and self.created is None:
+                    self.created = now - self.started
+                if (pod.get("spec") or {}).get("nodeName") and self.bound is None:
+                    self.bound = now - self.started
+                if self.created is not None and self.bound is not None:
+                    return
 
 
 def measure(api: Api, namespace: str, name: str, storage_class: str) -> RunTimes:
-    """When one run's first pod was bound and Running, and when the run Succeeded. Bound is
-    what the scheduler (and coschedule's placement before it) decides; Running adds the
-    kubelet, which sees a container start at its relist of the node's pods (about once a
-    second), so Running moves in steps that bound does not."""
-    started = time.monotonic()
-    api.create(_run(namespace, name, storage_class))
-    bound: float | None = None
-    first: float | None = None
+    """When one run's first pod was made, bound and Running, and when the run Succeeded.
+    Made and bound come from a watch (Tekton, then the scheduler and coschedule's placement
+    before it); Running adds the kubelet, which sees a container start at its relist of the
+    node's pods (about once a second), so Running moves in steps that bound does not."""
     # TaskRun pods only: Tekton's own Affinity Assistant pod carries the run's label too.
     selector = f"tekton.dev/pipelineRun={name},tekton.dev/pipelineTask"
+    watch = _FirstPod(api, namespace, selector)
+    watch.start()
+    if not watch.opened.wait(10):
+        raise RuntimeError(f"{namespace}: the pods' watch did not open in 10 s")
+    started = watch.started = time.monotonic()
+    api.create(_run(namespace, name, storage_class))
+    first: float | None = None
     while time.monotonic() - started < 300:
         if first is None:
             pods = api.list("Pod", namespace, label_selector=selector)
-            now = time.monotonic() - started
-            if bound is None and any((p.get("spec") or {}).get("nodeName") for p in pods):
-                bound = now
             if any((p.get("status") or {}).get("phase") in ("Running", "Succeeded") for p in pods):
-                first = now
+                first = time.monotonic() - started
         run = api.must_get("PipelineRun", name, namespace)
         if done(run):
             if verdict(run) != ("True", "Succeeded"):
@@ -91,7 +127,10 @@ def measure(api: Api, namespace: str, name: str, storage_class: str) -> RunTimes
             total = time.monotonic() - started
             # A run can finish between two polls of a short first pod's Running phase.
             first = first if first is not None else total
-            return RunTimes(bound if bound is not None else first, first, total)
+            watch.join(5)
+            if watch.created is None or watch.bound is None:
+                raise RuntimeError(f"{namespace}/{name}: its pods' watch saw none made and bound")
+            return RunTimes(watch.created, watch.bound, first, total)
         time.sleep(POLL)
     raise RuntimeError(f"{namespace}/{name} did not finish in 300 s")
 
@@ -210,9 +249,9 @@ def main(argv: list[str] | None = None) -> int:
                 for key, _ in METRICS:
                     figures[column][key].append(getattr(times, key))
                 print(
-                    f"{column:12} run {index:2}: first pod bound {times.first_bound:5.2f} s, "
-                    f"Running {times.first_running:5.2f} s, Succeeded {times.succeeded:5.2f} s "
-                    f"(load {loadavg():.2f})",
+                    f"{column:12} run {index:2}: first pod made {times.first_created:5.2f} s, "
+                    f"bound {times.first_bound:5.2f} s, Running {times.first_running:5.2f} s, "
+                    f"Succeeded {times.succeeded:5.2f} s (load {loadavg():.2f})",
                     flush=True,
                 )
                 load.append(loadavg())

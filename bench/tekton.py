@@ -13,9 +13,10 @@ Tekton's controller, the suite's hostPath provisioner, coschedule deployed), the
    does not enable, Tekton's assistant off); Tekton's assistant in its ``pipelineruns`` mode
    (feature-flags ``coschedule: pipelineruns``; a namespace coschedule does not enable);
    coschedule ``pipelineruns`` (Tekton's assistant off). Rows: creation -> first TaskRun pod
-   bound to a node, and Running (median, min-max), each with its paired (round by round)
-   difference over no co-scheduling; creation -> PipelineRun Succeeded; then in how many
-   rounds coschedule's first pod was bound, and Running, no later than Tekton's assistant's.
+   made, bound to a node (both from a watch of the pods) and Running (median, min-max), each
+   with its paired (round by round) difference over no co-scheduling; creation -> PipelineRun
+   Succeeded; then in how many rounds coschedule's first pod was bound, and Running, no
+   later than Tekton's assistant's.
 2. **Behaviours**, one run each with Tekton's assistant (``pipelineruns``) and with coschedule
    (``pipelineruns``): the first task's node cordoned mid-run (network volume class); a node too
    small for the second task (the small pool nodes, another workload's pod taking the CPU, a
@@ -183,8 +184,9 @@ def latency(
             for key, _ in METRICS:
                 figures[column][key].append(getattr(times, key))
             log(
-                f"{column:10} round {index:2}: first pod bound {times.first_bound:5.2f} s, "
-                f"Running {times.first_running:5.2f} s, Succeeded {times.succeeded:5.2f} s"
+                f"{column:10} round {index:2}: first pod made {times.first_created:5.2f} s, "
+                f"bound {times.first_bound:5.2f} s, Running {times.first_running:5.2f} s, "
+                f"Succeeded {times.succeeded:5.2f} s"
             )
     return figures
 
@@ -195,7 +197,7 @@ def latency_table(figures: dict[str, dict[str, list[float]]]) -> tuple[str, dict
     summaries = {c: {k: summary(v) for k, v in figures[c].items()} for c in COLUMNS}
     paired = {
         key: {c: summary(paired_differences(figures, c, key)) for c in COLUMNS[1:]}
-        for key in ("first_bound", "first_running")
+        for key in ("first_created", "first_bound", "first_running")
     }
     rounds = len(figures[COSCHEDULE]["first_running"])
     not_behind = {
@@ -225,6 +227,7 @@ def latency_table(figures: dict[str, dict[str, list[float]]]) -> tuple[str, dict
     rows = [
         "| creation → | " + " | ".join(HEADINGS[c] for c in COLUMNS) + " |",
         "|---" * (len(COLUMNS) + 1) + "|",
+        *figure_rows("first_created", "made"),
         *figure_rows("first_bound", "bound to a node"),
         *figure_rows("first_running", "Running"),
         "| PipelineRun Succeeded, median (min-max) | "
@@ -236,6 +239,7 @@ def latency_table(figures: dict[str, dict[str, list[float]]]) -> tuple[str, dict
     ]
     return "\n".join(rows), {
         "summary": summaries,
+        "paired_first_created": paired["first_created"],
         "paired_first_bound": paired["first_bound"],
         "paired_first_running": paired["first_running"],
         "coschedule_not_behind_tekton": {**not_behind, "rounds": rounds},
@@ -532,12 +536,23 @@ def behaviour_table(outcomes: dict[str, dict[str, Outcome]]) -> str:
 # ---- report and entry point ----------------------------------------------------------------
 
 
-def heading(code: dict[str, Any], load: list[float], rounds: int, wait: float) -> str:
+def heading(
+    code: dict[str, Any],
+    load: list[float],
+    rounds: int,
+    wait: float,
+    *,
+    latency: bool = True,
+    behaviours: bool = True,
+) -> str:
+    """What was measured (only the parts that ran), on what code, at what load."""
     commit = f"{code['commit']}{' + changes' if code['modified_files'] else ''}"
     shared = "measured on a shared, loaded machine; " if max(load) > 2 else ""
+    ran = [f"{rounds} interleaved rounds after one warm-up"] if latency else []
+    if behaviours:
+        ran.append(f"behaviours one run each, waits bounded at {wait:.0f} s")
     return (
-        f"{shared}commit {commit}; {rounds} interleaved rounds after one warm-up; behaviours "
-        f"one run each, waits bounded at {wait:.0f} s; 1-minute load average "
+        f"{shared}commit {commit}; {'; '.join(ran)}; 1-minute load average "
         f"{min(load):.2f}-{max(load):.2f} (median {statistics.median(load):.2f})"
     )
 
@@ -591,7 +606,17 @@ def main(argv: list[str] | None = None) -> int:
         stack.stop(cluster)
         shutil.rmtree(workdir, ignore_errors=True)
     load.append(loadavg())
-    text = [heading(code, load, args.rounds, args.wait), ""]
+    text = [
+        heading(
+            code,
+            load,
+            args.rounds,
+            args.wait,
+            latency=not args.no_latency,
+            behaviours=not args.no_behaviours,
+        ),
+        "",
+    ]
     result: dict[str, Any] = {}
     if figures:
         table, result = latency_table(figures)

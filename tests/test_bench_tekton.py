@@ -47,16 +47,19 @@ def _figures() -> dict[str, dict[str, list[float]]]:
     # Bound: coschedule's first pod before Tekton's in rounds 0 and 2, after it in round 1.
     return {
         WITHOUT: {
+            "first_created": [0.4, 0.5, 0.3],
             "first_bound": [0.5, 0.6, 0.4],
             "first_running": [3.0, 3.4, 3.2],
             "succeeded": [9.0, 10.0, 9.5],
         },
         "tekton": {
+            "first_created": [0.5, 0.5, 0.4],
             "first_bound": [0.9, 0.6, 0.8],
             "first_running": [3.1, 3.9, 4.1],
             "succeeded": [9.2, 10.4, 11.0],
         },
         "coschedule": {
+            "first_created": [0.5, 0.6, 0.4],
             "first_bound": [0.6, 0.7, 0.5],
             "first_running": [3.2, 3.3, 3.4],
             "succeeded": [9.1, 9.6, 9.9],
@@ -72,6 +75,15 @@ def test_latency_table_medians_ranges_and_paired_differences() -> None:
         "| coschedule `pipelineruns` |"
     )
     assert rows[1] == "|---|---|---|---|"
+    assert rows[2] == (
+        "| first TaskRun pod made, median (min-max) | 0.40 s (0.30-0.50) "
+        "| 0.50 s (0.40-0.50) | 0.50 s (0.40-0.60) |"
+    )
+    assert rows[3] == (
+        "| paired difference over none, median (min to max) | - "
+        "| +0.10 s (+0.00 to +0.10) | +0.10 s (+0.10 to +0.10) |"
+    )
+    rows = rows[:2] + rows[4:]
     assert rows[2] == (
         "| first TaskRun pod bound to a node, median (min-max) | 0.50 s (0.40-0.60) "
         "| 0.80 s (0.60-0.90) | 0.60 s (0.50-0.70) |"
@@ -97,6 +109,7 @@ def test_latency_table_medians_ranges_and_paired_differences() -> None:
     )
     assert result["paired_first_running"]["tekton"]["median"] == pytest.approx(0.5)
     assert result["paired_first_bound"]["coschedule"]["median"] == pytest.approx(0.1)
+    assert result["paired_first_created"]["tekton"]["max"] == pytest.approx(0.1)
     assert result["summary"]["coschedule"]["succeeded"]["max"] == 9.9
     assert result["coschedule_not_behind_tekton"] == {
         "first_bound": 2,
@@ -138,3 +151,12 @@ def test_heading_labels_a_loaded_machine_and_local_changes() -> None:
     loaded = tekton.heading({"commit": "fed78da", "modified_files": ["x"]}, [1.0, 4.2], 5, 120)
     assert loaded.startswith("measured on a shared, loaded machine; commit fed78da + changes")
     assert "waits bounded at 120 s" in loaded
+    latency_only = tekton.heading(
+        {"commit": "fed78da", "modified_files": []}, [0.4], 20, 120, behaviours=False
+    )
+    assert latency_only.startswith("commit fed78da; 20 interleaved rounds after one warm-up; 1-")
+    assert "behaviours" not in latency_only
+    behaviours_only = tekton.heading(
+        {"commit": "fed78da", "modified_files": []}, [0.4], 20, 120, latency=False
+    )
+    assert behaviours_only.startswith("commit fed78da; behaviours one run each")
