@@ -446,7 +446,11 @@ class Controller:
             if annotations.get(ANNOTATION_RUN):
                 return str(annotations[ANNOTATION_RUN])
         meta = (self.statefulsets.get(key) or {}).get("metadata") or {}
-        return str((meta.get("annotations") or {}).get(ANNOTATION_RUN) or "")
+        run = (meta.get("annotations") or {}).get(ANNOTATION_RUN)
+        if not run:  # made from the run itself: no pod and no StatefulSet yet
+            runs = self.runs.by_index(BY_PLACEHOLDER, key)
+            run = (runs[0].get("metadata") or {}).get("name") if len(runs) == 1 else ""
+        return str(run or "")
 
     def observe_pods(self, key: str) -> list[MarkedPod]:
         pods: list[MarkedPod] = []

@@ -630,6 +630,20 @@ def started_run(namespace: str, name: str) -> dict[str, Any]:
     }
 
 
+async def test_a_placeholder_made_from_its_run_is_logged_with_the_run(
+    api: MiniApi, make: Callable[..., Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    """No pod and no StatefulSet name the run yet: the runs' cache does."""
+    caplog.set_level(logging.INFO, logger="coschedule.reconcile")
+    api.put("namespaces", {"metadata": {"name": "early", "labels": {LABEL_ENABLED: "true"}}})
+    api.put("pipelineruns", started_run("early", "pr-early"))
+    name = run_placeholder("early", "pr-early")
+    await make(settings=Settings(mode=Mode.PIPELINERUNS, idle_grace_seconds=300))
+    await eventually(lambda: api.get("statefulsets", "early", name) is not None, within=3)
+    [created] = [r for r in caplog.records if getattr(r, "action", None) == "create-statefulset"]
+    assert getattr(created, "run", None) == "pr-early"
+
+
 @pytest.mark.parametrize(
     "before",
     [
