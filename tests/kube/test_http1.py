@@ -19,7 +19,7 @@ import uvloop
 from coschedule import certs
 from coschedule.kube import client as client_module
 from coschedule.kube.client import ApiError, Credentials, KubeClient
-from coschedule.kube.http1 import IDLE_SECONDS, LeanTransport
+from coschedule.kube.http1 import IDLE_SECONDS, STREAM, LeanTransport
 from coschedule.kube.reachability import is_unreachable
 from tests.conftest import free_port
 
@@ -240,6 +240,43 @@ async def test_a_kept_connection_closed_as_a_request_goes_out(
             # The next request gets a new connection.
             assert (await http.request(method, "/third", content=b"{}")).status_code == 200
             assert server.connections == 2
+
+
+@pytest.mark.parametrize(
+    ("method", "sent_again"),
+    [
+        pytest.param("GET", True, id="a watch (GET) is sent again"),
+        pytest.param("POST", False, id="a POST is not"),
+    ],
+)
+async def test_a_stream_on_a_kept_connection_closed_unanswered(
+    serve: Serve, bundle: certs.CertBundle, method: str, sent_again: bool
+) -> None:
+    """A stream goes through the same attempts as a request: on a kept connection the server
+    closes unanswered, a GET is sent once more on a new connection, and comes as a stream."""
+
+    def answer(method_seen: str, url: str, conn: int) -> tuple[bytes, bool]:
+        if conn == 1 and url == "/watch":
+            return b"", True
+        return ok(b'{"type":"ADDED"}\n'), False
+
+    server = await serve(answer)
+    async with transport(server, bundle) as http:
+        assert (await http.get("/first")).status_code == 200
+        request = http.build_request(method, "/watch", extensions={STREAM: True})
+        if sent_again:
+            response = await http.send(request, stream=True)
+            assert response.status_code == 200
+            assert b"".join([part async for part in response.aiter_bytes()]) == (
+                b'{"type":"ADDED"}\n'
+            )
+            await response.aclose()
+            assert [url for _, url, _ in server.requests] == ["/first", "/watch", "/watch"]
+        else:
+            with pytest.raises(httpx.RemoteProtocolError):
+                await http.send(request, stream=True)
+            assert [url for _, url, _ in server.requests] == ["/first", "/watch"]
+        assert server.connections == 1 + sent_again
 
 
 async def test_a_kept_connection_whose_close_has_begun_is_not_picked(
