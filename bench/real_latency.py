@@ -12,10 +12,10 @@ deleted, and its pods are gone, before the next one starts.
 
 For each run it records, from the PipelineRun's creation: when the first of its TaskRun pods
 was made and bound to a node (a watch of the namespace's pods), when one was Running and
-Tekton's verdict Succeeded (the API polled every 0.1 s). Prints
-the medians, min and max of each per column, and the medians' differences from the column
-without coschedule, the load average before and after, and the commit measured. A benchmark:
-it prints figures and asserts nothing but Tekton's verdict.
+Tekton's verdict Succeeded (the API polled every 0.1 s). Prints the medians, min and max of
+each per column, and the medians' differences from the column without coschedule, the load
+average before and after, and the commit measured. A benchmark: it prints figures and
+asserts nothing but Tekton's verdict.
 """
 
 from __future__ import annotations
