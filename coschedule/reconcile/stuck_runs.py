@@ -6,10 +6,10 @@ else explain (once per change); say so when the placeholder itself cannot be pla
 The decisions (stuck? safe? where to?) are ``stuck``'s; this module composes them into
 actions the ``Executor`` carries out, and a look again instead of a timer.
 
-What the caches do not hold is read only when a pod is stuck (rare): ``facts_wanted`` says
-which claims (GET) and which nodes' bound requests (LIST by ``spec.nodeName``) the next
-step needs; ``stuck_facts.read_and_plan`` reads them until nothing more is wanted, and
-plans with what it read.
+What the caches do not hold is read only when a pod is stuck (rare): ``step`` answers with
+the claims (GET) and the nodes' bound requests (LIST by ``spec.nodeName``) it needs first;
+``stuck_facts.read_and_plan`` reads them until nothing more is wanted, and plans with what
+it read.
 """
 
 from __future__ import annotations
@@ -99,19 +99,11 @@ class _Case:
 
 def plan_stuck(observed: Observed, facts: StuckFacts, settings: Settings, now: float) -> Plan:
     """The actions for one group's stuck pods (if any) and when to look again. Pure; the
-    facts ``facts_wanted`` asks for must have been read."""
+    facts ``step`` asks for must have been read."""
     planned = step(observed, facts, settings, now)
     if isinstance(planned, Wanted):
         raise ValueError(f"stuck-run facts not read yet: {planned}")
     return planned
-
-
-def facts_wanted(
-    observed: Observed, facts: StuckFacts, settings: Settings, now: float
-) -> Wanted | None:
-    """What to read before ``plan_stuck`` can decide; None when nothing more."""
-    planned = step(observed, facts, settings, now)
-    return planned if isinstance(planned, Wanted) else None
 
 
 def _clear(

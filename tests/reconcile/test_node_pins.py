@@ -33,7 +33,7 @@ from coschedule.reconcile.model import (
 )
 from coschedule.reconcile.node_pins import REASON_STRANDED, plan_pins, stranded_first
 from coschedule.reconcile.plan import plan
-from coschedule.reconcile.stuck_runs import facts_wanted, plan_stuck
+from coschedule.reconcile.stuck_runs import plan_stuck
 from coschedule.wire.jsonpatch import apply
 from tests.fixtures import load_pod
 from tests.reconcile import test_stuck_plan as stuck_plan
@@ -387,7 +387,7 @@ def test_a_gated_pod_is_not_stuck_however_long_it_waits() -> None:
     ]
     observed = stuck_plan.group(pod)
     facts = stuck_plan.facts(observed, pod, read=False)
-    assert facts_wanted(observed, facts, stuck_plan.SETTINGS, NOW) is None
+    assert stuck_plan.facts_wanted(observed, facts, stuck_plan.SETTINGS, NOW) is None
     result = plan_stuck(observed, facts, stuck_plan.SETTINGS, NOW)
     assert not [a for a in result.actions if isinstance(a, RelocatePlaceholder | MarkStuck)]
     # It is released instead.

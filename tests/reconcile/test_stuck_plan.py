@@ -35,8 +35,8 @@ from coschedule.reconcile.stuck_runs import (
     RECHECK_MARGIN,
     StuckFacts,
     Wanted,
-    facts_wanted,
     plan_stuck,
+    step,
 )
 from tests.reconcile import test_stuck_runs
 from tests.reconcile.pods import marked_pod, unschedulable
@@ -113,6 +113,14 @@ def facts(
             usage={name: resources({"cpu": value}) for name, value in cpu.items()},
         )
     return replace(found, **more)
+
+
+def facts_wanted(
+    observed: Observed, facts: StuckFacts, settings: Settings, now: float
+) -> Wanted | None:
+    """What ``step`` asks to read before it can plan; None when nothing more."""
+    found = step(observed, facts, settings, now)
+    return found if isinstance(found, Wanted) else None
 
 
 def only(result: Plan, kind: type) -> list[Any]:
