@@ -30,6 +30,7 @@ import yaml
 from coschedule.k8s.timefmt import parse_time
 from coschedule.kube.http1 import STREAM, LeanTransport
 from coschedule.kube.reachability import ApiReachability, is_unreachable
+from coschedule.wire.watch_events import decode_event, decode_list
 
 JSON_PATCH = "application/json-patch+json"  # the content type of a JSON patch (RFC 6902)
 STRATEGIC_MERGE = "application/strategic-merge-patch+json"
@@ -458,6 +459,7 @@ class KubeClient:
         body: Any = None,
         content_type: str = "application/json",
         accept: str | None = None,
+        decode: Callable[[bytes], Any] = orjson.loads,
     ) -> dict[str, Any]:
         content = orjson.dumps(body) if body is not None else None
         headers = {"Content-Type": content_type} if content is not None else {}
@@ -474,7 +476,7 @@ class KubeClient:
         self.reachability.answered()
         if response.status_code >= 300:
             raise _error(response)
-        doc = orjson.loads(response.content) if response.content else {}
+        doc = decode(response.content) if response.content else {}
         return doc if isinstance(doc, dict) else {}
 
     async def get(self, path: str) -> dict[str, Any] | None:
@@ -488,8 +490,9 @@ class KubeClient:
     async def list(
         self, path: str, params: Mapping[str, Any] | None = None, *, accept: str | None = None
     ) -> dict[str, Any]:
-        """One page of a list; ``accept``: another representation (``METADATA_LIST_ACCEPT``)."""
-        return await self._request("GET", path, params=params, accept=accept)
+        """One page of a list, its items without managedFields; ``accept``: another
+        representation (``METADATA_LIST_ACCEPT``)."""
+        return await self._request("GET", path, params=params, accept=accept, decode=decode_list)
 
     async def create(self, path: str, body: Mapping[str, Any]) -> dict[str, Any]:
         return await self._request("POST", path, body=body)
@@ -548,8 +551,8 @@ class KubeClient:
                 raise _error(response)
             if opened is not None:
                 opened()
-            # One event per line; lines split as bytes (orjson reads bytes: no text decoding)
-            # and joined only when an event spans reads.
+            # One event per line; lines split as bytes (decoded from bytes: no text decoding)
+            # and joined only when an event spans reads; managedFields never built.
             partial: list[bytes] = []
             async for data in response.aiter_bytes():
                 *lines, rest = data.split(b"\n")
@@ -560,12 +563,12 @@ class KubeClient:
                     partial.append(rest)
                 for line in lines:
                     if line.strip():
-                        event = orjson.loads(line)
+                        event = decode_event(line)
                         if isinstance(event, dict):
                             yield event
             last = b"".join(partial)  # a last line the server did not end
             if last.strip():
-                event = orjson.loads(last)
+                event = decode_event(last)
                 if isinstance(event, dict):
                     yield event
 
