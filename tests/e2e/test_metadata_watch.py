@@ -50,6 +50,11 @@ def marked_pod(ns: str, name: str) -> Obj:
             "annotations": {ANNOTATION_CLAIM_TEMPLATES: encode_claim_templates([TEMPLATE])},
         },
         "spec": {
+            # The namespace's own ServiceAccount (make_namespace): "default" is made by
+            # kube-controller-manager a moment after the namespace, and a pod made before
+            # it is refused.
+            "serviceAccountName": "ci-builder",
+            "automountServiceAccountToken": False,
             "schedulingGates": [{"name": "e2e.coschedule.dev/hold"}],
             "containers": [{"name": "step", "image": "busybox", "command": ["true"]}],
         },
