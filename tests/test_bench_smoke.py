@@ -26,7 +26,7 @@ import jsonpatch
 import pytest
 import uvicorn
 
-from bench import appcost, interp, openloop, phases, report, suite
+from bench import appcost, interp, openloop, phases, report, suite, watch_decode
 from bench import decide as decide_bench
 from bench import scheduler as scheduler_bench
 from bench.loadgen import run_closed, run_openloop, run_wrk, wrk_path
@@ -689,3 +689,17 @@ def test_a_real_stack_bench_writes_its_header_then_its_figures(tmp_path: Path) -
     assert doc["runs"] == 3
     assert doc["figures"] == {"none": [1.0]}
     assert doc["machine"]["cores"] == os.cpu_count()
+
+
+def test_watch_decode_times_both_parses_of_both_shapes() -> None:
+    """bench.watch_decode's figures are sane: both event shapes, both parses timed (they
+    agree first), a table row each."""
+    figures = watch_decode.measure(loop=2, rounds=1)
+    assert set(figures) == {"whole pod", "metadata"}
+    for row in figures.values():
+        assert row["whole_us"] > 0
+        assert row["decode_event_us"] > 0
+    assert figures["whole pod"]["bytes"] > figures["metadata"]["bytes"] > 1000
+    table = watch_decode.render(figures)
+    assert "| whole pod (" in table
+    assert "| metadata (" in table

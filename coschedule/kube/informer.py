@@ -62,11 +62,9 @@ def object_key(obj: Mapping[str, Any]) -> str:
     return f"{namespace}/{name}" if namespace else str(name)
 
 
-def strip_managed_fields(obj: Obj) -> Obj:
-    """Drop what no decision reads and what costs the most memory in a big cache."""
-    meta = obj.get("metadata")
-    if isinstance(meta, dict):
-        meta.pop("managedFields", None)
+def as_listed(obj: Obj) -> Obj:
+    """The default transform: the object as the client decoded it (already without its
+    managedFields, which no decision reads and which cost a big cache the most memory)."""
     return obj
 
 
@@ -83,7 +81,7 @@ class Informer:
         name: str,
         label_selector: str | None = None,
         field_selector: str | None = None,
-        transform: Callable[[Obj], Obj] = strip_managed_fields,
+        transform: Callable[[Obj], Obj] = as_listed,
         on_relist: Callable[[], None] | None = None,
         page_size: int = 500,
         indexers: Mapping[str, IndexFunc] | None = None,

@@ -4,7 +4,8 @@ Every cache drops ``metadata.managedFields`` (no decision reads it), and it is t
 part of a pod's event: on a Tekton pod about half of a whole pod and most of its metadata,
 which is all the webhook's pod cache asks for. Parsing it whole and freeing it again was
 the biggest single cost of reading a watch. msgspec scans past it instead, building no
-Python object for it (a Tekton pod's event: about 40 % less CPU; metadata alone: 60 %).
+Python object for it (``python -m bench.watch_decode``; docs/benchmarks.md). The client
+decodes every list page and watch event this way, so no cache has to drop it again.
 
 The result is what ``orjson.loads`` gives with ``managedFields`` popped from the object's
 metadata. Anything the event's declared shape does not cover (an object with a top-level
@@ -126,10 +127,7 @@ def _plain(obj: _Object) -> dict[str, Any]:
 
 def _whole(line: bytes) -> Any:
     event = orjson.loads(line)
-    obj = event.get("object") if isinstance(event, dict) else None
-    meta = obj.get("metadata") if isinstance(obj, dict) else None
-    if isinstance(meta, dict):
-        meta.pop("managedFields", None)
+    _drop_managed_fields(event.get("object") if isinstance(event, dict) else None)
     return event
 
 
@@ -137,7 +135,11 @@ def _whole_list(body: bytes) -> Any:
     page = orjson.loads(body)
     items = page.get("items") if isinstance(page, dict) else None
     for item in items if isinstance(items, list) else ():
-        meta = item.get("metadata") if isinstance(item, dict) else None
-        if isinstance(meta, dict):
-            meta.pop("managedFields", None)
+        _drop_managed_fields(item)
     return page
+
+
+def _drop_managed_fields(obj: Any) -> None:
+    meta = obj.get("metadata") if isinstance(obj, dict) else None
+    if isinstance(meta, dict):
+        meta.pop("managedFields", None)

@@ -209,6 +209,18 @@ async def test_a_connection_the_server_closed_while_idle_is_not_reused(
     assert len(server.requests) == 3
 
 
+def closed_unanswered_on_first(path: str, answer: bytes) -> Answer:
+    """A server that closes the first connection unanswered when ``path`` comes on it, and
+    answers everything else (``answer``) keeping the connection."""
+
+    def respond(method: str, url: str, conn: int) -> tuple[bytes, bool]:
+        if conn == 1 and url == path:
+            return b"", True
+        return answer, False
+
+    return respond
+
+
 @pytest.mark.parametrize(
     ("method", "sent_again"),
     [
@@ -221,13 +233,7 @@ async def test_a_kept_connection_closed_as_a_request_goes_out(
 ) -> None:
     """The server reads the second request on the first connection and closes it unanswered
     (as when its idle timeout fires as the request arrives)."""
-
-    def answer(method_seen: str, url: str, conn: int) -> tuple[bytes, bool]:
-        if conn == 1 and url == "/second":
-            return b"", True
-        return ok(), False
-
-    server = await serve(answer)
+    server = await serve(closed_unanswered_on_first("/second", ok()))
     async with transport(server, bundle) as http:
         assert (await http.request(method, "/first", content=b"{}")).status_code == 200
         if sent_again:
@@ -254,13 +260,7 @@ async def test_a_stream_on_a_kept_connection_closed_unanswered(
 ) -> None:
     """A stream goes through the same attempts as a request: on a kept connection the server
     closes unanswered, a GET is sent once more on a new connection, and comes as a stream."""
-
-    def answer(method_seen: str, url: str, conn: int) -> tuple[bytes, bool]:
-        if conn == 1 and url == "/watch":
-            return b"", True
-        return ok(b'{"type":"ADDED"}\n'), False
-
-    server = await serve(answer)
+    server = await serve(closed_unanswered_on_first("/watch", ok(b'{"type":"ADDED"}\n')))
     async with transport(server, bundle) as http:
         assert (await http.get("/first")).status_code == 200
         request = http.build_request(method, "/watch", extensions={STREAM: True})

@@ -4,7 +4,6 @@ watch, the events that carry no object of a spec/status kind, and arbitrary JSON
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 import orjson
@@ -12,62 +11,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from bench.watch_decode import managed_fields, stored
 from coschedule.wire.watch_events import decode_event, decode_list
 from tests.fixtures import FIXTURE_NAMES, load_pod
 
-# As kube-apiserver stores them: one entry per manager and operation (the creator's lists
-# every field it set; the scheduler's is on the status subresource).
-MANAGED_FIELDS = [
-    {
-        "manager": "tekton-pipelines-controller",
-        "operation": "Update",
-        "apiVersion": "v1",
-        "time": "2026-11-29T06:00:00Z",
-        "fieldsType": "FieldsV1",
-        "fieldsV1": {
-            "f:metadata": {
-                "f:labels": {".": {}, "f:app.kubernetes.io/managed-by": {}},
-                "f:ownerReferences": {".": {}, 'k:{"uid":"9d1c"}': {}},
-            },
-            "f:spec": {
-                "f:containers": {'k:{"name":"step-build"}': {".": {}, "f:image": {}}},
-                "f:volumes": {".": {}, 'k:{"name":"ws-1bcf2"}': {"f:persistentVolumeClaim": {}}},
-            },
-        },
-    },
-    {
-        "manager": "coschedule",
-        "operation": "Update",
-        "apiVersion": "v1",
-        "time": "2026-11-29T06:00:01Z",
-        "fieldsType": "FieldsV1",
-        "fieldsV1": {"f:spec": {"f:affinity": {".": {}, "f:nodeAffinity": {}}}},
-    },
-    {
-        "manager": "kube-scheduler",
-        "operation": "Update",
-        "apiVersion": "v1",
-        "time": "2026-11-29T06:00:02Z",
-        "fieldsType": "FieldsV1",
-        "fieldsV1": {"f:status": {"f:conditions": {'k:{"type":"PodScheduled"}': {".": {}}}}},
-        "subresource": "status",
-    },
-]
-
-
-def stored(pod: dict[str, Any]) -> dict[str, Any]:
-    """A fixture pod as a watch sends it: with the server's fields and managedFields."""
-    pod = copy.deepcopy(pod)
-    meta = pod["metadata"]
-    meta.setdefault("name", f"{meta.get('generateName', 'pod-')}x7k2q")
-    meta.update(
-        uid="5c0e2a4e-8f0b-4d63-9a57-2f6d1f1b3c11",
-        resourceVersion="48213",
-        creationTimestamp="2026-11-29T06:00:00Z",
-        managedFields=copy.deepcopy(MANAGED_FIELDS),
-    )
-    pod["status"] = {"phase": "Pending", "qosClass": "Burstable"}
-    return pod
+# As kube-apiserver keeps them (the bench builds them from the pod: one entry per writer).
+MANAGED_FIELDS = managed_fields(load_pod("tekton-taskrun"))
 
 
 def whole(data: bytes) -> Any:
