@@ -85,6 +85,7 @@ def https_config(app: Any, context: ssl.SSLContext, host: str, port: int) -> uvi
         lifespan="off",
         interface="asgi3",  # HttpsApp returns its handler's coroutine: not guessable
         timeout_keep_alive=30,
+        proxy_headers=False,
     )
 
 

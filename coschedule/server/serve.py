@@ -161,6 +161,9 @@ async def serve(webhook: Webhook, options: ServeOptions) -> None:
         lifespan="off",
         interface="asgi3",  # HttpsApp returns its endpoint's coroutine: not guessable
         timeout_keep_alive=30,  # kube-apiserver keeps connections to webhooks open
+        # kube-apiserver calls the webhook directly: no proxy's X-Forwarded-* to trust, and
+        # uvicorn's middleware for them would run on every admission.
+        proxy_headers=False,
     )
     health_config = uvicorn.Config(
         probes_app(webhook.probes, webhook.metrics.registry),
@@ -170,6 +173,7 @@ async def serve(webhook: Webhook, options: ServeOptions) -> None:
         access_log=False,
         server_header=False,
         lifespan="off",
+        proxy_headers=False,  # the kubelet and Prometheus call it directly
     )
     servers = [_Server(https_config), _Server(health_config)]
     sockets = options.sockets or bind_listeners(options.host, options.port, options.health_port)

@@ -124,6 +124,18 @@ def test_every_refused_request_is_one_line_in_the_real_log(
         assert line["uid"] is None
 
 
+def test_the_peer_is_named_not_what_a_forwarded_header_claims(json_server: RunningServer) -> None:
+    # kube-apiserver calls the webhook directly: no proxy's X-Forwarded-For is trusted, even
+    # from loopback (uvicorn's default would take it from 127.0.0.1).
+    with json_server.client() as client:
+        answer = client.get(
+            "/mutate", headers={"X-Forwarded-For": "203.0.113.9", "X-Forwarded-Proto": "http"}
+        )
+        assert answer.status_code == 405
+    (line,) = refusals(json_server)
+    assert line["client"].startswith("127.0.0.1:")
+
+
 @pytest.mark.parametrize("path", ENDPOINTS)
 def test_a_100k_name_is_cut_in_the_log_line(json_server: RunningServer, path: str) -> None:
     server = json_server
