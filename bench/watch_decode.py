@@ -1,13 +1,16 @@
-"""What reading one watch event costs: the whole parse against ``decode_event``.
+"""What reading one watch event costs: the whole parse against ``decode_event`` (and, for
+whole pods, ``POD_CACHE``: the fields the reconciler's pod caches read).
 
 Every fixture pod (``tests/fixtures/pods``) as a watch sends it: the server's fields and
 ``managedFields`` shaped as kube-apiserver keeps them (its creator's entry lists every field
 it set, as FieldsV1; coschedule's release and kube-scheduler's status write add theirs),
-once whole (what the reconciler's pod caches watch) and once as metadata alone (the
-webhook's). Per event, the least of ``--rounds`` loops of ``--loop``: the whole parse with
-``managedFields`` popped (what every cache did before) and ``decode_event``; CPU time of
-this thread, freeing the result included. In process, so a floor: in a busy server both
-cost more (docs/benchmarks.md has the figures counted in place).
+whole as made and once running (its container statuses written: what the reconciler's pod
+caches watch), and as metadata alone (the webhook's). Per event, the least of ``--rounds``
+loops of ``--loop``: the whole parse with ``managedFields`` popped (what every cache did
+before), ``decode_event`` and, for whole pods, ``POD_CACHE.event`` (checked to give the
+marked-pod cache the same slim pod); CPU time of this thread, freeing the result included.
+In process, so a floor: in a busy server all cost more (docs/benchmarks.md has the figures
+counted in place).
 
 Run: ``python -m bench.watch_decode [--loop 2000] [--rounds 7]``.
 """
@@ -22,7 +25,8 @@ from typing import Any
 
 import orjson
 
-from coschedule.wire.watch_events import decode_event
+from coschedule.reconcile import shapes, stuck
+from coschedule.wire.watch_events import POD_CACHE, decode_event
 from tests.fixtures import FIXTURE_NAMES, load_pod
 
 
@@ -87,11 +91,50 @@ def stored(pod: dict[str, Any]) -> dict[str, Any]:
     return pod
 
 
+def running(pod: dict[str, Any], node: str = "node-b") -> dict[str, Any]:
+    """A stored pod once bound and started: its status as the kubelet writes it."""
+    pod = copy.deepcopy(pod)
+    pod["spec"]["nodeName"] = node
+    pod["status"] = {
+        "phase": "Running",
+        "hostIP": "10.0.0.2",
+        "podIP": "10.244.1.7",
+        "startTime": "2026-11-29T06:00:04Z",
+        "qosClass": "Burstable",
+        "conditions": [
+            {"type": kind, "status": "True", "lastTransitionTime": "2026-11-29T06:00:04Z"}
+            for kind in ("PodReadyToStartContainers", "Initialized", "Ready", "PodScheduled")
+        ],
+        "containerStatuses": [
+            {
+                "name": c["name"],
+                "image": c.get("image", ""),
+                "imageID": "sha256:" + "ab" * 32,
+                "containerID": "containerd://" + "cd" * 32,
+                "ready": True,
+                "started": True,
+                "restartCount": 0,
+                "state": {"running": {"startedAt": "2026-11-29T06:00:05Z"}},
+            }
+            for c in pod["spec"].get("containers", [])
+        ],
+    }
+    return pod
+
+
+# What the reconciler's marked-pod cache keeps of an event: the same from either decode.
+_MARKED = stuck.with_scheduling(shapes.slim_marked_pod)
+
+
 def events() -> dict[str, list[bytes]]:
-    """Each fixture pod's MODIFIED event, whole and as metadata alone."""
+    """Each fixture pod's MODIFIED event: whole (as made, and running) and as metadata
+    alone."""
     pods = [stored(load_pod(name)) for name in FIXTURE_NAMES]
     return {
         "whole pod": [orjson.dumps({"type": "MODIFIED", "object": pod}) for pod in pods],
+        "whole pod, running": [
+            orjson.dumps({"type": "MODIFIED", "object": running(pod)}) for pod in pods
+        ],
         "metadata": [
             orjson.dumps(
                 {
@@ -131,28 +174,37 @@ def per_event_us(
 def measure(loop: int, rounds: int) -> dict[str, dict[str, float]]:
     figures: dict[str, dict[str, float]] = {}
     for shape, lines in events().items():
-        for line in lines:  # the two agree before they are timed
+        pods = shape.startswith("whole pod")
+        for line in lines:  # they agree before they are timed
             if decode_event(line) != whole(line):
                 raise AssertionError(f"decode_event differs from the whole parse: {shape}")
+            if pods and _MARKED(POD_CACHE.event(line)["object"]) != _MARKED(whole(line)["object"]):
+                raise AssertionError(f"the pod cache differs from POD_CACHE's: {shape}")
         figures[shape] = {
             "bytes": sum(map(len, lines)) / len(lines),
             "whole_us": per_event_us(whole, lines, loop, rounds),
             "decode_event_us": per_event_us(decode_event, lines, loop, rounds),
         }
+        if pods:
+            figures[shape]["pod_cache_us"] = per_event_us(POD_CACHE.event, lines, loop, rounds)
     return figures
 
 
 def render(figures: dict[str, dict[str, float]]) -> str:
     rows = [
-        "| event (fixture pods, mean size) | whole parse | decode_event | saved |",
-        "|---|---:|---:|---:|",
+        "| event (fixture pods, mean size) | whole parse | decode_event | saved "
+        "| POD_CACHE | saved |",
+        "|---|---:|---:|---:|---:|---:|",
     ]
     for shape, row in figures.items():
         saved = 1 - row["decode_event_us"] / row["whole_us"]
-        rows.append(
-            f"| {shape} ({row['bytes'] / 1000:.1f} KB) | {row['whole_us']:.1f} µs "
-            f"| {row['decode_event_us']:.1f} µs | {saved:.0%} |"
-        )
+        cells = f"| {row['decode_event_us']:.1f} µs | {saved:.0%} "
+        if "pod_cache_us" in row:
+            shaped = row["pod_cache_us"]
+            cells += f"| {shaped:.1f} µs | {1 - shaped / row['whole_us']:.0%} |"
+        else:
+            cells += "| n/a | |"
+        rows.append(f"| {shape} ({row['bytes'] / 1000:.1f} KB) | {row['whole_us']:.1f} µs {cells}")
     return "\n".join(rows)
 
 

@@ -691,15 +691,20 @@ def test_a_real_stack_bench_writes_its_header_then_its_figures(tmp_path: Path) -
     assert doc["machine"]["cores"] == os.cpu_count()
 
 
-def test_watch_decode_times_both_parses_of_both_shapes() -> None:
-    """bench.watch_decode's figures are sane: both event shapes, both parses timed (they
-    agree first), a table row each."""
+def test_watch_decode_times_every_parse_of_every_shape() -> None:
+    """bench.watch_decode's figures are sane: every event shape, every parse timed (they
+    agree first), POD_CACHE for whole pods only, a table row each."""
     figures = watch_decode.measure(loop=2, rounds=1)
-    assert set(figures) == {"whole pod", "metadata"}
+    assert set(figures) == {"whole pod", "whole pod, running", "metadata"}
     for row in figures.values():
         assert row["whole_us"] > 0
         assert row["decode_event_us"] > 0
+    assert figures["whole pod"]["pod_cache_us"] > 0
+    assert figures["whole pod, running"]["pod_cache_us"] > 0
+    assert "pod_cache_us" not in figures["metadata"]
+    assert figures["whole pod, running"]["bytes"] > figures["whole pod"]["bytes"]
     assert figures["whole pod"]["bytes"] > figures["metadata"]["bytes"] > 1000
     table = watch_decode.render(figures)
     assert "| whole pod (" in table
+    assert "| whole pod, running (" in table
     assert "| metadata (" in table

@@ -30,7 +30,7 @@ import yaml
 from coschedule.k8s.timefmt import parse_time
 from coschedule.kube.http1 import STREAM, LeanTransport
 from coschedule.kube.reachability import ApiReachability, is_unreachable
-from coschedule.wire.watch_events import decode_event, decode_list
+from coschedule.wire.watch_events import EVERY_FIELD, EventShape
 
 JSON_PATCH = "application/json-patch+json"  # the content type of a JSON patch (RFC 6902)
 STRATEGIC_MERGE = "application/strategic-merge-patch+json"
@@ -488,11 +488,17 @@ class KubeClient:
             raise
 
     async def list(
-        self, path: str, params: Mapping[str, Any] | None = None, *, accept: str | None = None
+        self,
+        path: str,
+        params: Mapping[str, Any] | None = None,
+        *,
+        accept: str | None = None,
+        shape: EventShape = EVERY_FIELD,
     ) -> dict[str, Any]:
-        """One page of a list, its items without managedFields; ``accept``: another
-        representation (``METADATA_LIST_ACCEPT``)."""
-        return await self._request("GET", path, params=params, accept=accept, decode=decode_list)
+        """One page of a list, its items without managedFields (and with ``shape``, only
+        the fields it declares); ``accept``: another representation
+        (``METADATA_LIST_ACCEPT``)."""
+        return await self._request("GET", path, params=params, accept=accept, decode=shape.page)
 
     async def create(self, path: str, body: Mapping[str, Any]) -> dict[str, Any]:
         return await self._request("POST", path, body=body)
@@ -538,11 +544,13 @@ class KubeClient:
         opened: Callable[[], None] | None = None,
         accept: str | None = None,
         read_timeout: float | None = None,
+        shape: EventShape = EVERY_FIELD,
     ) -> AsyncIterator[dict[str, Any]]:
         """Stream watch events (``{"type": ..., "object": {...}}``) until the server ends it;
         ``opened()`` once the server accepted the watch (before any event); ``accept``: the
         objects' representation (``METADATA_ACCEPT``); ``read_timeout``: the longest silence
-        before ``httpx.ReadTimeout`` (None: wait for ever)."""
+        before ``httpx.ReadTimeout`` (None: wait for ever); ``shape``: the fields decoded."""
+        decode_event = shape.event
         query = {**params, "watch": "true"}
         timeout = httpx.Timeout(None, connect=5.0, read=read_timeout)  # long by design
         async with self._stream(path, query, timeout, accept) as response:

@@ -32,6 +32,7 @@ from coschedule.kube.client import (
     KubeClient,
 )
 from coschedule.kube.reachability import describe, is_unreachable
+from coschedule.wire.watch_events import EVERY_FIELD, EventShape
 
 log = logging.getLogger("coschedule.informer")
 
@@ -86,8 +87,11 @@ class Informer:
         page_size: int = 500,
         indexers: Mapping[str, IndexFunc] | None = None,
         metadata_only: bool = False,
+        shape: EventShape = EVERY_FIELD,
     ) -> None:
         self.client = client
+        # The fields decoded: a transform that reads only some can ask for those alone.
+        self.shape = shape
         # Only for a transform that reads nothing but ``metadata``.
         self.metadata_only = metadata_only
         self.path = path
@@ -210,7 +214,10 @@ class Informer:
         params: dict[str, Any] = {**self.selectors, "limit": self.page_size}
         while True:
             page = await self.client.list(
-                self.path, params, accept=METADATA_LIST_ACCEPT if self.metadata_only else None
+                self.path,
+                params,
+                accept=METADATA_LIST_ACCEPT if self.metadata_only else None,
+                shape=self.shape,
             )
             for item in page.get("items") or ():
                 if isinstance(item, dict):
@@ -257,6 +264,7 @@ class Informer:
             opened=self._opened,
             accept=accept,
             read_timeout=WATCH_READ_TIMEOUT_SECONDS,
+            shape=self.shape,
         ):
             self._heard()
             event_type = event.get("type")

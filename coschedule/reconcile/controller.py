@@ -63,6 +63,7 @@ from coschedule.reconcile.stuck_facts import StuckMemory, read_and_plan
 from coschedule.reconcile.stuck_runs import StuckFacts
 from coschedule.reconcile.topology import TopologyLabels
 from coschedule.reconcile.workqueue import WorkQueue
+from coschedule.wire.watch_events import EVERY_FIELD, POD_CACHE, EventShape
 
 log = logging.getLogger("coschedule.reconcile")
 
@@ -130,6 +131,7 @@ class Controller:
             LABEL_PLACEHOLDER,
             stuck.with_scheduling(shapes.slim_marked_pod),
             event_keys.MARKED_POD_INDEXERS,
+            POD_CACHE,  # every event of every run pod: only what the transform reads is built
         )
         self.placeholder_pods = self._informer(
             "/api/v1/pods",
@@ -137,6 +139,7 @@ class Controller:
             PLACEHOLDER_POD_SELECTOR,
             stuck.with_condition(shapes.slim_placeholder_pod),
             event_keys.PLACEHOLDER_POD_INDEXERS,
+            POD_CACHE,
         )
         self.nodes = self._informer(
             "/api/v1/nodes", "nodes", None, stuck.with_allocatable(shapes.slim_node)
@@ -205,6 +208,7 @@ class Controller:
         selector: str | None,
         transform: Callable[[Obj], Obj],
         indexers: Mapping[str, IndexFunc] | None = None,
+        shape: EventShape = EVERY_FIELD,
     ) -> Informer:
         return Informer(
             self.client,
@@ -214,6 +218,7 @@ class Controller:
             transform=transform,
             on_relist=lambda: self.metrics.relists.labels(name).inc(),
             indexers=indexers,
+            shape=shape,
         )
 
     # ---- lifecycle ----------------------------------------------------------------------

@@ -12,6 +12,7 @@ import pytest
 from coschedule.kube import informer as informer_module
 from coschedule.kube.client import KubeClient
 from coschedule.kube.informer import Informer
+from coschedule.wire.watch_events import POD_CACHE
 from tests.reconcile.apiserver import MiniApi
 from tests.reconcile.conftest import eventually
 
@@ -252,3 +253,36 @@ async def test_a_metadata_only_informer_asks_for_metadata_and_takes_whole_object
     assert accepts[("GET", "pods")] == as_meta.format("List")
     assert accepts[("WATCH", "pods")] == as_meta.format("")
     assert accepts[("GET", "nodes")] == accepts[("WATCH", "nodes")] == "application/json"
+
+
+async def test_a_shaped_informer_keeps_only_the_declared_fields_listed_and_watched(
+    api: MiniApi, client: KubeClient, running: list[asyncio.Task[None]]
+) -> None:
+    """The reconciler's pod caches ask for ``POD_CACHE``: both the list page and the watch
+    events come decoded that way, so the cache (the object as decoded) holds no container
+    image, volume or pod IP; metadata stays whole."""
+    listed = pod("a", run="r1")
+    listed["spec"] = {
+        "nodeName": "node-a",
+        "containers": [
+            {"name": "step", "image": "busybox", "resources": {"requests": {"cpu": "1"}}}
+        ],
+        "volumes": [{"name": "ws", "persistentVolumeClaim": {"claimName": "ws"}}],
+    }
+    listed["status"] = {"phase": "Running", "podIP": "10.244.0.9"}
+    api.put("pods", listed)
+    shaped = Informer(client, "/api/v1/pods", name="marked", shape=POD_CACHE)
+    start(shaped, running)
+    await asyncio.wait_for(shaped.synced.wait(), 3)
+    await eventually(lambda: api.count("WATCH", "pods") == 1)
+    api.put("pods", {**listed, "metadata": {**listed["metadata"], "name": "b"}})
+    await eventually(lambda: "ci/b" in shaped)
+    for name in ("a", "b"):
+        obj = shaped.get(f"ci/{name}")
+        assert obj is not None
+        assert obj["spec"] == {
+            "nodeName": "node-a",
+            "containers": [{"resources": {"requests": {"cpu": "1"}}}],
+        }
+        assert obj["status"] == {"phase": "Running"}
+        assert obj["metadata"]["labels"] == {"run": "r1"}

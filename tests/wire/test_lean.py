@@ -110,7 +110,7 @@ class Recording(dict[str, Any]):
         return super().__contains__(key)
 
     def _whole(self, *_: Any) -> Any:
-        raise AssertionError("the decision read a whole pod object; the lean view has a part")
+        raise AssertionError("a whole object was read, where the lean view has a part")
 
     items = keys = values = __iter__ = copy = _whole
 
