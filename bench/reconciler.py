@@ -36,6 +36,7 @@ from coschedule.reconcile.model import OwnerRef
 from coschedule.reconcile.placeholder import build_statefulset, group_spec
 from coschedule.reconcile.reconciler_metrics import ReconcileMetrics
 from coschedule.wire.jsonpatch import apply
+from coschedule.wire.watch_events import EVERY_FIELD, EventShape
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURE = ROOT / "tests" / "fixtures" / "pods" / "tekton-taskrun.json"
@@ -210,7 +211,12 @@ class FakeApi:
         return self.shapes.placeholder_pod(item, self.placeholder_names[item], self.node_of(item))
 
     async def list(
-        self, path: str, params: Mapping[str, Any] | None = None, *, accept: str | None = None
+        self,
+        path: str,
+        params: Mapping[str, Any] | None = None,
+        *,
+        accept: str | None = None,
+        shape: EventShape = EVERY_FIELD,  # objects are made as decoded: it changes nothing
     ) -> dict[str, Any]:
         params = params or {}
         kind = self._kind(path, params)
@@ -232,6 +238,7 @@ class FakeApi:
         opened: Callable[[], None] | None = None,
         accept: str | None = None,
         read_timeout: float | None = None,
+        shape: EventShape = EVERY_FIELD,
     ) -> AsyncIterator[dict[str, Any]]:
         kind = self._kind(path, params)
         if kind in self.watching:

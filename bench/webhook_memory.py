@@ -24,6 +24,7 @@ from typing import Any
 from coschedule.kube.claim_cache import ClaimCache
 from coschedule.kube.client import KubeClient
 from coschedule.kube.volume_cache import VolumeCache
+from coschedule.wire.watch_events import EVERY_FIELD, EventShape
 
 PAGE = 500
 
@@ -128,7 +129,12 @@ class FakeApi:
         self.claims = claims
 
     async def list(
-        self, path: str, params: Mapping[str, Any] | None = None, *, accept: str | None = None
+        self,
+        path: str,
+        params: Mapping[str, Any] | None = None,
+        *,
+        accept: str | None = None,
+        shape: EventShape = EVERY_FIELD,  # objects are made as decoded: it changes nothing
     ) -> dict[str, Any]:
         params = params or {}
         make = claim if path.endswith("/persistentvolumeclaims") else volume
@@ -150,6 +156,7 @@ class FakeApi:
         opened: Callable[[], None] | None = None,
         accept: str | None = None,
         read_timeout: float | None = None,
+        shape: EventShape = EVERY_FIELD,
     ) -> AsyncIterator[dict[str, Any]]:
         if opened is not None:
             opened()
