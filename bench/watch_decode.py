@@ -179,7 +179,7 @@ def measure(loop: int, rounds: int) -> dict[str, dict[str, float]]:
             if decode_event(line) != whole(line):
                 raise AssertionError(f"decode_event differs from the whole parse: {shape}")
             if pods and _MARKED(POD_CACHE.event(line)["object"]) != _MARKED(whole(line)["object"]):
-                raise AssertionError(f"the pod cache differs from POD_CACHE's: {shape}")
+                raise AssertionError(f"the marked-pod cache differs under POD_CACHE: {shape}")
         figures[shape] = {
             "bytes": sum(map(len, lines)) / len(lines),
             "whole_us": per_event_us(whole, lines, loop, rounds),
