@@ -159,20 +159,6 @@ def test_the_shape_builds_little_of_a_tekton_pod() -> None:
     assert len(orjson.dumps(shaped)) < len(line) / 3
 
 
-def test_an_error_event_keeps_its_status() -> None:
-    status = {
-        "kind": "Status",
-        "apiVersion": "v1",
-        "metadata": {},
-        "status": "Failure",
-        "message": "too old resource version: 1 (48213)",
-        "reason": "Expired",
-        "code": 410,
-    }
-    line = orjson.dumps({"type": "ERROR", "object": status})
-    assert POD_CACHE.event(line) == {"type": "ERROR", "object": status}
-
-
 def test_a_declared_field_of_another_type_is_parsed_whole() -> None:
     pod = pod_in("tekton-taskrun", "created")
     pod["spec"]["containers"] = "not a list"

@@ -4,6 +4,7 @@ watch, the events that carry no object of a spec/status kind, and arbitrary JSON
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -12,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bench.watch_decode import managed_fields, stored
-from coschedule.wire.watch_events import decode_event, decode_list
+from coschedule.wire.watch_events import POD_CACHE, decode_event, decode_list
 from tests.fixtures import FIXTURE_NAMES, load_pod
 
 # As kube-apiserver keeps them (the bench builds them from the pod: one entry per writer).
@@ -101,7 +102,8 @@ def test_other_kinds_the_caches_watch(obj: dict[str, Any]) -> None:
     assert decode_event(line) == whole(line)
 
 
-def test_an_error_event_keeps_the_status_a_relist_reads() -> None:
+@pytest.mark.parametrize("decode", [decode_event, POD_CACHE.event], ids=["every", "pod-cache"])
+def test_an_error_event_keeps_the_status_a_relist_reads(decode: Callable[[bytes], Any]) -> None:
     line = event(
         "ERROR",
         {
@@ -114,7 +116,7 @@ def test_an_error_event_keeps_the_status_a_relist_reads() -> None:
             "code": 410,
         },
     )
-    decoded = decode_event(line)
+    decoded = decode(line)
     assert decoded == orjson.loads(line)
     assert decoded["object"]["code"] == 410
 
