@@ -62,6 +62,7 @@ import contextlib
 import copy
 import json
 import os
+import re
 import shutil
 import signal
 import ssl
@@ -70,6 +71,7 @@ import tempfile
 import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Final, cast
 from urllib.parse import urlencode
@@ -104,7 +106,14 @@ from tests.fixtures import load_pod
 Obj = dict[str, Any]
 
 BATCH_LABEL: Final = "bench.coschedule.dev/batch"
-SCHEDULER_ARGS: Final = ("--kube-api-qps=500", "--kube-api-burst=500")
+# --v=2: kube-scheduler logs each bind with its own time, to the microsecond (``logged_binds``).
+SCHEDULER_ARGS: Final = ("--kube-api-qps=500", "--kube-api-burst=500", "--v=2")
+# kube-scheduler's line for a bind (klog: I<month><day> <local time>).
+BOUND_LOG: Final = re.compile(
+    r'^I(\d\d)(\d\d) (\d\d):(\d\d):(\d\d)\.(\d+) .*"Successfully bound pod to node" '
+    r'pod="[^/"]+/([^"]+)"'
+)
+LOG_WAIT_S: Final = 3.0  # for the scheduler's last binds of a batch to reach its log
 NODE_RESOURCES: Final = {"cpu": "32", "memory": "128Gi", "pods": "110", "ephemeral-storage": "1Ti"}
 ZONES: Final = 3
 TASK_FIXTURE: Final = "tekton-taskrun"
@@ -889,8 +898,14 @@ class BatchResult:
     # Distinct nodes the batch's placeholders are bound to: every run on a node of its own
     # when it equals ``groups`` (what keeping placeholders apart is for).
     holder_nodes: int | None = None
-    # Per run: seconds from the scheduler's continue to its first pod bound.
+    # Per run: seconds from the scheduler's continue to its first pod bound, as the
+    # benchmark's watch saw it, and as kube-scheduler logged its bind (no watch between:
+    # under load kube-apiserver delivers watch events late, to the kubelet as to us).
     first_bound: list[float] = field(default_factory=list)
+    first_bound_logged: list[float] = field(default_factory=list)
+    # kube-apiserver's CPU over the same window as the scheduler's (``cpu_s``): what the
+    # batch's writes (binds; releases when gated) and their watch events cost it.
+    apiserver_cpu_s: float = 0.0
     # As deployed: the webhook's and the reconciler's CPU over the batch (creation to bound),
     # each gated pod's wait from its placeholder bound to its gate lifted, and what the
     # reconciler logged (releases, stale releases, placeholders restored).
@@ -916,6 +931,8 @@ class BatchResult:
             "groups": self.groups,
             "holder_nodes": self.holder_nodes,
             "first_bound_s": [round(t, 3) for t in self.first_bound],
+            "first_bound_logged_s": [round(t, 3) for t in self.first_bound_logged],
+            "apiserver_cpu_s": round(self.apiserver_cpu_s, 3),
             "webhook_cpu_s": round(self.webhook_cpu_s, 3),
             "reconciler_cpu_s": round(self.reconciler_cpu_s, 3),
             "lift_s": [round(t, 3) for t in self.lift],
@@ -1007,6 +1024,7 @@ async def run_batch(
     batch: Batch,
     plan: Plan,
     product: deployed.Deployed | None = None,
+    apiserver_pid: int | None = None,
 ) -> BatchResult:
     if product is not None:
         product.log_counts()  # from here on: a run's placeholder may be made as it is created
@@ -1016,6 +1034,7 @@ async def run_batch(
     # the reconciler makes for a new run is part of what a co-scheduled pod costs.
     others = (product.webhook_pid, product.reconciler_pid) if product is not None else ()
     others_before = [cpu_seconds(pid) for pid in others]
+    log_from = scheduler.log_path.stat().st_size if scheduler.log_path.exists() else 0
     if batch.stop_before_prepare:
         os.kill(scheduler.pid, signal.SIGSTOP)  # continued by the step, once the pods are made
     try:
@@ -1033,14 +1052,17 @@ async def run_batch(
     )
     await asyncio.sleep(0.1)  # the watch is open
     result = BatchResult(batch.kind, batch.counted, 0.0, 0.0, groups=len(batch.groups))
+    step_starts: list[dict[str, float]] = []
     try:
         for step in batch.steps:
             work = step(seen.bound)
             spent, took, starts = await _run_step(
-                client, scheduler, batch, work, (seen, watcher), plan
+                client, (scheduler, apiserver_pid), batch, work, (seen, watcher), plan
             )
-            result.cpu_s += spent
+            result.cpu_s += spent[0]
+            result.apiserver_cpu_s += sum(spent[1:])
             result.wall_s += took
+            step_starts.append(starts)
             result.first_bound += first_bound(batch.runs, seen.bound_at, starts)
             result.placeholder_bound += placeholders_bound(
                 batch.groups, batch.runs, seen.bound_at, starts
@@ -1048,6 +1070,11 @@ async def run_batch(
     finally:
         watcher.cancel()
         await asyncio.wait([watcher], timeout=5)
+    logged = await scheduler_binds(
+        scheduler, log_from, [p for ps in batch.runs.values() for p in ps]
+    )
+    for starts in step_starts:
+        result.first_bound_logged += first_bound(batch.runs, logged, starts)
     if others:
         result.webhook_cpu_s, result.reconciler_cpu_s = (
             cpu_seconds(pid) - was for pid, was in zip(others, others_before, strict=True)
@@ -1132,19 +1159,21 @@ def arrivals(
 
 async def _run_step(
     client: Client,
-    scheduler: Proc,
+    procs: tuple[Proc, int | None],
     batch: Batch,
     work: Work,
     watch: tuple[Seen, asyncio.Task[None]],
     plan: Plan,
-) -> tuple[float, float, dict[str, float]]:
-    """(scheduler CPU seconds, wall seconds, when each run started) from continuing the
-    stopped scheduler (a burst) or the first run's arrival (steady) to every expected pod
-    bound."""
+) -> tuple[list[float], float, dict[str, float]]:
+    """(CPU seconds of the scheduler and of kube-apiserver, when its pid is given; wall
+    seconds; when each run started) from continuing the stopped scheduler (a burst) or the
+    first run's arrival (steady) to every expected pod bound."""
+    scheduler, apiserver_pid = procs
+    pids = [scheduler.pid] + ([apiserver_pid] if apiserver_pid is not None else [])
     seen, watcher = watch
     path = pods_path(batch.namespace)
     if batch.cadence_s:
-        before = cpu_seconds(scheduler.pid)
+        before = [cpu_seconds(pid) for pid in pids]
         started = time.monotonic()
         starts: dict[str, float] = {}
 
@@ -1164,7 +1193,7 @@ async def _run_step(
         try:
             await client.create_all([(path, pod) for pod in work.create])
             await client.patch_all([(f"{path}/{name}", ops) for name, ops in work.patch])
-            before = cpu_seconds(scheduler.pid)
+            before = [cpu_seconds(pid) for pid in pids]
             started = time.monotonic()
         finally:
             os.kill(scheduler.pid, signal.SIGCONT)
@@ -1187,7 +1216,39 @@ async def _run_step(
             )
     wall = time.monotonic() - started
     await asyncio.sleep(SETTLE_S)
-    return cpu_seconds(scheduler.pid) - before, wall, starts
+    spent = [cpu_seconds(pid) - was for pid, was in zip(pids, before, strict=True)]
+    return spent, wall, starts
+
+
+def logged_binds(text: str, year: int) -> dict[str, float]:
+    """Pod name -> when kube-scheduler logged its bind (seconds since the epoch; klog writes
+    local time without the year), from its log at ``--v=2``; the first bind of a name."""
+    found: dict[str, float] = {}
+    for line in text.splitlines():
+        match = BOUND_LOG.match(line)
+        if match is None:
+            continue
+        month, day, hour, minute, second, fraction, name = match.groups()
+        at = datetime(year, int(month), int(day), int(hour), int(minute), int(second))
+        found.setdefault(name, at.timestamp() + float(f"0.{fraction}"))
+    return found
+
+
+async def scheduler_binds(scheduler: Proc, offset: int, names: Sequence[str]) -> dict[str, float]:
+    """``names`` -> when kube-scheduler logged each bound, on this process's monotonic clock
+    (as ``Seen.bound_at``), from its log past ``offset``; those not logged within
+    ``LOG_WAIT_S`` are left out."""
+    wanted = set(names)
+    deadline = time.monotonic() + LOG_WAIT_S
+    while True:
+        with scheduler.log_path.open("rb") as log:
+            log.seek(offset)
+            text = log.read().decode(errors="replace")
+        epoch_to_monotonic = time.monotonic() - time.time()
+        found = logged_binds(text, datetime.now().year)
+        if wanted <= found.keys() or time.monotonic() > deadline:
+            return {name: at + epoch_to_monotonic for name, at in found.items() if name in wanted}
+        await asyncio.sleep(0.2)
 
 
 async def delete_batch(client: Client, batch: Batch) -> None:
@@ -1240,7 +1301,10 @@ async def measure_nodes(
                 scheduler = plane.start_scheduler(SCHEDULER_ARGS)
                 setup_s = time.monotonic() - started
                 log(f"cluster of {nodes} nodes ready in {setup_s:.0f}s")
-                return await _rounds(client, scheduler, nodes, plan, setup_s, log, product, done)
+                apiserver_pid = plane.procs["kube-apiserver"].pid
+                return await _rounds(
+                    client, (scheduler, apiserver_pid), nodes, plan, setup_s, log, product, done
+                )
             finally:
                 await client.close()
         finally:
@@ -1251,7 +1315,7 @@ async def measure_nodes(
 
 async def _rounds(
     client: Client,
-    scheduler: Proc,
+    procs: tuple[Proc, int],
     nodes: int,
     plan: Plan,
     setup_s: float,
@@ -1260,6 +1324,7 @@ async def _rounds(
     done: Sequence[Obj] = (),
 ) -> Obj:
     encodings = [ENCODINGS[name] for name in plan.encodings]
+    scheduler, apiserver_pid = procs
 
     def co_batch(name: str, encoding: Encoding) -> Batch:
         if encoding.pods == DEPLOYED:
@@ -1279,19 +1344,24 @@ async def _rounds(
             # Steady scenarios are compared with plain pods arriving at the same rate.
             cadence = encoding.cadence_s
             alone = plain_batch(f"plain-{encoding.name}-{index}", plan, cadence_s=cadence)
-            rows.append(await run_batch(client, scheduler, alone, plan))
+            rows.append(await run_batch(client, scheduler, alone, plan, None, apiserver_pid))
             await delete_batch(client, alone)
             await asyncio.sleep(1)
             co = co_batch(f"co-{encoding.name}-{index}", encoding)
             rows.append(
                 await run_batch(
-                    client, scheduler, co, plan, product if encoding.pods == DEPLOYED else None
+                    client,
+                    scheduler,
+                    co,
+                    plan,
+                    product if encoding.pods == DEPLOYED else None,
+                    apiserver_pid,
                 )
             )
             beside = plain_batch(
                 f"beside-{encoding.name}-{index}", plan, f"beside:{encoding.name}", cadence
             )
-            rows.append(await run_batch(client, scheduler, beside, plan))
+            rows.append(await run_batch(client, scheduler, beside, plan, None, apiserver_pid))
             await delete_batch(client, beside)
             await delete_batch(client, co)
             await asyncio.sleep(1)
@@ -1315,6 +1385,7 @@ def _totals(rows: Sequence[BatchResult]) -> Obj:
     if not pods:
         return {"pods": 0, "cpu_ms_per_pod": 0.0, "pods_per_s": 0.0}
     first = [t for r in rows for t in r.first_bound]
+    first_logged = [t for r in rows for t in r.first_bound_logged]
     lift = [t for r in rows for t in r.lift]
     holders = [t for r in rows for t in r.placeholder_bound]
     logged: dict[str, int] = {}
@@ -1330,6 +1401,9 @@ def _totals(rows: Sequence[BatchResult]) -> Obj:
         "pods_per_s": round(pods / wall, 1),
         "first_bound_p50_s": _pct(first, 50),
         "first_bound_p99_s": _pct(first, 99),
+        "first_bound_logged_p50_s": _pct(first_logged, 50),
+        "first_bound_logged_p99_s": _pct(first_logged, 99),
+        "apiserver_ms_per_pod": round(sum(r.apiserver_cpu_s for r in rows) / pods * 1000, 3),
         "webhook_ms_per_pod": round(webhook / pods * 1000, 3),
         "reconciler_ms_per_pod": round(reconciler / pods * 1000, 3),
         "control_plane_ms_per_pod": round((cpu + webhook + reconciler) / pods * 1000, 3),
@@ -1593,6 +1667,20 @@ def render_deployed(results: Sequence[Obj]) -> list[str]:
             f"{logged.get('api_errors', 0)} API errors retried; "
             f"{logged.get('created', 0)} placeholders created; "
             f"{row.get('pinned_at_admission', '-')} run pods pinned at admission (never gated)"
+        )
+    for result, row in rows:
+        plain = _plain(result, row)
+        if row.get("apiserver_ms_per_pod") is None:
+            continue  # a result from before these were measured
+        lines.append(
+            f"{result['nodes']:,} nodes, {SCENARIO_TITLES.get(row.get('scenario') or 'seeded')}, "
+            f"kube-apiserver {row['apiserver_ms_per_pod']:.2f} ms CPU per pod (plain "
+            f"{plain.get('apiserver_ms_per_pod', 0.0):.2f} ms); a run's first pod bound as "
+            f"kube-scheduler logged it p50 {_s(row.get('first_bound_logged_p50_s'))} / p99 "
+            f"{_s(row.get('first_bound_logged_p99_s'))} (plain "
+            f"{_s(plain.get('first_bound_logged_p50_s'))} / "
+            f"{_s(plain.get('first_bound_logged_p99_s'))}), as the benchmark's watch saw it "
+            f"{_s(row['first_bound_p50_s'])} / {_s(row['first_bound_p99_s'])}"
         )
     return lines
 
