@@ -599,6 +599,17 @@ def test_scheduler_bench_runs_on_a_real_scheduler() -> None:
         *("plain", "gate-pin-spread", "beside:gate-pin-spread"),
     ]
     assert all(b["pods"] == 30 and b["wall_s"] > 0 for b in result["batches"])
+    for batch in result["batches"]:
+        # kube-scheduler's log (--v=2) gave each run's first bind the watch saw (the plain
+        # batches' three runs; these encodings' batches count no runs), on the watch's
+        # clock: about when the watch saw it (the scheduler logs once the bind is answered;
+        # a loaded machine's watch lags), not hours off.
+        logged, watched = batch["first_bound_logged_s"], batch["first_bound_s"]
+        assert len(logged) == len(watched), batch
+        if batch["kind"] == "plain" or batch["kind"].startswith("beside:"):
+            assert len(logged) == 3, batch
+        assert all(w - 5.0 < at <= w + 0.5 for at, w in zip(logged, watched, strict=True))
+        assert batch["apiserver_cpu_s"] > 0
     for row in result["encodings"]:
         # kube-apiserver accepted the reconciler's release patch on every gated pod, and
         # every run's pods ended on its placeholder's node.
