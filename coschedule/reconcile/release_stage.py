@@ -30,9 +30,11 @@ from typing import Any
 from coschedule.reconcile.model import ReleasePod
 
 # Release patches in flight at once: a run's gated pods are independent writes, and one
-# after another they cost a round trip each (a burst of runs waited seconds); bounded below
-# the client's connection pool (100), which other calls share.
-RELEASES_IN_FLIGHT = 32
+# after another they cost a round trip each (a burst of runs waited seconds). Not more: a
+# release is a pod write (about 10 ms of kube-apiserver's CPU), and 32 at once on a busy
+# kube-apiserver delayed its watch events by up to 2 s, the scheduler's among them: the
+# first pods' releases, sent first, reached kube-scheduler late (docs/benchmarks.md).
+RELEASES_IN_FLIGHT = 8
 
 Send = Callable[[str, ReleasePod], Awaitable[None]]
 # (run key, what failed, the run's failed releases in a row, this one included)
