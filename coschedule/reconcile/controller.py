@@ -94,6 +94,8 @@ STATEFULSET_SELECTOR = f"{LABEL_MANAGED_BY}={MANAGED_BY}"
 DEFAULT_WORKERS = 4
 # How long a run's pod changes that nothing waits on gather before one pass looks at them.
 COALESCE_SECONDS = 0.2
+# How many more parses than cached pods the parse memo may hold before it starts again.
+_PARSED_SLACK = 1024
 
 
 class Controller:
@@ -180,6 +182,10 @@ class Controller:
         self._idle_since: dict[str, float] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._bad_logged: dict[str, str] = {}
+        # Pod key -> (the cached pod, its parse): a pass reads every pod of its run, and a
+        # run's pods change one at a time, so each version is parsed once, not once a pass.
+        # The cache replaces a pod's object on every event, so the object itself is the key.
+        self._parsed: dict[str, tuple[Obj, MarkedPod | BadMark]] = {}
         self.stuck = StuckMemory(metrics.stuck_groups)
         self.executor = Executor(
             client,
@@ -318,6 +324,7 @@ class Controller:
     def _on_pod(self, event: str, obj: Obj, old: Obj | None) -> None:
         if event == "DELETED":
             self._bad_logged.pop(object_key(obj), None)
+            self._parsed.pop(object_key(obj), None)
             self.executor.forget_pod(object_key(obj))
         elif (
             old is not None
@@ -459,10 +466,19 @@ class Controller:
 
     def observe_pods(self, key: str) -> list[MarkedPod]:
         pods: list[MarkedPod] = []
+        memo = self._parsed
         for obj in self.pods.by_index(BY_PLACEHOLDER, key):
-            parsed = shapes.parse_marked(obj)
+            pod_key = object_key(obj)
+            seen = memo.get(pod_key)
+            if seen is not None and seen[0] is obj:
+                parsed = seen[1]
+            else:
+                parsed = shapes.parse_marked(obj)
+                if len(memo) >= len(self.pods) + _PARSED_SLACK:
+                    memo.clear()  # entries of pods gone without an event: stay bounded
+                memo[pod_key] = (obj, parsed)
             if isinstance(parsed, BadMark):
-                self._log_bad(object_key(obj), obj, parsed)
+                self._log_bad(pod_key, obj, parsed)
                 continue
             pods.append(parsed)
         return pods
