@@ -1,6 +1,7 @@
 """The webhook's memory per PersistentVolumeClaim: its watch-fed caches, filled for real.
 
-The claim cache (claims, placeholder StatefulSets, marked pods) and the volume cache (the
+The claim cache (claims, placeholder StatefulSets, marked pods: their watch runs with
+``rewrite-claims`` on, as here) and the volume cache (the
 PersistentVolumes the claims are bound to) run unchanged, as ``serve`` runs them, over an
 in-process fake API. It lists pages of realistic objects: a Tekton-made claim (owned by its
 PipelineRun, bound) and its PersistentVolume (CSI, zonal node affinity). Each watch then stays

@@ -8,6 +8,7 @@ label), each placeholder's {template: original claim}, and marked pods by placeh
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 
@@ -100,7 +101,11 @@ class ClaimCache:
         )
         # Marked pods: the run's claim decision, taken by its first pod, binds the rest.
         # Read from labels and annotations alone: every event of every run pod comes, so
-        # the watch sends metadata only, not whole pods.
+        # the watch sends metadata only, not whole pods. Only ``rewrite-claims`` makes a
+        # decision other pods must follow, so the watch runs once that is on
+        # (``watch_marked_pods``), and from then on: every event of every run pod costs
+        # kube-apiserver an encoding and this process a decode, about a third of its CPU
+        # per run pod (docs/benchmarks.md).
         self.pods = Informer(
             client,
             "/api/v1/pods",
@@ -112,14 +117,66 @@ class ClaimCache:
         )
         self._waiters: dict[str, list[asyncio.Event]] = defaultdict(list)
         self.claims.add_handler(self._on_claim)
+        # Whether the marked pods are watched (``watch_marked_pods``); whether they were
+        # before the caches started (then readiness waits for them too); the watch's task
+        # once it runs (``run`` started it, or ``watch_marked_pods`` after that).
+        self.marked_pods_watched = False
+        self._marked_at_start = False
+        self._running = False
+        self._marked_task: asyncio.Task[None] | None = None
 
     @property
     def synced(self) -> bool:
-        return all(i.synced.is_set() for i in (self.claims, self.statefulsets, self.pods))
+        """Every watch this cache runs has listed once: what a decision that rewrites
+        claims needs."""
+        return all(i.synced.is_set() for i in self._informers())
+
+    @property
+    def ready(self) -> bool:
+        """The readiness of a replica: the caches it started with have listed once (the
+        marked pods' watch, started by a reload, does not take a serving replica out of its
+        Service: admissions that need it wait for it)."""
+        return (
+            self.claims.synced.is_set()
+            and self.statefulsets.synced.is_set()
+            and (not self._marked_at_start or self.pods.synced.is_set())
+        )
 
     async def wait_synced(self) -> None:
-        for informer in (self.claims, self.statefulsets, self.pods):
+        for informer in self._informers():
             await informer.synced.wait()
+
+    def _informers(self) -> tuple[Informer, ...]:
+        if self.marked_pods_watched:
+            return (self.claims, self.statefulsets, self.pods)
+        return (self.claims, self.statefulsets)
+
+    def watch_marked_pods(self) -> None:
+        """Watch the marked pods from now on (``rewrite-claims`` is on): at once when the
+        caches run, else when they start. Never stopped: a run's pods admitted after
+        ``rewrite-claims`` goes off still follow a decision its first pod carries."""
+        if self.marked_pods_watched:
+            return
+        self.marked_pods_watched = True
+        if self._running:
+            self._marked_task = asyncio.get_running_loop().create_task(self.pods.run())
+        else:
+            self._marked_at_start = True
+
+    async def run(self) -> None:
+        """The watches, until cancelled."""
+        self._running = True
+        if self.marked_pods_watched:
+            self._marked_task = asyncio.create_task(self.pods.run())
+        try:
+            await asyncio.gather(self.claims.run(), self.statefulsets.run())
+        finally:
+            self._running = False
+            task = self._marked_task
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
 
     def pod_decision(self, namespace: str, placeholder: str) -> tuple[ClaimTemplate, ...] | None:
         found = self.pods.by_index("placeholder", f"{namespace}/{placeholder}")

@@ -20,6 +20,10 @@ from coschedule.mutate.outcome import Decision, deny
 from coschedule.wire import jsonpatch
 from coschedule.wire.jsonpatch import Op
 
+# The rule of a pod refused until the claim cache has read what a rewrite needs (the
+# pod endpoint waits for it and decides once more).
+CLAIM_CACHE_NOT_SYNCED = "claim-cache-not-synced"
+
 
 def claims_step(
     pod_spec: Mapping[str, Any],
@@ -39,7 +43,7 @@ def claims_step(
         else:
             deny(
                 decision,
-                "claim-cache-not-synced",
+                CLAIM_CACHE_NOT_SYNCED,
                 "coschedule has not finished reading the cluster's claims since it started, "
                 "so it cannot tell which claims of this run it co-locates. This is temporary: "
                 "retry the pod in a few seconds.",

@@ -73,7 +73,13 @@ class ClusterLink:
         return self.client is not None
 
     def adjust_settings(self, settings: Settings) -> Settings:
-        return settings if self.online else replace(settings, rewrite_claims=False)
+        """The settings as this process can serve them: no claim rewrite offline; with it
+        on, the marked pods watched (from now on)."""
+        if not self.online:
+            return replace(settings, rewrite_claims=False)
+        if settings.rewrite_claims and self.claims is not None:
+            self.claims.watch_marked_pods()
+        return settings
 
     def pod_caches(self) -> CacheGate | None:
         """What ``/mutate`` decides from: namespaces (the mode), claims, volumes and
@@ -112,7 +118,9 @@ class ClusterLink:
         if self.namespaces is not None:
             found.append(self.namespaces.informer)
         if self.claims is not None:
-            found += [self.claims.claims, self.claims.statefulsets, self.claims.pods]
+            found += [self.claims.claims, self.claims.statefulsets]
+            if self.claims.marked_pods_watched:
+                found.append(self.claims.pods)
         if self.volumes is not None:
             found.append(self.volumes.informer)
         if self.placeholders is not None:
@@ -144,7 +152,7 @@ class ClusterLink:
             # replica out of its Service because the API server restarted would stop all
             # admissions (failurePolicy Fail) or let pods pass unmarked (Ignore); answers
             # from caches a few seconds old are better than either.
-            return True, stale_detail(informers, client)
+            return True, stale_detail(self.informers(), client)  # a watch started since
 
         probes.checks["cache-freshness"] = fresh
 
@@ -161,7 +169,7 @@ class ClusterLink:
         if claims is not None:
 
             def claims_synced() -> tuple[bool, str | None]:
-                synced = claims.synced
+                synced = claims.ready
                 return synced, None if synced else not_synced("claim cache")
 
             probes.checks["claim-cache"] = claims_synced
@@ -190,9 +198,7 @@ class ClusterLink:
         if self.namespaces is not None:
             tasks.append(asyncio.create_task(self.namespaces.informer.run()))
         if self.claims is not None:
-            tasks.append(asyncio.create_task(self.claims.claims.run()))
-            tasks.append(asyncio.create_task(self.claims.statefulsets.run()))
-            tasks.append(asyncio.create_task(self.claims.pods.run()))
+            tasks.append(asyncio.create_task(self.claims.run()))
         if self.volumes is not None:
             tasks.append(asyncio.create_task(self.volumes.informer.run()))
         if self.placeholders is not None:
