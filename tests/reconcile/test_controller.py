@@ -640,8 +640,14 @@ async def test_a_placeholder_made_from_its_run_is_logged_with_the_run(
     name = run_placeholder("early", "pr-early")
     await make(settings=Settings(mode=Mode.PIPELINERUNS, idle_grace_seconds=300))
     await eventually(lambda: api.get("statefulsets", "early", name) is not None, within=3)
-    [created] = [r for r in caplog.records if getattr(r, "action", None) == "create-statefulset"]
-    assert getattr(created, "run", None) == "pr-early"
+
+    def created() -> list[logging.LogRecord]:
+        return [r for r in caplog.records if getattr(r, "action", None) == "create-statefulset"]
+
+    # Logged once the API server's answer is read: a moment after the object exists.
+    await eventually(created, within=3)
+    [record] = created()
+    assert getattr(record, "run", None) == "pr-early"
 
 
 @pytest.mark.parametrize(
