@@ -104,8 +104,8 @@ class ClaimCache:
         # the watch sends metadata only, not whole pods. Only ``rewrite-claims`` makes a
         # decision other pods must follow, so the watch runs once that is on
         # (``watch_marked_pods``), and from then on: every event of every run pod costs
-        # kube-apiserver an encoding and this process a decode, about a third of its CPU
-        # per run pod (docs/benchmarks.md).
+        # kube-apiserver an encoding and this process a decode, about 40 % of its CPU per
+        # run pod (docs/benchmarks.md).
         self.pods = Informer(
             client,
             "/api/v1/pods",
@@ -159,7 +159,7 @@ class ClaimCache:
             return
         self.marked_pods_watched = True
         if self._running:
-            self._marked_task = asyncio.get_running_loop().create_task(self.pods.run())
+            self._marked_task = asyncio.create_task(self.pods.run())
         else:
             self._marked_at_start = True
 

@@ -20,8 +20,6 @@ wait for the binding, shortened so that all of one request's waits stay within
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Sequence
@@ -71,8 +69,6 @@ _SHORTEST_BIND_WAIT = 0.05
 
 class ClaimCacheView(ClaimView, Protocol):
     async def wait_for(self, namespace: str, names: Sequence[str], seconds: float) -> bool: ...
-
-    async def wait_synced(self) -> None: ...
 
 
 class BindingWatch(Protocol):
@@ -206,20 +202,19 @@ class PodEndpoint(AdmissionEndpoint):
             return payload, None
         payload = denied(review.uid, decision.message or "", decision.warnings)
         record((decision.mode_label, "false", "403"), time.perf_counter() - start)
-        claims = self.claims
-        if may_wait and earlier is None and waited is None and claims is not None:
-            if decision.rule == "claim-unknown":
+        if may_wait and earlier is None and waited is None:
+            claims, caches = self.claims, self.caches
+            if claims is not None and decision.rule == "claim-unknown":
                 # A claim the engine made a moment ago may not have reached the cache yet:
                 # wait for the watch (no API call), then decide once more.
                 wait = claims.wait_for(
                     review.namespace, decision.missing_claims, CLAIM_WAIT_SECONDS
                 )
                 return payload, self._first_wait(review.uid, wait)
-            if decision.rule == CLAIM_CACHE_NOT_SYNCED:
+            if caches is not None and decision.rule == CLAIM_CACHE_NOT_SYNCED:
                 # A reload turned rewrite-claims on a moment ago: the marked pods' watch is
-                # making its first list. Wait for it, then decide once more.
-                wait = _within(claims.wait_synced(), CLAIM_WAIT_SECONDS)
-                return payload, self._first_wait(review.uid, wait)
+                # making its first list. Wait for the caches, then decide once more.
+                return payload, self._first_wait(review.uid, caches.wait(CLAIM_WAIT_SECONDS))
         admission_log.decided(review, pod, decision, settings, start, waited)
         return payload, None
 
@@ -329,13 +324,6 @@ class PodEndpoint(AdmissionEndpoint):
             "cannot decide this pod; the webhook's failurePolicy applies (Ignore: the pod is "
             "admitted and the reconciler finishes it; Fail: retry in a few seconds)"
         )
-
-
-async def _within(wait: Awaitable[object], seconds: float) -> None:
-    """``wait``, for at most ``seconds`` (then the decision is made as things are)."""
-    with contextlib.suppress(TimeoutError):
-        async with asyncio.timeout(seconds):
-            await wait
 
 
 _MAX_CONTEXTS = 4096
